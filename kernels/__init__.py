@@ -1,0 +1,25 @@
+"""Sparse MLA decode kernel for DeepSeek FP8 KV caches (Triton), its torch reference and formats.
+
+File roles (fla style): ``decode.py`` kernels + launcher + public function; ``reference.py`` the
+pure-torch ground truth with the same signature; ``kv_format.py`` byte layouts; ``config.py``
+tunables and the exported autotune table; ``workload.py`` realistic random batches; ``bench.py``
+the GPU benchmark.
+"""
+
+from kernels.config import DEFAULT_CONFIG
+from kernels.config import KernelConfig
+from kernels.decode import kernel_source_hash
+from kernels.decode import sparse_mla_decode
+from kernels.kv_format import FORMATS
+from kernels.workload import Workload
+from kernels.workload import make_batch
+
+__all__ = [
+    "DEFAULT_CONFIG",
+    "FORMATS",
+    "KernelConfig",
+    "Workload",
+    "kernel_source_hash",
+    "make_batch",
+    "sparse_mla_decode",
+]

@@ -1,0 +1,183 @@
+"""GPU benchmark of the sparse MLA decode kernel: check at full size, then time as production runs it.
+
+    python -m kernels.bench [--formats fp8_model1,fp8_v32] [--concurrency 1,8,48,64,80,96]
+                            [--configs T16-w4-s2-c256,...] [--out results.json]
+
+Per format: H = 16 local heads, page_size 64, 8192 tokens of context per request, topk 512
+(fp8_model1) or 2048 (fp8_v32). One pool of ``--pool`` requests is built per format; concurrency C
+uses ``pool // C`` disjoint request sets (>= 4), so consecutive calls touch different cache rows
+and different indices (cold L2). Each config: correctness against the reference at full size, then
+the whole call (split + combine) over all sets captured in one CUDA graph, ``--samples`` samples of
+many replays, median. Bytes = gathered KV rows + q + out + lse + indices. The copy bandwidth is
+measured in the same run (device-to-device copy of 1 GiB, bytes read + written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from kernels.config import KernelConfig
+from kernels.decode import kernel_source_hash
+from kernels.decode import num_splits_for
+from kernels.decode import sparse_mla_decode
+from kernels.reference import sparse_mla_decode_ref
+from kernels.workload import Workload
+from kernels.workload import make_batch
+
+TOPK = {"fp8_model1": 512, "fp8_v32": 2048}
+HAND_PICKED = "T16-w4-s2-c256,T16-w4-s2-c512,T16-w4-s2-c132,T32-w4-s2-c256,T16-w8-s2-c256,T16-w4-s3-c256,T32-w4-s2-c512"
+
+
+def parse_config(text: str) -> KernelConfig:
+    """``T16-w4-s2-c256`` -> KernelConfig(16, 4, 2, 256) (the form ``str(KernelConfig)`` prints)."""
+    try:
+        t, w, s, c = text.split("-")
+        return KernelConfig(int(t[1:]), int(w[1:]), int(s[1:]), int(c[1:]))
+    except (ValueError, IndexError) as e:
+        raise SystemExit(f"bad config {text!r}: expected e.g. T16-w4-s2-c256 ({e})") from None
+
+
+def time_graph(step, n_sets: int, samples: int, target_ms: float = 5.0) -> list[float]:
+    """µs per call: ``step(i)`` for i in range(n_sets) captured in one CUDA graph, replayed many times."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(n_sets):
+            step(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(n_sets):
+            step(i)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    start.record()
+    graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    reps = max(1, int(target_ms / max(start.elapsed_time(end), 1e-3)))
+    out = []
+    for _ in range(samples):
+        start.record()
+        for _ in range(reps):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        out.append(start.elapsed_time(end) * 1e3 / (reps * n_sets))
+    return out
+
+
+def copy_bandwidth(samples: int) -> float:
+    """Device-to-device copy of 1 GiB in a graph, bytes read + written per second (GB/s)."""
+    n = 1 << 30
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    us = statistics.median(time_graph(lambda i: dst.copy_(src), 1, samples, target_ms=20.0))
+    return 2 * n / (us * 1e-6) / 1e9
+
+
+def errors(out, lse, ref_out, ref_lse) -> tuple[float, float, bool]:
+    rel = ((out.float() - ref_out.float()).norm() / ref_out.float().norm().clamp_min(1e-30)).item()
+    fin = torch.isfinite(ref_lse)
+    lse_err = (lse[fin] - ref_lse[fin]).abs().max().item() if fin.any() else 0.0
+    ok = rel <= 1e-2 and lse_err <= 1e-3 and torch.equal(torch.isinf(lse), ~fin) and not out.isnan().any()
+    return rel, lse_err, ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--formats", default="fp8_model1,fp8_v32")
+    ap.add_argument("--concurrency", default="1,8,48,64,80,96")
+    ap.add_argument("--configs", default=HAND_PICKED)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--pool", type=int, default=384, help="requests per format; C uses pool // C sets")
+    ap.add_argument("--samples", type=int, default=10)
+    ap.add_argument("--no-ref", action="store_true", help="skip timing torch.compile of the reference")
+    ap.add_argument("--out", default=None, help="write every number as JSON here")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("kernels.bench needs a CUDA GPU", file=sys.stderr)
+        return 2
+    configs = [parse_config(c) for c in args.configs.split(",")]
+    concurrency = [int(c) for c in args.concurrency.split(",")]
+    props = torch.cuda.get_device_properties(0)
+    env = {
+        "device": props.name,
+        "sms": props.multi_processor_count,
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "kernel_hash": kernel_source_hash(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+    }
+    bw = copy_bandwidth(args.samples)
+    env["copy_GBps"] = bw
+    print(f"# {env}", flush=True)
+    rows = []
+    ref_fn = torch.compile(sparse_mla_decode_ref, dynamic=True)
+    for fmt in args.formats.split(","):
+        wl = Workload(fmt, args.heads, TOPK[fmt], 64, 8192)
+        t0 = time.time()
+        pool = make_batch(wl, args.pool, device="cuda", seed=1)
+        torch.cuda.synchronize()
+        print(f"# {fmt}: pool of {args.pool} requests built in {time.time() - t0:.1f}s", flush=True)
+        for C in concurrency:
+            n_sets = max(1, args.pool // C)
+            qs = [pool.q[i * C : (i + 1) * C] for i in range(n_sets)]
+            idx = [pool.indices[i * C : (i + 1) * C] for i in range(n_sets)]
+            kw = {"kv_format": fmt}
+            ref_out, ref_lse = sparse_mla_decode_ref(qs[0], pool.kv_cache, idx[0], **kw)
+            ref_us = float("nan")
+            if not args.no_ref:
+                try:
+                    ref_us = statistics.median(
+                        time_graph(lambda i: ref_fn(qs[i], pool.kv_cache, idx[i], **kw), min(n_sets, 8), 3)
+                    )
+                except Exception as e:  # a failed compile of the baseline must not hide the kernel's numbers
+                    print(f"# compiled reference failed at C={C}: {type(e).__name__}: {e}", flush=True)
+            nbytes = wl.min_bytes(C)
+            for cfg in configs:
+                out = torch.full_like(ref_out, float("nan"))
+                lse = torch.full_like(ref_lse, float("nan"))
+                o, ls = sparse_mla_decode(qs[0], pool.kv_cache, idx[0], config=cfg, **kw)
+                out.copy_(o)
+                lse.copy_(ls)
+                rel, lse_err, ok = errors(out, lse, ref_out, ref_lse)
+                us = time_graph(lambda i: sparse_mla_decode(qs[i], pool.kv_cache, idx[i], config=cfg, **kw), n_sets, args.samples)
+                med = statistics.median(us)
+                gbps = nbytes / (med * 1e-6) / 1e9
+                row = {
+                    "format": fmt, "C": C, "config": str(cfg), "splits": num_splits_for(cfg, C, args.heads, wl.topk)[0],
+                    "us": med, "us_min": min(us), "us_max": max(us), "GBps": gbps, "pct_copy": 100 * gbps / bw,
+                    "ref_us": ref_us, "speedup": ref_us / med, "rel_err": rel, "lse_err": lse_err, "correct": ok,
+                    "sets": n_sets, "bytes": nbytes,
+                }  # fmt: skip
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        del pool
+        torch.cuda.empty_cache()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"env": env, "rows": rows}, f, indent=1)
+    from tabulate import tabulate
+
+    cols = ["format", "C", "config", "splits", "us", "GBps", "pct_copy", "speedup", "correct"]
+    print(tabulate([[r[c] for c in cols] for r in rows], headers=cols, floatfmt=".1f"))
+    best = {}
+    for r in rows:
+        key = (r["format"], r["C"])
+        if r["correct"] and (key not in best or r["us"] < best[key]["us"]):
+            best[key] = r
+    print("best per (format, C):")
+    print(tabulate([[k[0], k[1], v["config"], v["us"], v["pct_copy"], v["speedup"]] for k, v in best.items()],
+                   headers=["format", "C", "config", "us", "% copy", "x ref"], floatfmt=".1f"))  # fmt: skip
+    return 0 if all(r["correct"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

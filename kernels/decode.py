@@ -1,0 +1,372 @@
+"""Sparse MLA decode (MQA form) over a paged FP8 KV cache, in Triton.
+
+Two kernels:
+  ``_split_kernel``   grid (B * head_blocks, num_splits). One program takes BLOCK_H heads of one
+                      request and one contiguous slice of its top-k list, walks it in BLOCK_T-token
+                      tiles (gather, dequantize, q.k^T, online softmax, p.v) and writes fp32 partials
+                      and their lse -- or, when num_splits == 1, the final bf16 output and lse directly.
+  ``_combine_kernel`` grid (B * H,). Merges the splits of one (request, head) by log-sum-exp.
+                      Not launched at all when num_splits == 1.
+
+Head blocking: BLOCK_H = max(16, next_pow2(H)) capped at 32 (tl.dot needs M >= 16; 32 heads of
+fp32 accumulators [32, 512] are already 128 registers/thread at 4 warps), so head_blocks = ceil(H / 32)
+for H > 32. Every KV tile is read once per head block.
+
+Dequantization: e4m3 is decoded by bit assembly into fp16 (``sign<<15 | (byte & 0x7f)<<7`` is the
+same number times 2^-8, subnormals included), so the kernel needs no fp8 hardware support and runs
+unchanged for every target arch and in the interpreter; the 2^8 is folded into the per-group scale.
+
+Interpreter workaround: Triton 3.6's interpreter multiplies the raw bits of bf16 ``tl.dot`` operands.
+Under ``TRITON_INTERPRET=1`` the constexpr ``DOT_F32`` makes both dots take fp32 operands; the GPU
+path always feeds bf16 to the tensor cores with fp32 accumulation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.config import DEFAULT_CONFIG
+from kernels.config import KernelConfig
+from kernels.config import lookup_config
+from kernels.kv_format import check_cache
+from kernels.kv_format import get_format
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+LOG2E = 1.4426950408889634
+MAX_BLOCK_H = 32
+FORMAT_IDS = {"fp8_model1": 0, "fp8_v32": 1}
+
+# Called as fn(kernel_name, config, grid) before every launch; the tuner counts launches with it.
+LAUNCH_LISTENERS: list[Callable[[str, KernelConfig, tuple], None]] = []
+
+
+@triton.jit
+def _load_kv_tile(
+    KV8,
+    KV16,
+    KV32,
+    b_idx,
+    m_tok,
+    FORMAT: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    """Gather and dequantize ``BLOCK_T`` tokens. Returns (k [BLOCK_T, 512], k_rope [BLOCK_T, 64]).
+
+    fp8_model1: k is the whole 512-dim key (448 nope + 64 rope, which is also V); k_rope is unused.
+    fp8_v32:    k is the 512 nope dims (also V) and k_rope the 64 rope dims (keys only).
+    Masked-out tokens (``m_tok`` false) are never read and come back as zeros.
+    """
+    b_idx = b_idx.to(tl.int64)
+    o_rope = tl.arange(0, 64)
+    if FORMAT == 0:
+        # [T, 8, 64]: groups 0..6 are e4m3 with a ue8m0 scale each, group 7 is the bf16 rope part
+        o_g = tl.arange(0, 8)
+        o_j = tl.arange(0, 64)
+        p_page = (b_idx // PAGE_SIZE) * (PAGE_SIZE * 584)
+        o_tok = b_idx % PAGE_SIZE
+        o_data = p_page + o_tok * 576  # [T] byte offset of the token's data row
+        o_nope = o_data[:, None, None] + o_g[None, :, None] * 64 + o_j[None, None, :]
+        m_nope = m_tok[:, None, None] & (o_g[None, :, None] < 7)
+        b_q8 = tl.load(KV8 + o_nope, mask=m_nope, other=0).to(tl.uint16)  # [T, 8, 64]
+        o_scale = p_page + PAGE_SIZE * 576 + o_tok * 8
+        m_scale = m_tok[:, None] & (o_g[None, :] < 7)
+        b_e8 = tl.load(KV8 + o_scale[:, None] + o_g[None, :], mask=m_scale, other=127).to(tl.uint32)  # [T, 8]
+        # 2^(e - 127) exactly, then * 2^8 for the fp16 decoding below
+        b_scale = (b_e8 << 23).to(tl.float32, bitcast=True) * 256.0
+        b_rope = tl.load(KV16 + (o_data // 2 + 224)[:, None] + o_rope[None, :], mask=m_tok[:, None], other=0.0)
+        b_f16 = (((b_q8 & 0x80) << 8) | ((b_q8 & 0x7F) << 7)).to(tl.float16, bitcast=True)
+        b_nope = b_f16.to(tl.float32) * b_scale[:, :, None]
+        b_k3 = tl.where((o_g == 7)[None, :, None], b_rope.to(tl.float32)[:, None, :], b_nope)
+        b_k = tl.reshape(b_k3, (BLOCK_T, 512))
+        b_kr = tl.zeros((BLOCK_T, 64), dtype=tl.float32)
+    else:
+        o_g = tl.arange(0, 4)
+        o_j = tl.arange(0, 128)
+        o_data = b_idx * 656
+        o_nope = o_data[:, None, None] + o_g[None, :, None] * 128 + o_j[None, None, :]
+        b_q8 = tl.load(KV8 + o_nope, mask=m_tok[:, None, None], other=0).to(tl.uint16)  # [T, 4, 128]
+        b_scale = tl.load(KV32 + (o_data // 4 + 128)[:, None] + o_g[None, :], mask=m_tok[:, None], other=0.0)
+        b_scale = b_scale * 256.0
+        b_f16 = (((b_q8 & 0x80) << 8) | ((b_q8 & 0x7F) << 7)).to(tl.float16, bitcast=True)
+        b_k3 = b_f16.to(tl.float32) * b_scale[:, :, None]
+        b_k = tl.reshape(b_k3, (BLOCK_T, 512))
+        b_kr = tl.load(KV16 + (o_data // 2 + 264)[:, None] + o_rope[None, :], mask=m_tok[:, None], other=0.0)
+        b_kr = b_kr.to(tl.float32)
+    if DOT_F32:
+        return b_k, b_kr
+    return b_k.to(tl.bfloat16), b_kr.to(tl.bfloat16)
+
+
+@triton.jit
+def _split_kernel(
+    Out,
+    Lse,
+    OPart,
+    LPart,
+    Q,
+    KV8,
+    KV16,
+    KV32,
+    Idx,
+    TopkLen,
+    stride_qb,
+    stride_qh,
+    sm_scale,
+    topk,
+    num_tokens,
+    tiles_per_split,
+    num_splits,
+    H: tl.constexpr,
+    FORMAT: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    HAS_TOPK_LEN: tl.constexpr,
+    WRITE_FINAL: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    i_bh = tl.program_id(0).to(tl.int64)
+    i_s = tl.program_id(1).to(tl.int64)
+    head_blocks: tl.constexpr = (H + BLOCK_H - 1) // BLOCK_H
+    i_b = i_bh // head_blocks
+    i_hb = i_bh % head_blocks
+
+    n_valid = topk
+    if HAS_TOPK_LEN:
+        n_valid = tl.minimum(tl.maximum(tl.load(TopkLen + i_b), 0), topk)
+    t_begin = i_s * tiles_per_split * BLOCK_T
+    t_end = tl.minimum(t_begin + tiles_per_split * BLOCK_T, n_valid)
+    # tiles wholly past topk_length are skipped, not masked
+    n_tiles = tl.maximum(t_end - t_begin + BLOCK_T - 1, 0) // BLOCK_T
+
+    o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    m_h = o_h < H
+    o_d = tl.arange(0, 512)
+    p_q = Q + i_b * stride_qb + o_h[:, None] * stride_qh
+    b_q = tl.load(p_q + o_d[None, :], mask=m_h[:, None], other=0.0)  # [BLOCK_H, 512]
+    b_qr = tl.zeros((BLOCK_H, 64), dtype=b_q.dtype)
+    if FORMAT == 1:
+        b_qr = tl.load(p_q + 512 + tl.arange(0, 64)[None, :], mask=m_h[:, None], other=0.0)  # [BLOCK_H, 64]
+    if DOT_F32:
+        b_q = b_q.to(tl.float32)
+        b_qr = b_qr.to(tl.float32)
+
+    qk_scale = sm_scale * 1.4426950408889634  # softmax in base 2
+    b_m = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
+    b_l = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    b_acc = tl.zeros((BLOCK_H, 512), dtype=tl.float32)
+    p_idx = Idx + i_b * topk
+    for i_t in range(0, n_tiles):
+        o_t = t_begin + i_t * BLOCK_T + tl.arange(0, BLOCK_T)
+        b_idx = tl.load(p_idx + o_t, mask=o_t < t_end, other=-1)  # [BLOCK_T]
+        m_tok = (b_idx >= 0) & (b_idx < num_tokens)
+        b_idx = tl.where(m_tok, b_idx, 0)
+        b_k, b_kr = _load_kv_tile(KV8, KV16, KV32, b_idx, m_tok, FORMAT, PAGE_SIZE, BLOCK_T, DOT_F32)
+        b_s = tl.dot(b_q, tl.trans(b_k))  # [BLOCK_H, BLOCK_T]
+        if FORMAT == 1:
+            b_s = tl.dot(b_qr, tl.trans(b_kr), b_s)
+        b_s = tl.where(m_tok[None, :], b_s * qk_scale, float("-inf"))
+        b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))
+        b_m_use = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)  # no (-inf) - (-inf)
+        b_alpha = tl.exp2(b_m - b_m_use)
+        b_p = tl.exp2(b_s - b_m_use[:, None])
+        b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
+        b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_k.dtype), b_k)  # [BLOCK_H, 512]
+        b_m = b_m_new
+
+    m_empty = b_l == 0.0
+    b_o = b_acc / tl.where(m_empty, 1.0, b_l)[:, None]
+    b_lse = (b_m + tl.log2(tl.where(m_empty, 1.0, b_l))) * 0.6931471805599453  # natural log
+    if WRITE_FINAL:
+        p_o = Out + (i_b * H + o_h)[:, None] * 512 + o_d[None, :]
+        tl.store(p_o, b_o.to(tl.bfloat16), mask=m_h[:, None])
+        tl.store(Lse + i_b * H + o_h, tl.where(m_empty, float("inf"), b_lse), mask=m_h)
+    else:
+        o_row = (i_b * num_splits + i_s) * H + o_h  # OPart [B, S, H, 512]
+        tl.store(OPart + o_row[:, None] * 512 + o_d[None, :], b_o, mask=m_h[:, None])
+        tl.store(LPart + o_row, tl.where(m_empty, float("-inf"), b_lse), mask=m_h)
+
+
+@triton.jit
+def _combine_kernel(Out, Lse, OPart, LPart, num_splits, H: tl.constexpr, BLOCK_S: tl.constexpr):
+    """out = sum_s exp(lse_s - lse) * o_s, lse = logsumexp_s(lse_s); empty rows: out 0, lse +inf."""
+    i_bh = tl.program_id(0).to(tl.int64)
+    i_b = i_bh // H
+    i_h = i_bh % H
+    o_s = tl.arange(0, BLOCK_S)
+    p_l = LPart + (i_b * num_splits + o_s) * H + i_h
+    b_ls = tl.load(p_l, mask=o_s < num_splits, other=float("-inf"))  # [BLOCK_S]
+    b_max = tl.max(b_ls, axis=0)
+    m_empty = b_max == float("-inf")
+    b_max_use = tl.where(m_empty, 0.0, b_max)
+    b_sum = tl.sum(tl.exp(b_ls - b_max_use), axis=0)
+    b_lse = b_max_use + tl.log(tl.where(m_empty, 1.0, b_sum))
+    o_d = tl.arange(0, 512)
+    b_acc = tl.zeros((512,), dtype=tl.float32)
+    for i_s in range(0, num_splits):
+        o_row = (i_b * num_splits + i_s) * H + i_h
+        b_w = tl.exp(tl.load(LPart + o_row) - b_lse)  # 0 for an empty split
+        b_acc += b_w * tl.load(OPart + o_row * 512 + o_d)
+    tl.store(Out + i_bh * 512 + o_d, b_acc.to(tl.bfloat16))
+    tl.store(Lse + i_bh, tl.where(m_empty, float("inf"), b_lse))
+
+
+def block_h_for(heads: int) -> int:
+    """Heads per program: next power of two >= heads, at least 16 (tl.dot), at most 32."""
+    return min(MAX_BLOCK_H, max(16, triton.next_power_of_2(heads)))
+
+
+def num_splits_for(config: KernelConfig, batch: int, heads: int, topk: int) -> tuple[int, int]:
+    """(num_splits, tiles_per_split) for a batch.
+
+    The requested count is ``clamp(ceil(TARGET_CTAS / (B * head_blocks)), 1, ceil(topk / BLOCK_T))``;
+    tiles are then dealt evenly and a split that would get no tile is dropped, so the launched
+    count can be lower than requested (e.g. 4 tiles over 3 splits -> 2 splits of 2 tiles).
+    """
+    head_blocks = -(-heads // block_h_for(heads))
+    n_tiles = max(1, -(-topk // config.BLOCK_T))
+    want = min(max(-(-config.TARGET_CTAS // (batch * head_blocks)), 1), n_tiles)
+    per_split = -(-n_tiles // want)
+    return -(-n_tiles // per_split), per_split
+
+
+def _validate(q, kv_cache, indices, fmt, topk_length):
+    if q.dim() == 4:
+        raise ValueError("only one query token per request is supported: q must be [B, H, D_qk], got 4 dims")
+    if q.dim() != 3 or q.shape[2] != fmt.d_qk or q.dtype != torch.bfloat16:
+        raise ValueError(f"q must be [B, H, {fmt.d_qk}] bf16 for {fmt.name}, got {list(q.shape)} {q.dtype}")
+    if q.stride(2) != 1:
+        raise ValueError("q's last dimension must be contiguous")
+    check_cache(kv_cache, fmt)
+    B = q.shape[0]
+    if indices.dim() != 2 or indices.shape[0] != B or indices.dtype != torch.int32 or not indices.is_contiguous():
+        raise ValueError(f"indices must be a contiguous [{B}, topk] int32 tensor, got {list(indices.shape)} {indices.dtype}")
+    if indices.shape[1] < 1:
+        raise ValueError("indices must have topk >= 1")
+    if topk_length is not None and (topk_length.shape != (B,) or topk_length.dtype != torch.int32):
+        raise ValueError(f"topk_length must be a [{B}] int32 tensor, got {list(topk_length.shape)} {topk_length.dtype}")
+    devices = {t.device for t in (q, kv_cache, indices) + (() if topk_length is None else (topk_length,))}
+    if len(devices) != 1:
+        raise ValueError(f"all inputs must be on one device, got {sorted(map(str, devices))}")
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return "cpu-interpreter"
+
+
+def sparse_mla_decode(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    *,
+    kv_format: str,
+    sm_scale: float | None = None,
+    topk_length: torch.Tensor | None = None,
+    config: KernelConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse MLA decode attention, one query token per request, one latent KV head.
+
+    Args:
+        q: ``[B, H, D_qk]`` bf16, dims ordered nope then rope (D_qk = 512 for fp8_model1, 576 for fp8_v32).
+        kv_cache: ``[num_pages, page_size, bytes_per_token]`` uint8, contiguous (see ``kernels.kv_format``).
+        indices: ``[B, topk]`` int32 flat token positions ``page * page_size + offset``; negative values
+            and values ``>= num_pages * page_size`` are masked and never read.
+        kv_format: ``"fp8_model1"`` or ``"fp8_v32"``.
+        sm_scale: softmax scale, default ``D_qk ** -0.5``.
+        topk_length: optional ``[B]`` int32; only the first ``topk_length[b]`` indices of row b count.
+        config: tunables; ``None`` looks the exported autotune table up (``kernels/configs``), else
+            :data:`kernels.config.DEFAULT_CONFIG`.
+
+    Returns:
+        ``out [B, H, 512]`` bf16 and ``lse [B, H]`` fp32 (natural log). A row with no valid index gives
+        ``out = 0`` and ``lse = +inf``.
+
+    No host synchronisation and a workspace sized from shapes only, so the call is CUDA-graph capturable.
+    """
+    fmt = get_format(kv_format)
+    _validate(q, kv_cache, indices, fmt, topk_length)
+    B, H, _ = q.shape
+    topk = indices.shape[1]
+    num_pages, page_size, _ = kv_cache.shape
+    if config is None:
+        config = lookup_config(device_name(q.device), kv_format, H, topk, B) if B > 0 else DEFAULT_CONFIG
+    if sm_scale is None:
+        sm_scale = fmt.d_qk**-0.5
+    out = torch.empty(B, H, fmt.d_v, dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty(B, H, dtype=torch.float32, device=q.device)
+    if B == 0 or H == 0:
+        return out, lse
+    block_h = block_h_for(H)
+    head_blocks = -(-H // block_h)
+    num_splits, tiles_per_split = num_splits_for(config, B, H, topk)
+    write_final = num_splits == 1
+    if write_final:
+        o_part, l_part = out, lse  # unused
+    else:
+        o_part = torch.empty(B, num_splits, H, fmt.d_v, dtype=torch.float32, device=q.device)
+        l_part = torch.empty(B, num_splits, H, dtype=torch.float32, device=q.device)
+    grid = (B * head_blocks, num_splits)
+    for listener in LAUNCH_LISTENERS:
+        listener("split", config, grid)
+    _split_kernel[grid](
+        Out=out,
+        Lse=lse,
+        OPart=o_part,
+        LPart=l_part,
+        Q=q,
+        KV8=kv_cache,
+        KV16=kv_cache.view(torch.bfloat16),
+        KV32=kv_cache.view(torch.float32),
+        Idx=indices,
+        TopkLen=indices if topk_length is None else topk_length,
+        stride_qb=q.stride(0),
+        stride_qh=q.stride(1),
+        sm_scale=float(sm_scale),
+        topk=topk,
+        num_tokens=num_pages * page_size,
+        tiles_per_split=tiles_per_split,
+        num_splits=num_splits,
+        H=H,
+        FORMAT=FORMAT_IDS[fmt.name],
+        PAGE_SIZE=page_size,
+        BLOCK_H=block_h,
+        BLOCK_T=config.BLOCK_T,
+        HAS_TOPK_LEN=topk_length is not None,
+        WRITE_FINAL=write_final,
+        DOT_F32=INTERPRET,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    if not write_final:
+        for listener in LAUNCH_LISTENERS:
+            listener("combine", config, (B * H,))
+        _combine_kernel[(B * H,)](
+            Out=out,
+            Lse=lse,
+            OPart=o_part,
+            LPart=l_part,
+            num_splits=num_splits,
+            H=H,
+            BLOCK_S=triton.next_power_of_2(num_splits),
+            num_warps=4,
+        )
+    return out, lse
+
+
+def kernel_source_hash() -> str:
+    """Short hash of this file's source: results and tables are tied to the kernel that produced them."""
+    return _SOURCE_HASH
+
+
+_SOURCE_HASH = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
