@@ -48,6 +48,15 @@ LAUNCH_LISTENERS: list[Callable[[str, KernelConfig, tuple], None]] = []
 
 
 @triton.jit
+def _e4m3_to_f32(b_u8, NATIVE_FP8: tl.constexpr):
+    """e4m3 bytes -> fp32 values times 2^-8 (bit trick) or exact (native cvt on sm_89+)."""
+    if NATIVE_FP8:
+        return b_u8.to(tl.float8e4nv, bitcast=True).to(tl.float32) * 0.00390625
+    b = b_u8.to(tl.uint16)
+    return (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
 def _load_kv_tile(
     KV8,
     KV16,
@@ -58,12 +67,15 @@ def _load_kv_tile(
     PAGE_SIZE: tl.constexpr,
     BLOCK_T: tl.constexpr,
     DOT_F32: tl.constexpr,
+    NATIVE_FP8: tl.constexpr,
 ):
     """Gather and dequantize ``BLOCK_T`` tokens. Returns (k [BLOCK_T, 512], k_rope [BLOCK_T, 64]).
 
     fp8_model1: k is the whole 512-dim key (448 nope + 64 rope, which is also V); k_rope is unused.
     fp8_v32:    k is the 512 nope dims (also V) and k_rope the 64 rope dims (keys only).
-    Masked-out tokens (``m_tok`` false) are never read and come back as zeros.
+    Masked-out tokens (``m_tok`` false) are never read and come back as zeros. Offsets are written
+    per view (bytes, bf16 or fp32 elements) from the token index so that Triton can prove their
+    alignment and vectorize the loads.
     """
     b_idx = b_idx.to(tl.int64)
     o_rope = tl.arange(0, 64)
@@ -71,35 +83,32 @@ def _load_kv_tile(
         # [T, 8, 64]: groups 0..6 are e4m3 with a ue8m0 scale each, group 7 is the bf16 rope part
         o_g = tl.arange(0, 8)
         o_j = tl.arange(0, 64)
-        p_page = (b_idx // PAGE_SIZE) * (PAGE_SIZE * 584)
-        o_tok = b_idx % PAGE_SIZE
-        o_data = p_page + o_tok * 576  # [T] byte offset of the token's data row
+        b_page = b_idx // PAGE_SIZE
+        b_tok = b_idx % PAGE_SIZE
+        o_data = b_page * (PAGE_SIZE * 584) + b_tok * 576  # [T] bytes
         o_nope = o_data[:, None, None] + o_g[None, :, None] * 64 + o_j[None, None, :]
         m_nope = m_tok[:, None, None] & (o_g[None, :, None] < 7)
-        b_q8 = tl.load(KV8 + o_nope, mask=m_nope, other=0).to(tl.uint16)  # [T, 8, 64]
-        o_scale = p_page + PAGE_SIZE * 576 + o_tok * 8
+        b_q8 = tl.load(KV8 + o_nope, mask=m_nope, other=0)  # [T, 8, 64]
+        o_scale = b_page * (PAGE_SIZE * 584) + PAGE_SIZE * 576 + b_tok * 8
         m_scale = m_tok[:, None] & (o_g[None, :] < 7)
         b_e8 = tl.load(KV8 + o_scale[:, None] + o_g[None, :], mask=m_scale, other=127).to(tl.uint32)  # [T, 8]
-        # 2^(e - 127) exactly, then * 2^8 for the fp16 decoding below
+        # 2^(e - 127) exactly, times 2^8 to undo the e4m3 decoding's 2^-8
         b_scale = (b_e8 << 23).to(tl.float32, bitcast=True) * 256.0
-        b_rope = tl.load(KV16 + (o_data // 2 + 224)[:, None] + o_rope[None, :], mask=m_tok[:, None], other=0.0)
-        b_f16 = (((b_q8 & 0x80) << 8) | ((b_q8 & 0x7F) << 7)).to(tl.float16, bitcast=True)
-        b_nope = b_f16.to(tl.float32) * b_scale[:, :, None]
+        o_rope16 = b_page * (PAGE_SIZE * 292) + b_tok * 288 + 224  # bf16 elements
+        b_rope = tl.load(KV16 + o_rope16[:, None] + o_rope[None, :], mask=m_tok[:, None], other=0.0)
+        b_nope = _e4m3_to_f32(b_q8, NATIVE_FP8) * b_scale[:, :, None]
         b_k3 = tl.where((o_g == 7)[None, :, None], b_rope.to(tl.float32)[:, None, :], b_nope)
         b_k = tl.reshape(b_k3, (BLOCK_T, 512))
         b_kr = tl.zeros((BLOCK_T, 64), dtype=tl.float32)
     else:
         o_g = tl.arange(0, 4)
         o_j = tl.arange(0, 128)
-        o_data = b_idx * 656
-        o_nope = o_data[:, None, None] + o_g[None, :, None] * 128 + o_j[None, None, :]
-        b_q8 = tl.load(KV8 + o_nope, mask=m_tok[:, None, None], other=0).to(tl.uint16)  # [T, 4, 128]
-        b_scale = tl.load(KV32 + (o_data // 4 + 128)[:, None] + o_g[None, :], mask=m_tok[:, None], other=0.0)
-        b_scale = b_scale * 256.0
-        b_f16 = (((b_q8 & 0x80) << 8) | ((b_q8 & 0x7F) << 7)).to(tl.float16, bitcast=True)
-        b_k3 = b_f16.to(tl.float32) * b_scale[:, :, None]
+        o_nope = b_idx[:, None, None] * 656 + o_g[None, :, None] * 128 + o_j[None, None, :]
+        b_q8 = tl.load(KV8 + o_nope, mask=m_tok[:, None, None], other=0)  # [T, 4, 128]
+        b_scale = tl.load(KV32 + (b_idx * 164 + 128)[:, None] + o_g[None, :], mask=m_tok[:, None], other=0.0)
+        b_k3 = _e4m3_to_f32(b_q8, NATIVE_FP8) * (b_scale * 256.0)[:, :, None]
         b_k = tl.reshape(b_k3, (BLOCK_T, 512))
-        b_kr = tl.load(KV16 + (o_data // 2 + 264)[:, None] + o_rope[None, :], mask=m_tok[:, None], other=0.0)
+        b_kr = tl.load(KV16 + (b_idx * 328 + 264)[:, None] + o_rope[None, :], mask=m_tok[:, None], other=0.0)
         b_kr = b_kr.to(tl.float32)
     if DOT_F32:
         return b_k, b_kr
@@ -133,6 +142,7 @@ def _split_kernel(
     HAS_TOPK_LEN: tl.constexpr,
     WRITE_FINAL: tl.constexpr,
     DOT_F32: tl.constexpr,
+    NATIVE_FP8: tl.constexpr,
 ):
     i_bh = tl.program_id(0).to(tl.int64)
     i_s = tl.program_id(1).to(tl.int64)
@@ -152,13 +162,6 @@ def _split_kernel(
     m_h = o_h < H
     o_d = tl.arange(0, 512)
     p_q = Q + i_b * stride_qb + o_h[:, None] * stride_qh
-    b_q = tl.load(p_q + o_d[None, :], mask=m_h[:, None], other=0.0)  # [BLOCK_H, 512]
-    b_qr = tl.zeros((BLOCK_H, 64), dtype=b_q.dtype)
-    if FORMAT == 1:
-        b_qr = tl.load(p_q + 512 + tl.arange(0, 64)[None, :], mask=m_h[:, None], other=0.0)  # [BLOCK_H, 64]
-    if DOT_F32:
-        b_q = b_q.to(tl.float32)
-        b_qr = b_qr.to(tl.float32)
 
     qk_scale = sm_scale * 1.4426950408889634  # softmax in base 2
     b_m = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
@@ -170,9 +173,13 @@ def _split_kernel(
         b_idx = tl.load(p_idx + o_t, mask=o_t < t_end, other=-1)  # [BLOCK_T]
         m_tok = (b_idx >= 0) & (b_idx < num_tokens)
         b_idx = tl.where(m_tok, b_idx, 0)
-        b_k, b_kr = _load_kv_tile(KV8, KV16, KV32, b_idx, m_tok, FORMAT, PAGE_SIZE, BLOCK_T, DOT_F32)
+        b_k, b_kr = _load_kv_tile(KV8, KV16, KV32, b_idx, m_tok, FORMAT, PAGE_SIZE, BLOCK_T, DOT_F32, NATIVE_FP8)
+        # q is re-read every tile (an L1 hit) on purpose: kept live across the loop as an mma operand
+        # it costs every warp 16 x 576 x 2 / 32 = 576 B of registers and halves occupancy.
+        b_q = tl.load(p_q + o_d[None, :], mask=m_h[:, None], other=0.0).to(b_k.dtype)  # [BLOCK_H, 512]
         b_s = tl.dot(b_q, tl.trans(b_k))  # [BLOCK_H, BLOCK_T]
         if FORMAT == 1:
+            b_qr = tl.load(p_q + 512 + tl.arange(0, 64)[None, :], mask=m_h[:, None], other=0.0).to(b_k.dtype)
             b_s = tl.dot(b_qr, tl.trans(b_kr), b_s)
         b_s = tl.where(m_tok[None, :], b_s * qk_scale, float("-inf"))
         b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))
@@ -257,6 +264,11 @@ def _validate(q, kv_cache, indices, fmt, topk_length):
     devices = {t.device for t in (q, kv_cache, indices) + (() if topk_length is None else (topk_length,))}
     if len(devices) != 1:
         raise ValueError(f"all inputs must be on one device, got {sorted(map(str, devices))}")
+
+
+def native_fp8(device: torch.device) -> bool:
+    """Use the hardware e4m3 conversion (sm_89+); the bit-assembly decoding elsewhere and in the interpreter."""
+    return device.type == "cuda" and not INTERPRET and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 def device_name(device: torch.device) -> str:
@@ -345,6 +357,7 @@ def sparse_mla_decode(
         HAS_TOPK_LEN=topk_length is not None,
         WRITE_FINAL=write_final,
         DOT_F32=INTERPRET,
+        NATIVE_FP8=native_fp8(q.device),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
