@@ -19,8 +19,12 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 PARAMS = ("BLOCK_T", "num_warps", "num_stages", "TARGET_CTAS")
 
 
-def _is_pow2(x: int) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x > 0 and (x & (x - 1)) == 0
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_pow2(x) -> bool:
+    return _is_int(x) and x > 0 and (x & (x - 1)) == 0
 
 
 @dataclass(frozen=True)
@@ -44,9 +48,9 @@ class KernelConfig:
             raise ValueError(f"BLOCK_T must be a power of two >= 16, got {self.BLOCK_T!r}")
         if not (_is_pow2(self.num_warps) and self.num_warps <= 32):
             raise ValueError(f"num_warps must be a power of two in 1..32, got {self.num_warps!r}")
-        if not (isinstance(self.num_stages, int) and not isinstance(self.num_stages, bool) and 1 <= self.num_stages <= 8):
+        if not (_is_int(self.num_stages) and 1 <= self.num_stages <= 8):
             raise ValueError(f"num_stages must be an integer in 1..8, got {self.num_stages!r}")
-        if not (isinstance(self.TARGET_CTAS, int) and not isinstance(self.TARGET_CTAS, bool) and self.TARGET_CTAS > 0):
+        if not (_is_int(self.TARGET_CTAS) and self.TARGET_CTAS > 0):
             raise ValueError(f"TARGET_CTAS must be a positive integer, got {self.TARGET_CTAS!r}")
 
     def as_dict(self) -> dict[str, int]:

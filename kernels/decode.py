@@ -256,7 +256,9 @@ def _validate(q, kv_cache, indices, fmt, topk_length):
     check_cache(kv_cache, fmt)
     B = q.shape[0]
     if indices.dim() != 2 or indices.shape[0] != B or indices.dtype != torch.int32 or not indices.is_contiguous():
-        raise ValueError(f"indices must be a contiguous [{B}, topk] int32 tensor, got {list(indices.shape)} {indices.dtype}")
+        raise ValueError(
+            f"indices must be a contiguous [{B}, topk] int32 tensor, got {list(indices.shape)} {indices.dtype}"
+        )
     if indices.shape[1] < 1:
         raise ValueError("indices must have topk >= 1")
     if topk_length is not None and (topk_length.shape != (B,) or topk_length.dtype != torch.int32):
@@ -308,6 +310,10 @@ def sparse_mla_decode(
     """
     fmt = get_format(kv_format)
     _validate(q, kv_cache, indices, fmt, topk_length)
+    if q.device.type != "cuda" and not INTERPRET:
+        raise ValueError(
+            "tensors on the CPU need Triton's interpreter: set TRITON_INTERPRET=1 before importing kernels"
+        )
     B, H, _ = q.shape
     topk = indices.shape[1]
     num_pages, page_size, _ = kv_cache.shape

@@ -73,3 +73,28 @@ def gather_dequant(kv_cache: torch.Tensor, idx: torch.Tensor, fmt: KVFormat) -> 
     nope = (nope.unflatten(-1, (fmt.n_groups, fmt.group)) * scale[..., None]).flatten(-2)
     rope = rope_b.contiguous().view(torch.bfloat16).float()
     return torch.cat([nope, rope], dim=-1)
+
+
+OUT_RTOL = 1e-2  # bf16 output: relative (Frobenius) error
+LSE_ATOL = 1e-3  # fp32 lse: absolute error where finite
+
+
+def compare(out, lse, ref_out, ref_lse) -> tuple[bool, float, float, str]:
+    """The correctness gate: ``(ok, out_rel_err, lse_abs_err, reason)``.
+
+    ``out``: relative error <= 1e-2 and no NaN; ``lse``: abs error <= 1e-3 where the reference is
+    finite, ``+inf`` exactly where the reference is (rows with no valid token).
+    """
+    out, ref_out = out.float(), ref_out.float()
+    if out.isnan().any() or lse.isnan().any():
+        return False, float("nan"), float("nan"), "NaN in the output (an unwritten element?)"
+    rel = ((out - ref_out).norm() / ref_out.norm().clamp_min(1e-30)).item()
+    finite = torch.isfinite(ref_lse)
+    lse_err = (lse[finite] - ref_lse[finite]).abs().max().item() if finite.any() else 0.0
+    if not torch.equal(torch.isposinf(lse), ~finite):
+        return False, rel, lse_err, "lse is +inf on other rows than the reference's empty rows"
+    if rel > OUT_RTOL:
+        return False, rel, lse_err, f"out relative error {rel:.3g} > {OUT_RTOL}"
+    if lse_err > LSE_ATOL:
+        return False, rel, lse_err, f"lse abs error {lse_err:.3g} > {LSE_ATOL}"
+    return True, rel, lse_err, ""

@@ -1,0 +1,1 @@
+"""Results database (SQLAlchemy models, store, Alembic migrations)."""

@@ -1,0 +1,44 @@
+"""Check the kernel against the reference on small shapes: ``python -m kernels.selfcheck``.
+
+Without CUDA the kernel runs under Triton's interpreter (set before the kernel is imported).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+
+def main() -> int:
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        # @triton.jit picks interpreter-or-compiler at import time: start again with it set
+        os.execve(sys.executable, [sys.executable, "-m", "kernels.selfcheck"], {**os.environ, "TRITON_INTERPRET": "1"})
+    from tabulate import tabulate
+
+    from kernels import KernelConfig
+    from kernels import Workload
+    from kernels import make_batch
+    from kernels import sparse_mla_decode
+    from kernels.reference import compare
+    from kernels.reference import sparse_mla_decode_ref
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    rows, all_ok = [], True
+    for fmt in ("fp8_model1", "fp8_v32"):
+        for cfg in (KernelConfig(16, 4, 2, 1), KernelConfig(16, 4, 2, 64), KernelConfig(32, 4, 2, 64)):
+            bt = make_batch(Workload(fmt, 16, 100, 64, 400), 3, device=device, with_topk_length=True,
+                            invalid_fraction=0.1)  # fmt: skip
+            out, lse = sparse_mla_decode(*bt.args(), **bt.kwargs(), config=cfg)
+            ok, rel, lse_err, reason = compare(out, lse, *sparse_mla_decode_ref(*bt.args(), **bt.kwargs()))
+            all_ok &= ok
+            rows.append([fmt, str(cfg), f"{rel:.2e}", f"{lse_err:.2e}", "ok" if ok else f"WRONG: {reason}"])
+    backend = "cuda" if device == "cuda" else "interpreter (CPU)"
+    print(f"sparse_mla_decode vs reference, B=3 H=16 topk=100, backend: {backend}")
+    print(tabulate(rows, headers=["format", "config", "out rel err", "lse abs err", "verdict"]))
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Kernel against the torch reference (interpreter on the CPU, compiled on a GPU)."""
+
+import pytest
+import torch
+
+import kernels.decode as decode
+from kernels import KernelConfig
+from kernels import Workload
+from kernels import make_batch
+from kernels import sparse_mla_decode
+from kernels.config import lookup_config
+from kernels.config import table_name
+from kernels.decode import num_splits_for
+from kernels.reference import compare
+from kernels.reference import sparse_mla_decode_ref
+
+ONE_SPLIT = KernelConfig(BLOCK_T=16, num_warps=4, num_stages=2, TARGET_CTAS=1)
+MANY_SPLITS = KernelConfig(BLOCK_T=16, num_warps=4, num_stages=2, TARGET_CTAS=64)
+
+CASES = [
+    pytest.param(fmt, B, H, topk, cfg, id=f"{fmt}-B{B}-H{H}-topk{topk}-{name}")
+    for fmt in ("fp8_model1", "fp8_v32")
+    for B in (1, 3)
+    for H in (16, 32)
+    for topk in (64, 100)
+    for name, cfg in (("1split", ONE_SPLIT), ("splits", MANY_SPLITS))
+]
+
+
+@pytest.fixture
+def nan_outputs(monkeypatch):
+    """Every float tensor the launcher allocates (out, lse, partials) starts as NaN."""
+    real_empty = torch.empty
+
+    def nan_empty(*shape, dtype=None, **kw):
+        t = real_empty(*shape, dtype=dtype, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(decode.torch, "empty", nan_empty)
+
+
+def _batch(fmt, B, H, topk, device, seed=0):
+    bt = make_batch(Workload(fmt, H, topk, page_size=64, context=300), B, device=device, seed=seed,
+                    with_topk_length=(seed % 2 == 1), invalid_fraction=0.1)  # fmt: skip
+    num_tokens = bt.kv_cache.shape[0] * bt.kv_cache.shape[1]
+    bt.indices[0, 3] = num_tokens  # just past the cache: masked, never read
+    bt.indices[0, 4] = -7
+    if B == 3:
+        bt.indices[1] = -1  # a row with no valid token
+    return bt
+
+
+@pytest.mark.parametrize("fmt, B, H, topk, cfg", CASES)
+@pytest.mark.parametrize("seed", [0, 1], ids=["full", "topk_length"])
+def test_kernel_matches_reference(fmt, B, H, topk, cfg, seed, device, nan_outputs):
+    bt = _batch(fmt, B, H, topk, device, seed)
+    out, lse = sparse_mla_decode(*bt.args(), **bt.kwargs(), config=cfg)
+    ref_out, ref_lse = sparse_mla_decode_ref(*bt.args(), **bt.kwargs())
+    ok, rel, lse_err, reason = compare(out, lse, ref_out, ref_lse)
+    assert ok, reason
+    if B == 3:
+        assert torch.isposinf(lse[1]).all() and (out[1] == 0).all()
+    assert out.shape == (B, H, 512) and out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+
+
+def test_corrupt_scale_byte_is_caught(device):
+    """The comparison can fail: one scale byte of one referenced token changed by x4 must be caught."""
+    bt = _batch("fp8_model1", 1, 16, 64, device)
+    ref_out, ref_lse = sparse_mla_decode_ref(*bt.args(), **bt.kwargs())
+    tok = int(bt.indices[0, 0])
+    page, off = divmod(tok, 64)
+    bad = bt.kv_cache.clone()
+    bad[page, :, :].view(-1)[64 * 576 + off * 8] += 2  # ue8m0 exponent + 2: that group's values x 4
+    out, lse = sparse_mla_decode(bt.q, bad, bt.indices, kv_format="fp8_model1", config=ONE_SPLIT)
+    ok, _, _, reason = compare(out, lse, ref_out, ref_lse)
+    assert not ok and reason
+
+
+def test_splits_formula_and_skipped_empty_splits():
+    cfg = KernelConfig(BLOCK_T=16, num_warps=4, num_stages=2, TARGET_CTAS=256)
+    assert num_splits_for(cfg, batch=96, heads=16, topk=512) == (3, 11)  # ceil(256/96) = 3
+    assert num_splits_for(cfg, batch=1, heads=16, topk=512) == (32, 1)  # clamped at ceil(512/16)
+    assert num_splits_for(cfg, batch=1000, heads=16, topk=512) == (1, 32)
+    # 4 tiles over 3 requested splits: 2 tiles each, so only 2 splits are launched
+    assert num_splits_for(KernelConfig(16, 4, 2, 3), batch=1, heads=16, topk=64) == (2, 2)
+    assert num_splits_for(cfg, batch=8, heads=64, topk=512) == (16, 2)  # 64 heads = 2 head blocks
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"BLOCK_T": 8}, "BLOCK_T must be a power of two >= 16"),
+        ({"BLOCK_T": 24}, "BLOCK_T"),
+        ({"num_warps": 3}, "num_warps must be a power of two"),
+        ({"num_stages": 0}, "num_stages must be an integer in 1..8"),
+        ({"TARGET_CTAS": 0}, "TARGET_CTAS must be a positive integer"),
+        ({"TARGET_CTAS": 1.5}, "TARGET_CTAS"),
+    ],
+)
+def test_config_rejects_bad_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        KernelConfig(**kwargs)
+
+
+def test_bad_inputs_raise_value_error(device):
+    bt = _batch("fp8_v32", 1, 16, 64, device)
+    with pytest.raises(ValueError, match="kv_format must be one of"):
+        sparse_mla_decode(*bt.args(), kv_format="fp16")
+    with pytest.raises(ValueError, match=r"q must be \[B, H, 512\]"):
+        sparse_mla_decode(*bt.args(), kv_format="fp8_model1")
+    with pytest.raises(ValueError, match="one query token"):
+        sparse_mla_decode(bt.q[:, None], bt.kv_cache, bt.indices, kv_format="fp8_v32")
+    with pytest.raises(ValueError, match="int32"):
+        sparse_mla_decode(bt.q, bt.kv_cache, bt.indices.long(), kv_format="fp8_v32")
+
+
+def test_config_none_uses_the_table_by_largest_key_at_or_below_batch(tmp_path, monkeypatch):
+    import json
+
+    import kernels.config as kc
+
+    name = table_name("cpu-interpreter", "fp8_v32", 16, 64)
+    entry = {"BLOCK_T": 16, "num_warps": 4, "num_stages": 1}
+    table = {"configs": {"2": {**entry, "TARGET_CTAS": 7}, "8": {**entry, "TARGET_CTAS": 9}}}
+    (tmp_path / name).write_text(json.dumps(table))
+    look = lambda b: lookup_config("cpu-interpreter", "fp8_v32", 16, 64, b, config_dir=tmp_path)  # noqa: E731
+    assert look(1).TARGET_CTAS == 7  # below every key: the smallest
+    assert look(5).TARGET_CTAS == 7
+    assert look(8).TARGET_CTAS == 9 and look(100).TARGET_CTAS == 9
+    assert lookup_config("cpu-interpreter", "fp8_model1", 16, 64, 4, config_dir=tmp_path) == kc.DEFAULT_CONFIG
+    # and the launcher really uses it
+    monkeypatch.setattr(kc, "CONFIG_DIR", tmp_path)
+    seen = []
+    monkeypatch.setattr(decode, "LAUNCH_LISTENERS", [lambda kind, cfg, grid: seen.append((kind, cfg, grid))])
+    bt = _batch("fp8_v32", 3, 16, 64, device="cpu")
+    sparse_mla_decode(*bt.args(), kv_format="fp8_v32")
+    # ceil(7 / 3) = 3 splits requested; 4 tiles dealt 2 per split -> 2 launched
+    assert seen[0][1].TARGET_CTAS == 7 and seen[0][2] == (3, 2)
