@@ -15,6 +15,7 @@ measured in the same run (device-to-device copy of 1 GiB, bytes read + written).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -22,6 +23,7 @@ import time
 
 import torch
 
+import kernels.decode as decode
 from kernels.config import KernelConfig
 from kernels.decode import kernel_source_hash
 from kernels.decode import num_splits_for
@@ -102,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pool", type=int, default=384, help="requests per format; C uses pool // C sets")
     ap.add_argument("--samples", type=int, default=10)
     ap.add_argument("--no-ref", action="store_true", help="skip timing torch.compile of the reference")
+    ap.add_argument("--maxnreg", default="0", help="comma list of register caps to try (0 = none)")
     ap.add_argument("--out", default=None, help="write every number as JSON here")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -144,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as e:  # a failed compile of the baseline must not hide the kernel's numbers
                     print(f"# compiled reference failed at C={C}: {type(e).__name__}: {e}", flush=True)
             nbytes = wl.min_bytes(C)
-            for cfg in configs:
+            for cfg, cap in itertools.product(configs, [int(x) for x in args.maxnreg.split(",")]):
+                decode.MAXNREG = cap or None
                 out = torch.full_like(ref_out, float("nan"))
                 lse = torch.full_like(ref_lse, float("nan"))
                 o, ls = sparse_mla_decode(qs[0], pool.kv_cache, idx[0], config=cfg, **kw)
@@ -156,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                 med = statistics.median(us)
                 gbps = nbytes / (med * 1e-6) / 1e9
                 row = {
-                    "format": fmt, "C": C, "config": str(cfg), "splits": num_splits_for(cfg, C, args.heads, wl.topk)[0],
+                    "format": fmt, "C": C, "config": str(cfg) + (f"-r{cap}" if cap else ""), "splits": num_splits_for(cfg, C, args.heads, wl.topk)[0],
                     "us": med, "us_min": min(us), "us_max": max(us), "GBps": gbps, "pct_copy": 100 * gbps / bw,
                     "ref_us": ref_us, "speedup": ref_us / med, "rel_err": rel, "lse_err": lse_err, "correct": ok,
                     "sets": n_sets, "bytes": nbytes,
