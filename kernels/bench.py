@@ -149,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
             nbytes = wl.min_bytes(C)
             for cfg, cap in itertools.product(configs, [int(x) for x in args.maxnreg.split(",")]):
                 decode.MAXNREG = cap or None
+                name = str(cfg) + (f"-r{cap}" if cap else "")
                 out = torch.full_like(ref_out, float("nan"))
                 lse = torch.full_like(ref_lse, float("nan"))
                 o, ls = sparse_mla_decode(qs[0], pool.kv_cache, idx[0], config=cfg, **kw)
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                 med = statistics.median(us)
                 gbps = nbytes / (med * 1e-6) / 1e9
                 row = {
-                    "format": fmt, "C": C, "config": str(cfg) + (f"-r{cap}" if cap else ""), "splits": num_splits_for(cfg, C, args.heads, wl.topk)[0],
+                    "format": fmt, "C": C, "config": name, "splits": num_splits_for(cfg, C, args.heads, wl.topk)[0],
                     "us": med, "us_min": min(us), "us_max": max(us), "GBps": gbps, "pct_copy": 100 * gbps / bw,
                     "ref_us": ref_us, "speedup": ref_us / med, "rel_err": rel, "lse_err": lse_err, "correct": ok,
                     "sets": n_sets, "bytes": nbytes,
