@@ -52,41 +52,71 @@ LAUNCH_LISTENERS: list[Callable[[str, KernelConfig, tuple], None]] = []
 
 
 @triton.jit
-def _e4m3_group(KV8, o_row, m_tok, OFF: tl.constexpr, G: tl.constexpr, NATIVE_FP8: tl.constexpr, DOT_F32: tl.constexpr):
-    """``[BLOCK_T, G]`` e4m3 bytes at byte ``OFF`` of each token row, as exact dot operands (unscaled).
-
-    Every e4m3 value is exact in bf16, so the per-group scale is applied to the scores and to the
-    probabilities instead of to every key element (a [BLOCK_H, BLOCK_T] multiply, not [BLOCK_T, G]).
-    """
-    b_u8 = tl.load(KV8 + o_row[:, None] + OFF + tl.arange(0, G)[None, :], mask=m_tok[:, None], other=0)
+def _e4m3_to_f32(b_u8, NATIVE_FP8: tl.constexpr):
+    """e4m3 bytes -> fp32 values times 2^-8 (bit trick) or exact (native cvt on sm_89+)."""
     if NATIVE_FP8:
-        b_k = b_u8.to(tl.float8e4nv, bitcast=True)
-        return b_k.to(tl.float32) if DOT_F32 else b_k.to(tl.bfloat16)
+        return b_u8.to(tl.float8e4nv, bitcast=True).to(tl.float32) * 0.00390625
     b = b_u8.to(tl.uint16)
-    b_k = (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
-    return b_k if DOT_F32 else b_k.to(tl.bfloat16)
+    return (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit
-def _q_part(p_q, m_h, OFF: tl.constexpr, G: tl.constexpr, dtype: tl.constexpr):
-    """``[BLOCK_H, G]`` slice of q. Re-read every tile (an L1 hit) on purpose: kept live across the
-    loop as an mma operand, q costs every warp BLOCK_H x D_qk x 2 / 32 bytes of registers (144 for
-    16 heads of 576 dims). ``m_h`` carries a loop-dependent term so that the load is not hoisted."""
-    return tl.load(p_q + OFF + tl.arange(0, G)[None, :], mask=m_h[:, None], other=0.0).to(dtype)
+def _load_kv_tile(
+    KV8,
+    KV16,
+    KV32,
+    b_idx,
+    m_tok,
+    FORMAT: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    NATIVE_FP8: tl.constexpr,
+):
+    """Gather and dequantize ``BLOCK_T`` tokens. Returns (k [BLOCK_T, 512], k_rope [BLOCK_T, 64]).
 
-
-@triton.jit
-def _pv(b_acc, b_alpha, b_p, b_scale, b_k):
-    """acc * alpha + (p * scale) @ k for one column group."""
-    return b_acc * b_alpha[:, None] + tl.dot((b_p * b_scale[None, :]).to(b_k.dtype), b_k)
-
-
-@triton.jit
-def _store_part(P, o_row, m_h, OFF: tl.constexpr, b_acc, b_inv, G: tl.constexpr, TO_BF16: tl.constexpr):
-    b_o = b_acc * b_inv[:, None]
-    if TO_BF16:
-        b_o = b_o.to(tl.bfloat16)
-    tl.store(P + o_row[:, None] * 512 + OFF + tl.arange(0, G)[None, :], b_o, mask=m_h[:, None])
+    fp8_model1: k is the whole 512-dim key (448 nope + 64 rope, which is also V); k_rope is unused.
+    fp8_v32:    k is the 512 nope dims (also V) and k_rope the 64 rope dims (keys only).
+    Masked-out tokens (``m_tok`` false) are never read and come back as zeros. Offsets are written
+    per view (bytes, bf16 or fp32 elements) from the token index so that Triton can prove their
+    alignment and vectorize the loads.
+    """
+    b_idx = b_idx.to(tl.int64)
+    o_rope = tl.arange(0, 64)
+    if FORMAT == 0:
+        # [T, 8, 64]: groups 0..6 are e4m3 with a ue8m0 scale each, group 7 is the bf16 rope part
+        o_g = tl.arange(0, 8)
+        o_j = tl.arange(0, 64)
+        b_page = b_idx // PAGE_SIZE
+        b_tok = b_idx % PAGE_SIZE
+        o_data = b_page * (PAGE_SIZE * 584) + b_tok * 576  # [T] bytes
+        o_nope = o_data[:, None, None] + o_g[None, :, None] * 64 + o_j[None, None, :]
+        m_nope = m_tok[:, None, None] & (o_g[None, :, None] < 7)
+        b_q8 = tl.load(KV8 + o_nope, mask=m_nope, other=0)  # [T, 8, 64]
+        o_scale = b_page * (PAGE_SIZE * 584) + PAGE_SIZE * 576 + b_tok * 8
+        m_scale = m_tok[:, None] & (o_g[None, :] < 7)
+        b_e8 = tl.load(KV8 + o_scale[:, None] + o_g[None, :], mask=m_scale, other=127).to(tl.uint32)  # [T, 8]
+        # 2^(e - 127) exactly, times 2^8 to undo the e4m3 decoding's 2^-8
+        b_scale = (b_e8 << 23).to(tl.float32, bitcast=True) * 256.0
+        o_rope16 = b_page * (PAGE_SIZE * 292) + b_tok * 288 + 224  # bf16 elements
+        b_rope = tl.load(KV16 + o_rope16[:, None] + o_rope[None, :], mask=m_tok[:, None], other=0.0)
+        b_nope = _e4m3_to_f32(b_q8, NATIVE_FP8) * b_scale[:, :, None]
+        b_k3 = tl.where((o_g == 7)[None, :, None], b_rope.to(tl.float32)[:, None, :], b_nope)
+        b_k = tl.reshape(b_k3, (BLOCK_T, 512))
+        b_kr = tl.zeros((BLOCK_T, 64), dtype=tl.float32)
+    else:
+        o_g = tl.arange(0, 4)
+        o_j = tl.arange(0, 128)
+        o_nope = b_idx[:, None, None] * 656 + o_g[None, :, None] * 128 + o_j[None, None, :]
+        b_q8 = tl.load(KV8 + o_nope, mask=m_tok[:, None, None], other=0)  # [T, 4, 128]
+        b_scale = tl.load(KV32 + (b_idx * 164 + 128)[:, None] + o_g[None, :], mask=m_tok[:, None], other=0.0)
+        b_k3 = _e4m3_to_f32(b_q8, NATIVE_FP8) * (b_scale * 256.0)[:, :, None]
+        b_k = tl.reshape(b_k3, (BLOCK_T, 512))
+        b_kr = tl.load(KV16 + (b_idx * 328 + 264)[:, None] + o_rope[None, :], mask=m_tok[:, None], other=0.0)
+        b_kr = b_kr.to(tl.float32)
+    if DOT_F32:
+        return b_k, b_kr
+    return b_k.to(tl.bfloat16), b_kr.to(tl.bfloat16)
 
 
 @triton.jit
@@ -118,15 +148,11 @@ def _split_kernel(
     DOT_F32: tl.constexpr,
     NATIVE_FP8: tl.constexpr,
 ):
-    """One (request, head block, split). The 512 value columns are kept as per-scale-group
-    accumulators: fp8_model1 7 x 64 e4m3 + 64 rope (8 x [BLOCK_H, 64]), fp8_v32 4 x 128."""
     i_bh = tl.program_id(0).to(tl.int64)
     i_s = tl.program_id(1).to(tl.int64)
     head_blocks: tl.constexpr = (H + BLOCK_H - 1) // BLOCK_H
     i_b = i_bh // head_blocks
     i_hb = i_bh % head_blocks
-    G: tl.constexpr = 64 if FORMAT == 0 else 128  # values per scale
-    dt: tl.constexpr = tl.float32 if DOT_F32 else tl.bfloat16
 
     n_valid = topk
     if HAS_TOPK_LEN:
@@ -138,112 +164,47 @@ def _split_kernel(
 
     o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
     m_h = o_h < H
+    o_d = tl.arange(0, 512)
     p_q = Q + i_b * stride_qb + o_h[:, None] * stride_qh
-    o_r = tl.arange(0, 64)
 
     qk_scale = sm_scale * 1.4426950408889634  # softmax in base 2
     b_m = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
     b_l = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    a0 = tl.zeros((BLOCK_H, G), dtype=tl.float32)
-    a1 = tl.zeros((BLOCK_H, G), dtype=tl.float32)
-    a2 = tl.zeros((BLOCK_H, G), dtype=tl.float32)
-    a3 = tl.zeros((BLOCK_H, G), dtype=tl.float32)
-    a4 = tl.zeros((BLOCK_H, G), dtype=tl.float32)  # fp8_model1 only (groups 4..7)
-    a5 = tl.zeros((BLOCK_H, G), dtype=tl.float32)
-    a6 = tl.zeros((BLOCK_H, G), dtype=tl.float32)
-    a7 = tl.zeros((BLOCK_H, G), dtype=tl.float32)
+    b_acc = tl.zeros((BLOCK_H, 512), dtype=tl.float32)
     p_idx = Idx + i_b * topk
     for i_t in range(0, n_tiles):
-        m_hq = m_h & (i_t < n_tiles)  # always true; keeps q's loads inside the loop (see _q_part)
         o_t = t_begin + i_t * BLOCK_T + tl.arange(0, BLOCK_T)
         b_idx = tl.load(p_idx + o_t, mask=o_t < t_end, other=-1)  # [BLOCK_T]
         m_tok = (b_idx >= 0) & (b_idx < num_tokens)
-        b_idx = tl.where(m_tok, b_idx, 0).to(tl.int64)
-        if FORMAT == 0:
-            # page: every token's 576 data bytes (448 e4m3 + 64 bf16 rope), then 8-byte scale rows
-            b_page = b_idx // PAGE_SIZE
-            b_tok = b_idx % PAGE_SIZE
-            o_row = b_page * (PAGE_SIZE * 584) + b_tok * 576
-            o_sc = b_page * (PAGE_SIZE * 584) + PAGE_SIZE * 576 + b_tok * 8
-            # ue8m0 -> 2^(e - 127), exactly, by placing e in the fp32 exponent field
-            s0 = (tl.load(KV8 + o_sc + 0, mask=m_tok, other=0).to(tl.uint32) << 23).to(tl.float32, bitcast=True)
-            s1 = (tl.load(KV8 + o_sc + 1, mask=m_tok, other=0).to(tl.uint32) << 23).to(tl.float32, bitcast=True)
-            s2 = (tl.load(KV8 + o_sc + 2, mask=m_tok, other=0).to(tl.uint32) << 23).to(tl.float32, bitcast=True)
-            s3 = (tl.load(KV8 + o_sc + 3, mask=m_tok, other=0).to(tl.uint32) << 23).to(tl.float32, bitcast=True)
-            s4 = (tl.load(KV8 + o_sc + 4, mask=m_tok, other=0).to(tl.uint32) << 23).to(tl.float32, bitcast=True)
-            s5 = (tl.load(KV8 + o_sc + 5, mask=m_tok, other=0).to(tl.uint32) << 23).to(tl.float32, bitcast=True)
-            s6 = (tl.load(KV8 + o_sc + 6, mask=m_tok, other=0).to(tl.uint32) << 23).to(tl.float32, bitcast=True)
-            k0 = _e4m3_group(KV8, o_row, m_tok, 0, 64, NATIVE_FP8, DOT_F32)
-            k1 = _e4m3_group(KV8, o_row, m_tok, 64, 64, NATIVE_FP8, DOT_F32)
-            k2 = _e4m3_group(KV8, o_row, m_tok, 128, 64, NATIVE_FP8, DOT_F32)
-            k3 = _e4m3_group(KV8, o_row, m_tok, 192, 64, NATIVE_FP8, DOT_F32)
-            k4 = _e4m3_group(KV8, o_row, m_tok, 256, 64, NATIVE_FP8, DOT_F32)
-            k5 = _e4m3_group(KV8, o_row, m_tok, 320, 64, NATIVE_FP8, DOT_F32)
-            k6 = _e4m3_group(KV8, o_row, m_tok, 384, 64, NATIVE_FP8, DOT_F32)
-            o_rope = b_page * (PAGE_SIZE * 292) + b_tok * 288 + 224  # bf16 elements
-            k7 = tl.load(KV16 + o_rope[:, None] + o_r[None, :], mask=m_tok[:, None], other=0.0).to(dt)
-            b_s = tl.dot(_q_part(p_q, m_hq, 0, 64, dt), tl.trans(k0)) * s0[None, :]
-            b_s += tl.dot(_q_part(p_q, m_hq, 64, 64, dt), tl.trans(k1)) * s1[None, :]
-            b_s += tl.dot(_q_part(p_q, m_hq, 128, 64, dt), tl.trans(k2)) * s2[None, :]
-            b_s += tl.dot(_q_part(p_q, m_hq, 192, 64, dt), tl.trans(k3)) * s3[None, :]
-            b_s += tl.dot(_q_part(p_q, m_hq, 256, 64, dt), tl.trans(k4)) * s4[None, :]
-            b_s += tl.dot(_q_part(p_q, m_hq, 320, 64, dt), tl.trans(k5)) * s5[None, :]
-            b_s += tl.dot(_q_part(p_q, m_hq, 384, 64, dt), tl.trans(k6)) * s6[None, :]
-            b_s = tl.dot(_q_part(p_q, m_hq, 448, 64, dt), tl.trans(k7), b_s)
-        else:
-            # token-interleaved: 512 e4m3, 4 fp32 scales, 64 bf16 rope (656 bytes)
-            o_row = b_idx * 656
-            s0 = tl.load(KV32 + b_idx * 164 + 128, mask=m_tok, other=0.0)
-            s1 = tl.load(KV32 + b_idx * 164 + 129, mask=m_tok, other=0.0)
-            s2 = tl.load(KV32 + b_idx * 164 + 130, mask=m_tok, other=0.0)
-            s3 = tl.load(KV32 + b_idx * 164 + 131, mask=m_tok, other=0.0)
-            k0 = _e4m3_group(KV8, o_row, m_tok, 0, 128, NATIVE_FP8, DOT_F32)
-            k1 = _e4m3_group(KV8, o_row, m_tok, 128, 128, NATIVE_FP8, DOT_F32)
-            k2 = _e4m3_group(KV8, o_row, m_tok, 256, 128, NATIVE_FP8, DOT_F32)
-            k3 = _e4m3_group(KV8, o_row, m_tok, 384, 128, NATIVE_FP8, DOT_F32)
-            kr = tl.load(KV16 + (b_idx * 328 + 264)[:, None] + o_r[None, :], mask=m_tok[:, None], other=0.0)
-            b_s = tl.dot(_q_part(p_q, m_hq, 512, 64, dt), tl.trans(kr.to(dt)))
-            b_s += tl.dot(_q_part(p_q, m_hq, 0, 128, dt), tl.trans(k0)) * s0[None, :]
-            b_s += tl.dot(_q_part(p_q, m_hq, 128, 128, dt), tl.trans(k1)) * s1[None, :]
-            b_s += tl.dot(_q_part(p_q, m_hq, 256, 128, dt), tl.trans(k2)) * s2[None, :]
-            b_s += tl.dot(_q_part(p_q, m_hq, 384, 128, dt), tl.trans(k3)) * s3[None, :]
-        b_s = tl.where(m_tok[None, :], b_s * qk_scale, float("-inf"))  # [BLOCK_H, BLOCK_T]
+        b_idx = tl.where(m_tok, b_idx, 0)
+        b_k, b_kr = _load_kv_tile(KV8, KV16, KV32, b_idx, m_tok, FORMAT, PAGE_SIZE, BLOCK_T, DOT_F32, NATIVE_FP8)
+        # q is re-read every tile (an L1 hit) on purpose: kept live across the loop as an mma operand
+        # it costs every warp 16 x 576 x 2 / 32 = 576 B of registers and halves occupancy.
+        b_q = tl.load(p_q + o_d[None, :], mask=m_h[:, None], other=0.0).to(b_k.dtype)  # [BLOCK_H, 512]
+        b_s = tl.dot(b_q, tl.trans(b_k))  # [BLOCK_H, BLOCK_T]
+        if FORMAT == 1:
+            b_qr = tl.load(p_q + 512 + tl.arange(0, 64)[None, :], mask=m_h[:, None], other=0.0).to(b_k.dtype)
+            b_s = tl.dot(b_qr, tl.trans(b_kr), b_s)
+        b_s = tl.where(m_tok[None, :], b_s * qk_scale, float("-inf"))
         b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))
         b_m_use = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)  # no (-inf) - (-inf)
         b_alpha = tl.exp2(b_m - b_m_use)
         b_p = tl.exp2(b_s - b_m_use[:, None])
         b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
+        b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_k.dtype), b_k)  # [BLOCK_H, 512]
         b_m = b_m_new
-        a0 = _pv(a0, b_alpha, b_p, s0, k0)
-        a1 = _pv(a1, b_alpha, b_p, s1, k1)
-        a2 = _pv(a2, b_alpha, b_p, s2, k2)
-        a3 = _pv(a3, b_alpha, b_p, s3, k3)
-        if FORMAT == 0:
-            a4 = _pv(a4, b_alpha, b_p, s4, k4)
-            a5 = _pv(a5, b_alpha, b_p, s5, k5)
-            a6 = _pv(a6, b_alpha, b_p, s6, k6)
-            a7 = b_alpha[:, None] * a7 + tl.dot(b_p.to(dt), k7)
 
     m_empty = b_l == 0.0
-    b_inv = 1.0 / tl.where(m_empty, 1.0, b_l)
+    b_o = b_acc / tl.where(m_empty, 1.0, b_l)[:, None]
     b_lse = (b_m + tl.log2(tl.where(m_empty, 1.0, b_l))) * 0.6931471805599453  # natural log
     if WRITE_FINAL:
-        P = Out
-        o_row = i_b * H + o_h
-        tl.store(Lse + o_row, tl.where(m_empty, float("inf"), b_lse), mask=m_h)
+        p_o = Out + (i_b * H + o_h)[:, None] * 512 + o_d[None, :]
+        tl.store(p_o, b_o.to(tl.bfloat16), mask=m_h[:, None])
+        tl.store(Lse + i_b * H + o_h, tl.where(m_empty, float("inf"), b_lse), mask=m_h)
     else:
-        P = OPart  # [B, S, H, 512] fp32
-        o_row = (i_b * num_splits + i_s) * H + o_h
+        o_row = (i_b * num_splits + i_s) * H + o_h  # OPart [B, S, H, 512]
+        tl.store(OPart + o_row[:, None] * 512 + o_d[None, :], b_o, mask=m_h[:, None])
         tl.store(LPart + o_row, tl.where(m_empty, float("-inf"), b_lse), mask=m_h)
-    _store_part(P, o_row, m_h, 0, a0, b_inv, G, WRITE_FINAL)
-    _store_part(P, o_row, m_h, G, a1, b_inv, G, WRITE_FINAL)
-    _store_part(P, o_row, m_h, 2 * G, a2, b_inv, G, WRITE_FINAL)
-    _store_part(P, o_row, m_h, 3 * G, a3, b_inv, G, WRITE_FINAL)
-    if FORMAT == 0:
-        _store_part(P, o_row, m_h, 256, a4, b_inv, G, WRITE_FINAL)
-        _store_part(P, o_row, m_h, 320, a5, b_inv, G, WRITE_FINAL)
-        _store_part(P, o_row, m_h, 384, a6, b_inv, G, WRITE_FINAL)
-        _store_part(P, o_row, m_h, 448, a7, b_inv, G, WRITE_FINAL)
 
 
 @triton.jit
