@@ -161,11 +161,23 @@ def main(argv: list[str] | None = None) -> int:
                 med = statistics.median(us)
                 gbps = nbytes / (med * 1e-6) / 1e9
                 row = {
-                    "format": fmt, "C": C, "config": name, "splits": num_splits_for(cfg, C, args.heads, wl.topk)[0],
-                    "us": med, "us_min": min(us), "us_max": max(us), "GBps": gbps, "pct_copy": 100 * gbps / bw,
-                    "ref_us": ref_us, "speedup": ref_us / med, "rel_err": rel, "lse_err": lse_err, "correct": ok,
-                    "sets": n_sets, "bytes": nbytes,
-                }  # fmt: skip
+                    "format": fmt,
+                    "C": C,
+                    "config": name,
+                    "splits": num_splits_for(cfg, C, args.heads, wl.topk)[0],
+                    "us": med,
+                    "us_min": min(us),
+                    "us_max": max(us),
+                    "GBps": gbps,
+                    "pct_copy": 100 * gbps / bw,
+                    "ref_us": ref_us,
+                    "speedup": ref_us / med,
+                    "rel_err": rel,
+                    "lse_err": lse_err,
+                    "correct": ok,
+                    "sets": n_sets,
+                    "bytes": nbytes,
+                }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
         pool = None
@@ -183,8 +195,13 @@ def main(argv: list[str] | None = None) -> int:
         if r["correct"] and (key not in best or r["us"] < best[key]["us"]):
             best[key] = r
     print("best per (format, C):")
-    print(tabulate([[k[0], k[1], v["config"], v["us"], v["pct_copy"], v["speedup"]] for k, v in best.items()],
-                   headers=["format", "C", "config", "us", "% copy", "x ref"], floatfmt=".1f"))  # fmt: skip
+    print(
+        tabulate(
+            [[k[0], k[1], v["config"], v["us"], v["pct_copy"], v["speedup"]] for k, v in best.items()],
+            headers=["format", "C", "config", "us", "% copy", "x ref"],
+            floatfmt=".1f",
+        )
+    )
     return 0 if all(r["correct"] for r in rows) else 1
 
 

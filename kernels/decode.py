@@ -47,6 +47,10 @@ FORMAT_IDS = {"fp8_model1": 0, "fp8_v32": 1}
 # which it does for this kernel, leaving 1-2 CTAs per SM. Set from $SPARSE_MLA_MAXNREG or by the bench.
 MAXNREG: int | None = int(os.environ["SPARSE_MLA_MAXNREG"]) if os.environ.get("SPARSE_MLA_MAXNREG") else None
 
+# Fill outputs and workspace with NaN before launching, so an unwritten element fails the
+# correctness gate loudly (the tuner's gate and the tests set it; never needed in production).
+POISON_OUTPUTS = False
+
 # Called as fn(kernel_name, config, grid) before every launch; the tuner counts launches with it.
 LAUNCH_LISTENERS: list[Callable[[str, KernelConfig, tuple], None]] = []
 
@@ -338,6 +342,9 @@ def sparse_mla_decode(
     else:
         o_part = torch.empty(B, num_splits, H, fmt.d_v, dtype=torch.float32, device=q.device)
         l_part = torch.empty(B, num_splits, H, dtype=torch.float32, device=q.device)
+    if POISON_OUTPUTS:
+        for t in {id(x): x for x in (out, lse, o_part, l_part)}.values():
+            t.fill_(float("nan"))
     grid = (B * head_blocks, num_splits)
     for listener in LAUNCH_LISTENERS:
         listener("split", config, grid)

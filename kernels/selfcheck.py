@@ -28,8 +28,9 @@ def main() -> int:
     rows, all_ok = [], True
     for fmt in ("fp8_model1", "fp8_v32"):
         for cfg in (KernelConfig(16, 4, 2, 1), KernelConfig(16, 4, 2, 64), KernelConfig(32, 4, 2, 64)):
-            bt = make_batch(Workload(fmt, 16, 100, 64, 400), 3, device=device, with_topk_length=True,
-                            invalid_fraction=0.1)  # fmt: skip
+            bt = make_batch(
+                Workload(fmt, 16, 100, 64, 400), 3, device=device, with_topk_length=True, invalid_fraction=0.1
+            )
             out, lse = sparse_mla_decode(*bt.args(), **bt.kwargs(), config=cfg)
             ok, rel, lse_err, reason = compare(out, lse, *sparse_mla_decode_ref(*bt.args(), **bt.kwargs()))
             all_ok &= ok

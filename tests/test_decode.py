@@ -40,8 +40,14 @@ def nan_outputs(monkeypatch):
 
 
 def _batch(fmt, B, H, topk, device, seed=0):
-    bt = make_batch(Workload(fmt, H, topk, page_size=64, context=300), B, device=device, seed=seed,
-                    with_topk_length=(seed % 2 == 1), invalid_fraction=0.1)  # fmt: skip
+    bt = make_batch(
+        Workload(fmt, H, topk, page_size=64, context=300),
+        B,
+        device=device,
+        seed=seed,
+        with_topk_length=(seed % 2 == 1),
+        invalid_fraction=0.1,
+    )
     num_tokens = bt.kv_cache.shape[0] * bt.kv_cache.shape[1]
     bt.indices[0, 3] = num_tokens  # just past the cache: masked, never read
     bt.indices[0, 4] = -7

@@ -18,8 +18,18 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-POINTERS = {"Out": "*bf16", "Lse": "*fp32", "OPart": "*fp32", "LPart": "*fp32", "Q": "*bf16", "KV8": "*u8",
-            "KV16": "*bf16", "KV32": "*fp32", "Idx": "*i32", "TopkLen": "*i32"}  # fmt: skip
+POINTERS = {
+    "Out": "*bf16",
+    "Lse": "*fp32",
+    "OPart": "*fp32",
+    "LPart": "*fp32",
+    "Q": "*bf16",
+    "KV8": "*u8",
+    "KV16": "*bf16",
+    "KV32": "*fp32",
+    "Idx": "*i32",
+    "TopkLen": "*i32",
+}
 # q strides are multiples of 16 for both formats (H*512 or H*576, 512 or 576): the JIT specializes them so
 ALIGNED_INTS = {"stride_qb": "i32", "stride_qh": "i32"}
 INTS = {"sm_scale": "fp32", "topk": "i32", "num_tokens": "i32", "tiles_per_split": "i32", "num_splits": "i32"}
@@ -44,9 +54,17 @@ def _split_source(cfg: dict, wl: dict):
     from kernels.decode import block_h_for
 
     sig = {**POINTERS, **ALIGNED_INTS, **INTS}
-    const = {"H": wl["heads"], "FORMAT": FORMAT_IDS[wl["kv_format"]], "PAGE_SIZE": wl["page_size"],
-             "BLOCK_H": block_h_for(wl["heads"]), "BLOCK_T": cfg["BLOCK_T"], "HAS_TOPK_LEN": False,
-             "WRITE_FINAL": False, "DOT_F32": False, "NATIVE_FP8": None}  # fmt: skip
+    const = {
+        "H": wl["heads"],
+        "FORMAT": FORMAT_IDS[wl["kv_format"]],
+        "PAGE_SIZE": wl["page_size"],
+        "BLOCK_H": block_h_for(wl["heads"]),
+        "BLOCK_T": cfg["BLOCK_T"],
+        "HAS_TOPK_LEN": False,
+        "WRITE_FINAL": False,
+        "DOT_F32": False,
+        "NATIVE_FP8": None,
+    }
     sig.update({k: "constexpr" for k in const})
     names = list(_split_kernel.arg_names)
     attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in list(POINTERS) + list(ALIGNED_INTS)}
@@ -57,8 +75,15 @@ def _split_source(cfg: dict, wl: dict):
 def _combine_shared(cc: int) -> int:
     from kernels.decode import _combine_kernel
 
-    sig = {"Out": "*bf16", "Lse": "*fp32", "OPart": "*fp32", "LPart": "*fp32", "num_splits": "i32",
-           "H": "constexpr", "BLOCK_S": "constexpr"}  # fmt: skip
+    sig = {
+        "Out": "*bf16",
+        "Lse": "*fp32",
+        "OPart": "*fp32",
+        "LPart": "*fp32",
+        "num_splits": "i32",
+        "H": "constexpr",
+        "BLOCK_S": "constexpr",
+    }
     src = ASTSource(_combine_kernel, sig, {"H": 16, "BLOCK_S": 128})
     return triton.compile(src, target=GPUTarget("cuda", cc, 32), options={"num_warps": 4}).metadata.shared
 
@@ -68,8 +93,11 @@ def compile_one(job: dict) -> dict:
     fn, sig, const, attrs = _split_source(cfg, wl)
     const["NATIVE_FP8"] = cc >= 89  # as the launcher decides on a GPU of that arch
     try:
-        k = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", cc, 32),
-                           options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})  # fmt: skip
+        k = triton.compile(
+            ASTSource(fn, sig, const, attrs),
+            target=GPUTarget("cuda", cc, 32),
+            options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]},
+        )
     except Exception as e:  # a config the compiler rejects is a verdict, not a crash
         return {"error": f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"}
     regs, stack = _resources(k.asm["cubin"])

@@ -13,8 +13,19 @@ from tuner.errors import TunerError
 from tuner.output import format_option
 from tuner.output import render
 
-CHECK_FIELDS = ("BLOCK_T", "num_warps", "num_stages", "TARGET_CTAS", "shared_bytes", "limit_bytes", "registers",
-                "spill_bytes", "estimate_bytes", "feasible", "reason")  # fmt: skip
+CHECK_FIELDS = (
+    "BLOCK_T",
+    "num_warps",
+    "num_stages",
+    "TARGET_CTAS",
+    "shared_bytes",
+    "limit_bytes",
+    "registers",
+    "spill_bytes",
+    "estimate_bytes",
+    "feasible",
+    "reason",
+)
 
 
 def expected_errors(fn):
@@ -84,6 +95,197 @@ def check(space_file: str, target: str | None, workload_name: str | None, fmt: s
     click.echo(render(rows, fmt))
     summary = f"{n_ok} feasible / {len(rows) - n_ok} infeasible for {target}"
     click.echo(summary, err=fmt != "table")
+
+
+def _backend(requested: str | None) -> str:
+    if requested:
+        return requested
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "interpreter"
+
+
+@cli.command()
+@click.argument("space_file", type=click.Path(dir_okay=False))
+@click.option(
+    "--backend",
+    type=click.Choice(["cuda", "interpreter"]),
+    default=None,
+    help="Default: cuda when a GPU is present, else the interpreter.",
+)
+@click.option(
+    "--sampler",
+    type=click.Choice(["grid", "tpe"]),
+    default=None,
+    help="Default: the space's; grid when <= 300 feasible configs, else TPE.",
+)
+@click.option("--n-trials", type=click.IntRange(min=1), default=None, help="At most this many new trials per study.")
+@click.option(
+    "--timeout", "timeout_s", type=click.FloatRange(min=0), default=None, help="Stop after this many seconds."
+)
+@click.option("--concurrency", "concurrency", default=None, help="A subset of the space's levels, e.g. 1,96.")
+@click.option("--remeasure", is_flag=True, help="Measure again configs that already have results (kept).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@format_option
+@db_option
+@expected_errors
+def search(space_file, backend, sampler, n_trials, timeout_s, concurrency, remeasure, quiet, fmt, db_url):
+    """Tune every workload x concurrency level of SPACE_FILE; every sample goes to the database.
+
+    Re-running resumes: configs already measured for this kernel and environment are skipped.
+    Ctrl-C stops after the running trial.
+    """
+    from db.store import Store
+    from tuner.search import Options
+    from tuner.search import run_search
+    from tuner.space import load_space
+
+    space = load_space(space_file)
+    levels = None
+    if concurrency:
+        try:
+            levels = [int(c) for c in concurrency.split(",")]
+        except ValueError:
+            raise TunerError(f"--concurrency must be a comma list of integers, got {concurrency!r}") from None
+    store = Store(db_url)
+    opts = Options(
+        backend=_backend(backend),
+        sampler=sampler,
+        n_trials=n_trials,
+        timeout_s=timeout_s,
+        concurrency=levels,
+        remeasure=remeasure,
+        quiet=quiet,
+    )
+    rows = run_search(space, store, opts)
+    if fmt == "table":
+        click.echo(f"search {space.name} ({opts.backend}), results in {store.url}:", err=True)
+    click.echo(render(rows, fmt))
+
+
+def _best_row(t) -> dict:
+    st = t.statistic()
+    env = t.environment
+    row = {
+        **t.config(),
+        "median_us": round(st.median_us, 3),
+        "ci_low_us": round(st.ci_low_us, 3),
+        "ci_high_us": round(st.ci_high_us, 3),
+        "ratio": round(st.ratio, 4),
+        "ratio_ci_low": round(st.ratio_ci_low, 4),
+        "ratio_ci_high": round(st.ratio_ci_high, 4),
+        "verdict": st.classification,
+        "noise_band": round(st.noise_band, 4),
+        "n": st.n,
+        "phase": st.phase,
+    }
+    from kernels.workload import Workload
+
+    wl = t.workload
+    nbytes = Workload(wl.kv_format, wl.heads, wl.topk, wl.page_size, wl.context).min_bytes(t.concurrency)
+    gbps = nbytes / (st.median_us * 1e-6) / 1e9
+    row["GBps"] = round(gbps, 1) if t.backend == "cuda" else None
+    row["pct_copy_bw"] = round(100 * gbps / env.copy_gbps, 1) if (env.copy_gbps and t.backend == "cuda") else None
+    row.update(
+        space=t.study.space.name,
+        workload=wl.name,
+        concurrency=t.concurrency,
+        device=env.gpu_name,
+        backend=t.backend,
+        trial=t.id,
+        date=t.created_at.strftime("%Y-%m-%d %H:%M"),
+    )
+    return row
+
+
+@cli.command()
+@click.option("--concurrency", type=click.IntRange(min=1), required=True, help="Batch size (concurrency level).")
+@click.option("--space", default=None)
+@click.option("--workload", default=None)
+@click.option("--device", default=None, help="GPU name as stored, e.g. 'NVIDIA H200'.")
+@click.option("--backend", type=click.Choice(["cuda", "interpreter"]), default=None)
+@format_option
+@db_option
+@expected_errors
+def best(concurrency, space, workload, device, backend, fmt, db_url):
+    """The best `ok` config at a concurrency, with its CI, ratio to baseline and noise verdict."""
+    from db import queries
+    from db.store import Store
+
+    store = Store(db_url)
+    with store.session() as s:
+        found = queries.best(s, concurrency, space=space, workload=workload, device=device, backend=backend)
+        rows = [_best_row(t) for t in found]
+    if not rows:
+        raise TunerError(f"no ok result at concurrency {concurrency} in {store.url} (run `tuner search` first)")
+    if len(rows) > 1:
+        click.echo(
+            f"{len(rows)} matches (one per space/workload/device/backend); narrow with --space, --workload, "
+            "--device or --backend",
+            err=True,
+        )
+    click.echo(render(rows, fmt))
+
+
+@cli.command()
+@click.option("--concurrency", type=click.IntRange(min=1), default=None)
+@click.option("--verdict", type=click.Choice(["ok", "infeasible", "wrong", "crashed", "timeout", "all"]), default="all")
+@click.option("--space", default=None)
+@click.option("--sort", type=click.Choice(["id", "median_us", "config"]), default="id")
+@format_option
+@db_option
+@expected_errors
+def trials(concurrency, verdict, space, sort, fmt, db_url):
+    """Every trial: config, verdict, reason, feasibility numbers, median and ratio."""
+    from db import queries
+    from db.store import Store
+
+    store = Store(db_url)
+    with store.session() as s:
+        rows = []
+        for t in queries.trials(s, concurrency=concurrency, verdict=verdict, space=space):
+            st = t.statistic()
+            rows.append(
+                {
+                    "trial": t.id,
+                    "space": t.study.space.name,
+                    "C": t.concurrency,
+                    **t.config(),
+                    "verdict": t.verdict,
+                    "median_us": round(st.median_us, 3) if st else None,
+                    "ratio": round(st.ratio, 4) if st else None,
+                    "effect": st.classification if st else None,
+                    "shared_bytes": t.shared_bytes,
+                    "registers": t.registers,
+                    "reason": t.reason,
+                }
+            )
+    key = {
+        "id": lambda r: r["trial"],
+        "config": lambda r: (r["BLOCK_T"], r["num_warps"], r["num_stages"]),
+        "median_us": lambda r: (r["median_us"] is None, r["median_us"] or 0),
+    }[sort]
+    rows.sort(key=key)
+    if not rows:
+        click.echo("no trials match", err=True)
+    click.echo(render(rows, fmt))
+
+
+@cli.group()
+def db() -> None:
+    """The results database."""
+
+
+@db.command()
+@db_option
+@expected_errors
+def upgrade(db_url):
+    """Migrate an older results database to the current schema (nothing is dropped)."""
+    from db.store import Store
+    from db.store import head_revision
+
+    store = Store(db_url, upgrade=True)
+    click.echo(f"{store.url} is at schema {store.revision()} (head {head_revision()})", err=True)
 
 
 def main() -> None:

@@ -136,8 +136,9 @@ def compile_numbers(jobs: list[dict]) -> list[dict]:
     return json.loads(proc.stdout)
 
 
-def _verdict(numbers: dict, config: KernelConfig, workload: Workload, target: str, limit: int,
-             max_spill_bytes: int | None) -> Verdict:  # fmt: skip
+def _verdict(
+    numbers: dict, config: KernelConfig, workload: Workload, target: str, limit: int, max_spill_bytes: int | None
+) -> Verdict:
     est = estimate_shared(config, workload)
     if "error" in numbers:
         return Verdict(False, 0, limit, 0, 0, est, f"does not compile for {target}: {numbers['error']}")

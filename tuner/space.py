@@ -160,10 +160,32 @@ def _distribution(path, key, spec) -> list[int]:
 
 
 _ALLOWED_NODES = (
-    ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.BinOp, ast.Add, ast.Sub,
-    ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.Compare, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt,
-    ast.GtE, ast.Name, ast.Load, ast.Constant,
-)  # fmt: skip
+    ast.Expression,
+    ast.BoolOp,
+    ast.And,
+    ast.Or,
+    ast.UnaryOp,
+    ast.Not,
+    ast.USub,
+    ast.BinOp,
+    ast.Add,
+    ast.Sub,
+    ast.Mult,
+    ast.Div,
+    ast.FloorDiv,
+    ast.Mod,
+    ast.Pow,
+    ast.Compare,
+    ast.Eq,
+    ast.NotEq,
+    ast.Lt,
+    ast.LtE,
+    ast.Gt,
+    ast.GtE,
+    ast.Name,
+    ast.Load,
+    ast.Constant,
+)
 
 
 def _constraint(path, key, expr):
@@ -221,8 +243,10 @@ def load_space(path: str | Path) -> SearchSpace:
             raise _err(path, f"{key}.{missing[0]}", "is required")
         if w["kv_format"] not in FORMATS:
             raise _err(path, f"{key}.kv_format", f"must be one of {sorted(FORMATS)}, got {w['kv_format']!r}")
-        vals = {k: _pos_int(path, f"{key}.{k}", w.get(k, d)) for k, d in
-                (("heads", None), ("tp", 1), ("topk", None), ("page_size", 64), ("context", 8192))}  # fmt: skip
+        vals = {
+            k: _pos_int(path, f"{key}.{k}", w.get(k, d))
+            for k, d in (("heads", None), ("tp", 1), ("topk", None), ("page_size", 64), ("context", 8192))
+        }
         if vals["heads"] % vals["tp"]:
             raise _err(path, f"{key}.tp", f"must divide heads ({vals['heads']}), got {vals['tp']}")
         if not isinstance(w["name"], str) or not w["name"]:
@@ -288,8 +312,21 @@ def load_space(path: str | Path) -> SearchSpace:
     if spill is not None:
         _pos_int(path, "max_spill_bytes", spill, minimum=0)
 
-    space = SearchSpace(name, path, text, target, workloads, concurrency, parameters, cons, baseline, measurement,
-                        sampler, spill, compiled)  # fmt: skip
+    space = SearchSpace(
+        name,
+        path,
+        text,
+        target,
+        workloads,
+        concurrency,
+        parameters,
+        cons,
+        baseline,
+        measurement,
+        sampler,
+        spill,
+        compiled,
+    )
     if not space.satisfies(baseline):
         raise _err(path, "baseline", f"violates the constraints {cons}")
     return space

@@ -1,0 +1,237 @@
+"""SQLAlchemy models of the results database.
+
+Every table is prefixed ``tuner_`` because Optuna's own tables (``studies``, ``trials``, ...) live
+in the same database. One class per table, uniqueness in ``__table_args__``, queries as
+classmethods that take the session (Optuna's ``_rdb/models.py`` style).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import Boolean
+from sqlalchemy import DateTime
+from sqlalchemy import Float
+from sqlalchemy import ForeignKey
+from sqlalchemy import Index
+from sqlalchemy import Integer
+from sqlalchemy import MetaData
+from sqlalchemy import String
+from sqlalchemy import Text
+from sqlalchemy import UniqueConstraint
+from sqlalchemy import select
+from sqlalchemy.orm import DeclarativeBase
+from sqlalchemy.orm import Mapped
+from sqlalchemy.orm import Session
+from sqlalchemy.orm import mapped_column
+from sqlalchemy.orm import relationship
+
+VERDICTS = ("ok", "infeasible", "wrong", "crashed", "timeout")
+CLASSIFICATIONS = ("win", "flat", "regression")
+PHASES = ("screen", "finalist")
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+def get_or_create(session: Session, model, **fields):
+    """The row with exactly these fields, inserted if missing (unique constraints make it race-safe
+    enough for SQLite's single writer; PostgreSQL callers retry on IntegrityError)."""
+    row = session.scalar(select(model).filter_by(**fields))
+    if row is None:
+        row = model(**fields)
+        session.add(row)
+        session.flush()
+    return row
+
+
+class EnvironmentModel(Base):
+    """Where a number was measured: GPU (or CPU for the interpreter), software versions, host."""
+
+    __tablename__ = "tuner_environments"
+    __table_args__ = (UniqueConstraint("fingerprint"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    backend: Mapped[str] = mapped_column(String(16))  # cuda | interpreter
+    gpu_name: Mapped[str] = mapped_column(String(128))
+    compute_capability: Mapped[str] = mapped_column(String(16))
+    sm_count: Mapped[int] = mapped_column(Integer)
+    driver: Mapped[str] = mapped_column(String(64))
+    cuda: Mapped[str] = mapped_column(String(32))
+    torch: Mapped[str] = mapped_column(String(64))
+    triton: Mapped[str] = mapped_column(String(32))
+    host: Mapped[str] = mapped_column(String(128))
+    copy_gbps: Mapped[float | None] = mapped_column(Float, nullable=True)  # measured roofline, if any
+
+
+class KernelModel(Base):
+    __tablename__ = "tuner_kernels"
+    __table_args__ = (UniqueConstraint("source_hash"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    source_hash: Mapped[str] = mapped_column(String(64))
+
+
+class WorkloadModel(Base):
+    """One attention shape on one GPU (``heads`` = local heads after TP)."""
+
+    __tablename__ = "tuner_workloads"
+    __table_args__ = (UniqueConstraint("name", "kv_format", "heads", "tp", "topk", "page_size", "context"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    kv_format: Mapped[str] = mapped_column(String(32))
+    heads: Mapped[int] = mapped_column(Integer)
+    tp: Mapped[int] = mapped_column(Integer)
+    topk: Mapped[int] = mapped_column(Integer)
+    page_size: Mapped[int] = mapped_column(Integer)
+    context: Mapped[int] = mapped_column(Integer)
+    d_qk: Mapped[int] = mapped_column(Integer)
+    d_v: Mapped[int] = mapped_column(Integer)
+
+
+class SpaceModel(Base):
+    __tablename__ = "tuner_spaces"
+    __table_args__ = (UniqueConstraint("name", "text_hash"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    text_hash: Mapped[str] = mapped_column(String(64))
+    text: Mapped[str] = mapped_column(Text)
+    path: Mapped[str] = mapped_column(Text)
+
+
+class StudyModel(Base):
+    """One Optuna study: (space, workload, concurrency, device, backend); holds the A/A noise band."""
+
+    __tablename__ = "tuner_studies"
+    __table_args__ = (UniqueConstraint("name"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(256))  # the Optuna study name
+    space_id: Mapped[int] = mapped_column(ForeignKey("tuner_spaces.id"))
+    workload_id: Mapped[int] = mapped_column(ForeignKey("tuner_workloads.id"))
+    environment_id: Mapped[int] = mapped_column(ForeignKey("tuner_environments.id"))
+    kernel_id: Mapped[int] = mapped_column(ForeignKey("tuner_kernels.id"))
+    concurrency: Mapped[int] = mapped_column(Integer)
+    backend: Mapped[str] = mapped_column(String(16))
+    noise_band: Mapped[float | None] = mapped_column(Float, nullable=True)  # relative, e.g. 0.012
+    noise_n: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+    space: Mapped[SpaceModel] = relationship()
+    workload: Mapped[WorkloadModel] = relationship()
+    environment: Mapped[EnvironmentModel] = relationship()
+    kernel: Mapped[KernelModel] = relationship()
+
+
+class TrialModel(Base):
+    """One config at one concurrency in one study: its verdict, feasibility numbers and statistics."""
+
+    __tablename__ = "tuner_trials"
+    __table_args__ = (
+        Index("ix_tuner_trials_best", "workload_id", "concurrency", "environment_id", "backend", "verdict"),
+        Index("ix_tuner_trials_verdict", "verdict"),
+        UniqueConstraint("study_id", "config_key"),
+    )
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("tuner_studies.id"))
+    workload_id: Mapped[int] = mapped_column(ForeignKey("tuner_workloads.id"))
+    environment_id: Mapped[int] = mapped_column(ForeignKey("tuner_environments.id"))
+    kernel_id: Mapped[int] = mapped_column(ForeignKey("tuner_kernels.id"))
+    concurrency: Mapped[int] = mapped_column(Integer)
+    backend: Mapped[str] = mapped_column(String(16))
+    config_key: Mapped[str] = mapped_column(String(64))  # str(KernelConfig), e.g. T16-w4-s2-c256
+    BLOCK_T: Mapped[int] = mapped_column(Integer)
+    num_warps: Mapped[int] = mapped_column(Integer)
+    num_stages: Mapped[int] = mapped_column(Integer)
+    TARGET_CTAS: Mapped[int] = mapped_column(Integer)
+    num_splits: Mapped[int] = mapped_column(Integer)
+    is_baseline: Mapped[bool] = mapped_column(Boolean, default=False)
+    verdict: Mapped[str] = mapped_column(String(16))  # one of VERDICTS
+    reason: Mapped[str] = mapped_column(Text, default="")
+    shared_bytes: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    limit_bytes: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    registers: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    spill_bytes: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    estimate_bytes: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    out_rel_err: Mapped[float | None] = mapped_column(Float, nullable=True)
+    lse_abs_err: Mapped[float | None] = mapped_column(Float, nullable=True)
+    optuna_study: Mapped[str] = mapped_column(String(256))
+    optuna_trial_number: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    wall_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+    study: Mapped[StudyModel] = relationship()
+    workload: Mapped[WorkloadModel] = relationship()
+    environment: Mapped[EnvironmentModel] = relationship()
+    samples: Mapped[list[SampleModel]] = relationship(back_populates="trial", order_by="SampleModel.id")
+    statistics: Mapped[list[StatisticModel]] = relationship(back_populates="trial")
+
+    def config(self) -> dict[str, int]:
+        return {
+            "BLOCK_T": self.BLOCK_T,
+            "num_warps": self.num_warps,
+            "num_stages": self.num_stages,
+            "TARGET_CTAS": self.TARGET_CTAS,
+        }
+
+    def statistic(self, phase: str | None = None) -> StatisticModel | None:
+        """The finalist statistic when there is one (more rounds), else the screening one."""
+        by = {s.phase: s for s in self.statistics}
+        return by.get(phase) if phase else by.get("finalist") or by.get("screen")
+
+
+class SampleModel(Base):
+    """One round of the paired A/B protocol: candidate and baseline µs per call, measured back to back."""
+
+    __tablename__ = "tuner_samples"
+    __table_args__ = (UniqueConstraint("trial_id", "phase", "round"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("tuner_trials.id"), index=True)
+    phase: Mapped[str] = mapped_column(String(16))  # screen | finalist | noise
+    round: Mapped[int] = mapped_column(Integer)
+    candidate_us: Mapped[float] = mapped_column(Float)
+    baseline_us: Mapped[float] = mapped_column(Float)
+    replays: Mapped[int] = mapped_column(Integer)  # calls averaged into one number
+    gpu_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+    trial: Mapped[TrialModel] = relationship(back_populates="samples")
+
+
+class StatisticModel(Base):
+    __tablename__ = "tuner_statistics"
+    __table_args__ = (UniqueConstraint("trial_id", "phase"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    trial_id: Mapped[int] = mapped_column(ForeignKey("tuner_trials.id"), index=True)
+    phase: Mapped[str] = mapped_column(String(16))
+    n: Mapped[int] = mapped_column(Integer)
+    median_us: Mapped[float] = mapped_column(Float)
+    ci_low_us: Mapped[float] = mapped_column(Float)
+    ci_high_us: Mapped[float] = mapped_column(Float)
+    baseline_median_us: Mapped[float] = mapped_column(Float)
+    ratio: Mapped[float] = mapped_column(Float)  # median of candidate / baseline per round
+    ratio_ci_low: Mapped[float] = mapped_column(Float)
+    ratio_ci_high: Mapped[float] = mapped_column(Float)
+    noise_band: Mapped[float] = mapped_column(Float)
+    classification: Mapped[str] = mapped_column(String(16))  # win | flat | regression
+
+    trial: Mapped[TrialModel] = relationship(back_populates="statistics")
+
+
+class ExportModel(Base):
+    __tablename__ = "tuner_exports"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    path: Mapped[str] = mapped_column(Text)
+    device: Mapped[str] = mapped_column(String(128))
+    workload_id: Mapped[int] = mapped_column(ForeignKey("tuner_workloads.id"))
+    content: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)

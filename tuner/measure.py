@@ -1,0 +1,110 @@
+"""Parent side of the measurement worker: start, ask with a timeout, restart after a crash or hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import subprocess
+import sys
+import tempfile
+import time
+
+from tuner.errors import TunerError
+
+
+class WorkerDied(Exception):
+    def __init__(self, verdict: str, reason: str) -> None:
+        super().__init__(reason)
+        self.verdict = verdict  # crashed | timeout
+        self.reason = reason
+
+
+class Worker:
+    """One ``python -m tuner.worker`` child; ``request`` returns its reply or raises :class:`WorkerDied`."""
+
+    def __init__(self, backend: str, env: dict | None = None, start_timeout_s: float = 300.0) -> None:
+        self.backend = backend
+        self.extra_env = env or {}
+        self.start_timeout_s = start_timeout_s
+        self.proc: subprocess.Popen | None = None
+        self.info: dict = {}
+
+    def start(self) -> dict:
+        env = {**os.environ, **self.extra_env, "TUNER_BACKEND": self.backend, "PYTHONUNBUFFERED": "1"}
+        if self.backend != "interpreter":
+            env.pop("TRITON_INTERPRET", None)
+        self._stderr = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tuner.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            env=env,
+            text=True,
+            bufsize=1,
+        )
+        try:
+            hello = self._read(self.start_timeout_s)
+        except WorkerDied as e:
+            raise TunerError(f"the measurement worker did not start ({e.reason})") from None
+        self.info = hello["hello"]
+        return self.info
+
+    def stderr_tail(self, lines: int = 8) -> str:
+        self._stderr.seek(0)
+        text = self._stderr.read().decode(errors="replace").strip().splitlines()
+        return " | ".join(text[-lines:])
+
+    def _read(self, timeout_s: float) -> dict:
+        assert self.proc is not None and self.proc.stdout is not None
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.kill()
+                    raise WorkerDied("timeout", f"no answer within {timeout_s:.0f} s; the worker was killed")
+                if sel.select(timeout=min(left, 1.0)):
+                    line = self.proc.stdout.readline()
+                    if not line:
+                        code = self.proc.wait()
+                        raise WorkerDied("crashed", f"worker exited with status {code}: {self.stderr_tail()}")
+                    return json.loads(line)
+                if self.proc.poll() is not None:
+                    raise WorkerDied(
+                        "crashed", f"worker exited with status {self.proc.returncode}: {self.stderr_tail()}"
+                    )
+        finally:
+            sel.close()
+
+    def request(self, msg: dict, timeout_s: float) -> dict:
+        if self.proc is None or self.proc.poll() is not None:
+            self.start()
+        assert self.proc is not None and self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps(msg) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise WorkerDied("crashed", f"worker gone: {self.stderr_tail()}") from None
+        try:
+            return self._read(timeout_s)
+        except WorkerDied:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.proc.stdin.write(json.dumps({"op": "exit"}) + "\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.kill()

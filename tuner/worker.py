@@ -1,0 +1,239 @@
+"""The measurement worker: a long-lived child process that runs the kernel for the search.
+
+Isolation: an illegal memory access, a crash or a hang kills this process, not the search; the
+parent (:mod:`tuner.measure`) restarts it. It is reused between trials so that importing torch,
+building inputs and compiling do not dominate. Protocol: one JSON request per line on stdin, one
+JSON reply per line on the original stdout (everything else the libraries print goes to stderr).
+
+Backends: ``cuda`` (CUDA graphs, event timing, cold L2 by rotating request sets) and
+``interpreter`` (``TRITON_INTERPRET=1``, wall-clock timing of one call; not GPU timings).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import sys
+import time
+import traceback
+
+BACKEND = os.environ.get("TUNER_BACKEND", "cuda")
+if BACKEND == "interpreter":
+    os.environ["TRITON_INTERPRET"] = "1"  # before kernels.decode is imported
+
+import torch  # noqa: E402
+
+import kernels.decode as decode  # noqa: E402
+from kernels.config import KernelConfig  # noqa: E402
+from kernels.reference import compare  # noqa: E402
+from kernels.reference import sparse_mla_decode_ref  # noqa: E402
+from kernels.workload import Workload  # noqa: E402
+from kernels.workload import make_batch  # noqa: E402
+
+SAMPLE_MS = 2.0  # GPU: replays per sample are chosen so that one sample lasts at least this long
+MAX_POOL_REQUESTS = 512
+
+
+def environment() -> dict:
+    import triton
+
+    env = {"backend": BACKEND, "torch": torch.__version__, "triton": triton.__version__, "host": socket.gethostname()}
+    if BACKEND == "cuda":
+        p = torch.cuda.get_device_properties(0)
+        env.update(
+            gpu_name=p.name,
+            compute_capability=f"{p.major}.{p.minor}",
+            sm_count=p.multi_processor_count,
+            cuda=str(torch.version.cuda),
+            driver=_driver(),
+            l2_bytes=int(getattr(p, "L2_cache_size", 0)),
+        )
+    else:
+        env.update(
+            gpu_name="cpu-interpreter",
+            compute_capability="-",
+            sm_count=0,
+            cuda="-",
+            driver=platform.processor() or platform.machine(),
+            l2_bytes=0,
+        )
+    return env
+
+
+def _driver() -> str:
+    try:
+        import subprocess
+
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown"
+    except (OSError, IndexError, Exception):
+        return "unknown"
+
+
+class Inputs:
+    """Request sets for one (workload, batch): ``sets`` disjoint slices of one shared cache."""
+
+    def __init__(self, wl: Workload, batch: int, l2_bytes: int, device: str) -> None:
+        per_request = wl.kv_bytes_per_request()
+        if device == "cuda":
+            want = max(2 * batch, -(-4 * l2_bytes // per_request))  # touched rows >= 4x L2, >= 2 sets
+            pool = min(max(want, batch), max(MAX_POOL_REQUESTS, batch))
+        else:
+            pool = batch
+        self.sets = max(1, pool // batch)
+        self.batch = make_batch(wl, self.sets * batch, device=device, seed=12345)
+        self.qs = [self.batch.q[i * batch : (i + 1) * batch] for i in range(self.sets)]
+        self.idx = [self.batch.indices[i * batch : (i + 1) * batch] for i in range(self.sets)]
+
+
+class Runner:
+    def __init__(self) -> None:
+        self.env = environment()
+        self.device = "cuda" if BACKEND == "cuda" else "cpu"
+        self.inputs: dict = {}
+        self.graphs: dict = {}
+
+    def _inputs(self, wl: Workload, batch: int) -> Inputs:
+        key = (wl, batch)
+        if key not in self.inputs:
+            self.inputs.clear()
+            self.graphs.clear()
+            if self.device == "cuda":
+                torch.cuda.empty_cache()
+            self.inputs[key] = Inputs(wl, batch, self.env["l2_bytes"], self.device)
+        return self.inputs[key]
+
+    def gate(self, wl: Workload, batch: int, cfg: KernelConfig, seed: int) -> dict:
+        """Fresh random inputs (invalid indices, topk_length), NaN-poisoned outputs, vs the reference."""
+        bt = make_batch(wl, batch, device=self.device, seed=seed, with_topk_length=True, invalid_fraction=0.05)
+        decode.POISON_OUTPUTS = True
+        try:
+            out, lse = decode.sparse_mla_decode(*bt.args(), **bt.kwargs(), config=cfg)
+        finally:
+            decode.POISON_OUTPUTS = False
+        ok, rel, lse_err, reason = compare(out, lse, *sparse_mla_decode_ref(*bt.args(), **bt.kwargs()))
+        return {"ok": ok, "out_rel_err": rel, "lse_abs_err": lse_err, "reason": reason}
+
+    def _timer(self, wl: Workload, batch: int, cfg: KernelConfig, cache: bool):
+        """A function returning one sample (µs per call) for ``cfg``."""
+        inp = self._inputs(wl, batch)
+        fmt = wl.kv_format
+        kv = inp.batch.kv_cache
+
+        def step(i):
+            return decode.sparse_mla_decode(inp.qs[i], kv, inp.idx[i], kv_format=fmt, config=cfg)
+
+        if self.device != "cuda":
+
+            def wall() -> tuple[float, int]:
+                t0 = time.perf_counter()
+                step(0)
+                return (time.perf_counter() - t0) * 1e6, 1
+
+            step(0)  # compile/warm
+            return wall
+        key = (str(cfg), wl, batch)
+        graph = self.graphs.get(key)
+        if graph is None:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for i in range(inp.sets):
+                    step(i)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for i in range(inp.sets):
+                    step(i)
+            if cache:
+                self.graphs[key] = graph
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        graph.replay()
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        reps = max(1, int(SAMPLE_MS / max(start.elapsed_time(end), 1e-3)))
+
+        def sample() -> tuple[float, int]:
+            start.record()
+            for _ in range(reps):
+                graph.replay()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) * 1e3 / (reps * inp.sets), reps * inp.sets
+
+        return sample
+
+    def measure(self, req: dict) -> dict:
+        wl = Workload(**req["workload"])
+        batch = req["batch"]
+        cand = KernelConfig.from_dict(req["candidate"])
+        base = KernelConfig.from_dict(req["baseline"])
+        _inject_fault(cand)
+        res = {"num_splits": decode.num_splits_for(cand, batch, wl.heads, wl.topk)[0]}
+        if req.get("check", True):
+            g = self.gate(wl, batch, cand, req.get("seed", 0))
+            res.update(out_rel_err=g["out_rel_err"], lse_abs_err=g["lse_abs_err"])
+            if not g["ok"]:
+                return {**res, "verdict": "wrong", "reason": g["reason"], "samples": []}
+        t_base = self._timer(wl, batch, base, cache=True)
+        t_cand = t_base if cand == base and not req.get("independent") else self._timer(wl, batch, cand, cache=False)
+        samples = []
+        for r in range(req["rounds"]):
+            if r % 2 == 0:  # A B, then B A: neither config always runs second
+                c, reps = t_cand()
+                b, _ = t_base()
+            else:
+                b, _ = t_base()
+                c, reps = t_cand()
+            samples.append([c, b])
+        return {**res, "verdict": "ok", "reason": "", "samples": samples, "replays": reps}
+
+
+def _inject_fault(cfg: KernelConfig) -> None:
+    """Test hook: TUNER_FAULT=crash@T32-w4-s1-c4 or hang@... makes this config crash or hang."""
+    fault = os.environ.get("TUNER_FAULT", "")
+    for item in filter(None, fault.split(",")):
+        kind, _, target = item.partition("@")
+        if target == str(cfg):
+            if kind == "crash":
+                os._exit(17)
+            if kind == "hang":
+                time.sleep(10**6)
+
+
+def main() -> int:
+    proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not corrupt the protocol
+    runner = Runner()
+    proto.write(json.dumps({"hello": runner.env}) + "\n")
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            if req["op"] == "measure":
+                reply = runner.measure(req)
+            elif req["op"] == "exit":
+                return 0
+            else:
+                reply = {"error": f"unknown op {req['op']!r}"}
+        except Exception as e:  # noqa: BLE001 - a failing config is a verdict; the worker lives on
+            name = type(e).__name__
+            tail = traceback.format_exc().strip().splitlines()[-1]
+            if name == "OutOfResources":
+                reply = {"verdict": "infeasible", "reason": f"OutOfResources at launch: {e}", "samples": []}
+            else:
+                reply = {"verdict": "crashed", "reason": f"{name}: {tail[:500]}", "samples": []}
+        proto.write(json.dumps(reply) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
