@@ -123,7 +123,9 @@ def _load_kv_tile(
     return b_k.to(tl.bfloat16), b_kr.to(tl.bfloat16)
 
 
-@triton.jit
+# Integer arguments are not value-specialized (==1, %16): one compile per config and format serves
+# every batch size, which keeps the tuner's compile time to two variants (WRITE_FINAL) per config.
+@triton.jit(do_not_specialize=["topk", "num_tokens", "tiles_per_split", "num_splits"])
 def _split_kernel(
     Out,
     Lse,
@@ -211,7 +213,7 @@ def _split_kernel(
         tl.store(LPart + o_row, tl.where(m_empty, float("-inf"), b_lse), mask=m_h)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _combine_kernel(Out, Lse, OPart, LPart, num_splits, H: tl.constexpr, BLOCK_S: tl.constexpr):
     """out = sum_s exp(lse_s - lse) * o_s, lse = logsumexp_s(lse_s); empty rows: out 0, lse +inf."""
     i_bh = tl.program_id(0).to(tl.int64)

@@ -121,6 +121,12 @@ def run_search(space: SearchSpace, store: Store, opts: Options) -> list[dict]:
                     )
                 )
                 n_feasible = sum(v.feasible for v in verdicts.values())
+                if opts.backend == "cuda":
+                    from tuner.warmup import warm
+
+                    t0 = time.monotonic()
+                    warm([c for c, v in verdicts.items() if v.feasible], wl)
+                    click.echo(f"compiled {n_feasible} feasible configs in {time.monotonic() - t0:.0f} s", err=True)
                 sampler = opts.sampler or ("grid" if n_feasible <= GRID_MAX else "tpe")
                 for conc in levels:
                     if stop.requested or (opts.timeout_s and time.monotonic() - t_start > opts.timeout_s):

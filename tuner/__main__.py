@@ -1,0 +1,5 @@
+"""``python -m tuner`` is the ``tuner`` command."""
+
+from tuner.cli import main
+
+main()
