@@ -20,6 +20,7 @@ from sqlalchemy import String
 from sqlalchemy import Text
 from sqlalchemy import UniqueConstraint
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.orm import Mapped
 from sqlalchemy.orm import Session
@@ -47,13 +48,17 @@ class Base(DeclarativeBase):
 
 
 def get_or_create(session: Session, model, **fields):
-    """The row with exactly these fields, inserted if missing (unique constraints make it race-safe
-    enough for SQLite's single writer; PostgreSQL callers retry on IntegrityError)."""
+    """The row with exactly these fields, inserted if missing. Safe against a concurrent writer: the
+    insert runs in a savepoint, and losing the race on a unique constraint means reading the winner."""
     row = session.scalar(select(model).filter_by(**fields))
-    if row is None:
-        row = model(**fields)
-        session.add(row)
-        session.flush()
+    if row is not None:
+        return row
+    try:
+        with session.begin_nested():
+            row = model(**fields)
+            session.add(row)
+    except IntegrityError:
+        row = session.scalar(select(model).filter_by(**fields))
     return row
 
 

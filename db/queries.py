@@ -25,11 +25,9 @@ ENV_FIELDS = ("backend", "gpu_name", "compute_capability", "sm_count", "driver",
 def ensure_environment(session: Session, info: dict) -> EnvironmentModel:
     fields = {k: info[k] for k in ENV_FIELDS}
     fp = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
-    row = session.scalar(select(EnvironmentModel).filter_by(fingerprint=fp))
-    if row is None:
-        row = EnvironmentModel(fingerprint=fp, **fields, copy_gbps=info.get("copy_gbps"))
-        session.add(row)
-        session.flush()
+    row = get_or_create(session, EnvironmentModel, fingerprint=fp, **fields)
+    if row.copy_gbps is None and info.get("copy_gbps"):
+        row.copy_gbps = info["copy_gbps"]
     return row
 
 
@@ -58,11 +56,9 @@ def ensure_workload(session: Session, spec) -> WorkloadModel:
 
 def ensure_space(session: Session, space) -> SpaceModel:
     row = session.scalar(select(SpaceModel).filter_by(name=space.name, text_hash=space.text_hash))
-    if row is None:
-        row = SpaceModel(name=space.name, text_hash=space.text_hash, text=space.text, path=space.path)
-        session.add(row)
-        session.flush()
-    return row
+    return row or get_or_create(
+        session, SpaceModel, name=space.name, text_hash=space.text_hash, text=space.text, path=space.path
+    )
 
 
 def done_configs(session: Session, study_id: int) -> dict[str, TrialModel]:

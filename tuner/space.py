@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from kernels.config import DEFAULT_CONFIG
 from kernels.config import PARAMS
 from kernels.config import KernelConfig
 from kernels.kv_format import FORMATS
@@ -267,7 +268,7 @@ def load_space(path: str | Path) -> SearchSpace:
     if missing:
         raise _err(path, f"parameters.{missing[0]}", f"is required; every one of {list(PARAMS)} must be given")
     parameters = {p: _distribution(path, f"parameters.{p}", doc["parameters"][p]) for p in PARAMS}
-    base = {p: parameters[p][0] for p in PARAMS}
+    base = DEFAULT_CONFIG.as_dict()  # vary one parameter at a time around a valid config
     for p in PARAMS:
         for v in parameters[p]:
             try:

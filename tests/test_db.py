@@ -1,0 +1,148 @@
+"""The results database: schema versions, bad inputs, concurrent writers, queries."""
+
+import shutil
+import sqlite3
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from sqlalchemy import func
+from sqlalchemy import select
+
+from db.models import SampleModel
+from db.models import TrialModel
+from db.store import DatabaseError
+from db.store import Store
+from db.store import head_revision
+
+
+def test_new_database_is_created_at_head_next_to_optuna(tmp_path):
+    import optuna
+
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    store = Store(url)
+    assert store.revision() == head_revision()
+    optuna.create_study(study_name="s", storage=url)  # Optuna's tables and Alembic version table coexist
+    assert Store(url).revision() == head_revision()
+    con = sqlite3.connect(tmp_path / "t.db")
+    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"tuner_trials", "tuner_samples", "tuner_alembic_version", "trials", "studies", "alembic_version"} <= tables
+    assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_fixture_of_schema_0001_upgrades_and_keeps_its_data(tmp_path):
+    path = tmp_path / "old.db"
+    shutil.copy("tests/fixtures/schema_0001.db", path)
+    url = f"sqlite:///{path}"
+    with pytest.raises(DatabaseError, match="older schema 0001.*tuner db upgrade"):
+        Store(url)
+    proc = subprocess.run([sys.executable, "-m", "tuner", "db", "upgrade", "--db", url], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    store = Store(url)
+    assert store.revision() == head_revision() != "0001"
+    with store.session() as s:
+        assert s.scalar(select(func.count()).select_from(SampleModel)) == 5
+        t = s.get(TrialModel, 1)
+        assert t.config_key == "T16-w4-s2-c4" and t.samples[0].gpu_index is None  # the new column
+
+
+def test_newer_schema_is_refused_in_one_sentence(tmp_path):
+    path = tmp_path / "new.db"
+    Store(f"sqlite:///{path}")
+    con = sqlite3.connect(path)
+    con.execute("UPDATE tuner_alembic_version SET version_num = '9999'")
+    con.commit()
+    con.close()
+    with pytest.raises(DatabaseError, match="schema 9999, newer than this sparse-mla-tuner knows"):
+        Store(f"sqlite:///{path}")
+
+
+@pytest.mark.parametrize(
+    "make_url, message",
+    [
+        (lambda p: f"sqlite:///{p / 'notes.txt'}", "is not a SQLite database"),
+        (lambda p: f"sqlite:///{p / 'corrupt.db'}", "is not a SQLite database"),
+        (lambda p: f"sqlite:///{p / 'missing' / 'x.db'}", "does not exist"),
+        (lambda p: f"sqlite:///{p / 'ro' / 'x.db'}", "is not writable"),
+        (lambda p: "mysql://localhost/x", "unsupported database URL scheme 'mysql'"),
+        (lambda p: "not a url", "is not a database URL"),
+        (lambda p: f"sqlite:///{p}", "is a directory"),
+    ],
+    ids=["text-file", "corrupt", "no-dir", "read-only-dir", "scheme", "garbage", "directory"],
+)
+def test_bad_locations_get_one_sentence_and_status_2(tmp_path, make_url, message):
+    (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / "corrupt.db").write_bytes(b"SQLite format 2\x00" + b"\x00" * 100)
+    (tmp_path / "ro").mkdir()
+    (tmp_path / "ro").chmod(0o500)
+    url = make_url(tmp_path)
+    if "/ro/" in url and __import__("os").geteuid() == 0:
+        pytest.skip("root can write anywhere")
+    with pytest.raises(DatabaseError, match=message):
+        Store(url)
+    proc = subprocess.run([sys.executable, "-m", "tuner", "trials", "--db", url], capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and message.split("'")[0] in proc.stderr
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys
+    from db.store import Store
+    from db.models import *
+    from db import queries
+    url, who = sys.argv[1], int(sys.argv[2])
+    store = Store(url)
+    info = dict(backend="interpreter", gpu_name="cpu", compute_capability="-", sm_count=0, driver="-", cuda="-",
+                torch="t", triton="t", host="h")
+    for i in range(25):
+        with store.session() as s:
+            env = queries.ensure_environment(s, info)
+            k = queries.ensure_kernel(s, "k")
+            w = get_or_create(s, WorkloadModel, name="w", kv_format="fp8_v32", heads=16, tp=1, topk=64,
+                              page_size=64, context=256, d_qk=576, d_v=512)
+            sp = get_or_create(s, SpaceModel, name="s", text_hash="h", text="t", path="p")
+            st = get_or_create(s, StudyModel, name=f"study{who}", space_id=sp.id, workload_id=w.id,
+                               environment_id=env.id, kernel_id=k.id, concurrency=1, backend="interpreter")
+            t = TrialModel(study_id=st.id, workload_id=w.id, environment_id=env.id, kernel_id=k.id, concurrency=1,
+                           backend="interpreter", config_key=f"cfg{i}", BLOCK_T=16, num_warps=4, num_stages=2,
+                           TARGET_CTAS=i + 1, num_splits=1, verdict="ok", optuna_study="x")
+            s.add(t)
+            s.flush()
+            for r in range(4):
+                s.add(SampleModel(trial_id=t.id, phase="screen", round=r, candidate_us=1.0, baseline_us=1.0,
+                                  replays=1))
+    """
+)
+
+
+def test_four_processes_write_at_once_nothing_lost_nothing_duplicated(tmp_path):
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    Store(url)
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), url, str(w)],
+            cwd=".",
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**__import__("os").environ, "PYTHONPATH": "."},
+        )
+        for w in range(4)
+    ]
+    for p in procs:
+        assert p.wait(timeout=120) == 0, p.stderr.read()
+    with Store(url).session() as s:
+        assert s.scalar(select(func.count()).select_from(TrialModel)) == 100
+        assert s.scalar(select(func.count()).select_from(SampleModel)) == 400
+        dup = s.execute(
+            select(TrialModel.study_id, TrialModel.config_key, func.count())
+            .group_by(TrialModel.study_id, TrialModel.config_key)
+            .having(func.count() > 1)
+        ).all()
+        assert dup == []
+        from db.models import EnvironmentModel
+
+        assert s.scalar(select(func.count()).select_from(EnvironmentModel)) == 1

@@ -1,0 +1,182 @@
+"""``tuner search`` end to end with the interpreter backend, through the real executable."""
+
+import csv
+import io
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+SMOKE = "search_spaces/smoke.yaml"
+
+
+def tuner(*args, env=None, timeout=600):
+    exe = shutil.which("tuner")
+    cmd = [exe] if exe else [sys.executable, "-m", "tuner"]
+    return subprocess.run(cmd + list(args), capture_output=True, text=True, env={**os.environ, **(env or {})},
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def smoke_db(tmp_path_factory):
+    """One smoke search, shared by the query tests below."""
+    path = tmp_path_factory.mktemp("smoke") / "tuner.db"
+    t0 = time.monotonic()
+    proc = tuner("search", SMOKE, "--db", f"sqlite:///{path}", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert "interpreter backend" in proc.stderr and "not GPU timings" in proc.stderr
+    return {"url": f"sqlite:///{path}", "path": path, "stdout": proc.stdout, "wall_s": time.monotonic() - t0}
+
+
+def _rows(db_path, sql):
+    con = sqlite3.connect(db_path)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def test_smoke_search_fills_the_database(smoke_db):
+    path = smoke_db["path"]
+    # 4 configs x 2 concurrency levels, each measured once
+    trials = _rows(path, "SELECT concurrency, config_key, verdict FROM tuner_trials ORDER BY id")
+    assert len(trials) == 8 and len({(c, k) for c, k, _ in trials}) == 8
+    verdicts = {(c, k): v for c, k, v in trials}
+    # T32 with 2 stages needs 102 528 B of shared memory: infeasible on sm_120, never launched
+    assert verdicts[(1, "T32-w4-s2-c4")] == "infeasible"
+    reason = _rows(path, "SELECT reason FROM tuner_trials WHERE config_key='T32-w4-s2-c4'")[0][0]
+    assert "> sm_120 limit 101 376 B" in reason
+    assert _rows(path, "SELECT COUNT(*) FROM tuner_samples s JOIN tuner_trials t ON s.trial_id = t.id "
+                       "WHERE t.verdict = 'infeasible'") == [(0,)]
+    # every ok trial has its raw samples (5 screening rounds) and a statistic; finalists got 8 more rounds
+    for (n,) in _rows(path, "SELECT COUNT(*) FROM tuner_samples s JOIN tuner_trials t ON s.trial_id = t.id "
+                            "WHERE t.verdict = 'ok' AND s.phase = 'screen' GROUP BY t.id"):
+        assert n == 5
+    assert _rows(path, "SELECT COUNT(*) FROM tuner_statistics WHERE phase = 'finalist'") == [(4,)]
+    bands = _rows(path, "SELECT noise_band FROM tuner_studies")
+    assert len(bands) == 2 and all(b is not None and b >= 0 for (b,) in bands)
+    # Optuna's study is in the same database and readable by Optuna
+    import optuna
+
+    names = optuna.study.get_all_study_names(storage=smoke_db["url"])
+    assert len(names) == 2 and all(n.startswith("smoke/v4_tiny/C") for n in names)
+    assert "T32-w4-s1-c4" in smoke_db["stdout"] or "T16" in smoke_db["stdout"]
+
+
+def test_rerun_resumes_without_remeasuring(smoke_db, tmp_path):
+    path = tmp_path / "again.db"
+    shutil.copy(smoke_db["path"], path)
+    t0 = time.monotonic()
+    proc = tuner("search", SMOKE, "--db", f"sqlite:///{path}", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert _rows(path, "SELECT COUNT(*) FROM tuner_trials") == [(8,)]
+    assert time.monotonic() - t0 < smoke_db["wall_s"]
+
+
+def test_kill_9_loses_at_most_the_running_trial_and_resume_completes(tmp_path):
+    path = tmp_path / "k.db"
+    url = f"sqlite:///{path}"
+    exe = shutil.which("tuner")
+    cmd = ([exe] if exe else [sys.executable, "-m", "tuner"]) + ["search", SMOKE, "--db", url, "-q",
+                                                                 "--concurrency", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        if path.exists() and _count(path) >= 2:
+            break
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = _count(path)
+    assert 2 <= before < 4
+    done = tuner("search", SMOKE, "--db", url, "-q", "--concurrency", "1")
+    assert done.returncode == 0, done.stderr
+    rows = _rows(path, "SELECT config_key, COUNT(*) FROM tuner_trials GROUP BY config_key")
+    assert sorted(rows) == sorted((k, 1) for k in ("T16-w4-s1-c4", "T16-w4-s2-c4", "T32-w4-s1-c4", "T32-w4-s2-c4"))
+    orphans = _rows(path, "SELECT COUNT(*) FROM tuner_samples WHERE trial_id NOT IN (SELECT id FROM tuner_trials)")
+    assert orphans == [(0,)]
+
+
+def _count(path):
+    try:
+        return _rows(path, "SELECT COUNT(*) FROM tuner_trials")[0][0]
+    except sqlite3.OperationalError:
+        return 0
+
+
+def test_injected_crash_and_hang_are_recorded_and_the_study_goes_on(tmp_path):
+    space = tmp_path / "faults.yaml"
+    space.write_text(open(SMOKE).read().replace("trial_timeout_s: 60", "trial_timeout_s: 20"))
+    path = tmp_path / "f.db"
+    proc = tuner("search", str(space), "--db", f"sqlite:///{path}", "-q", "--concurrency", "1",
+                 env={"TUNER_FAULT": "crash@T16-w4-s1-c4,hang@T32-w4-s1-c4"})
+    assert proc.returncode == 0, proc.stderr
+    verdicts = dict(_rows(path, "SELECT config_key, verdict FROM tuner_trials"))
+    assert verdicts == {"T16-w4-s2-c4": "ok", "T16-w4-s1-c4": "crashed", "T32-w4-s1-c4": "timeout",
+                        "T32-w4-s2-c4": "infeasible"}
+    reasons = dict(_rows(path, "SELECT config_key, reason FROM tuner_trials"))
+    assert "status 17" in reasons["T16-w4-s1-c4"] and "no answer within 20 s" in reasons["T32-w4-s1-c4"]
+
+
+@pytest.mark.parametrize("fmt", ["table", "json", "csv"])
+def test_best_in_every_format(smoke_db, fmt):
+    proc = tuner("best", "--concurrency", "1", "--db", smoke_db["url"], "-f", fmt)
+    assert proc.returncode == 0, proc.stderr
+    if fmt == "json":
+        (row,) = json.loads(proc.stdout)
+        assert {"BLOCK_T", "num_warps", "num_stages", "TARGET_CTAS"} <= set(row)
+        assert row["concurrency"] == 1 and row["backend"] == "interpreter" and row["ci_low_us"] <= row["median_us"]
+        assert row["verdict"] in ("win", "flat", "regression")
+    elif fmt == "csv":
+        (row,) = list(csv.DictReader(io.StringIO(proc.stdout)))
+        assert row["device"] == "cpu-interpreter"
+    else:
+        assert "median_us" in proc.stdout.splitlines()[0]
+
+
+@pytest.mark.parametrize("fmt", ["table", "json", "csv"])
+def test_trials_in_every_format(smoke_db, fmt):
+    proc = tuner("trials", "--verdict", "infeasible", "--db", smoke_db["url"], "-f", fmt)
+    assert proc.returncode == 0, proc.stderr
+    if fmt == "json":
+        rows = json.loads(proc.stdout)
+        assert len(rows) == 2 and all(r["verdict"] == "infeasible" and r["shared_bytes"] > 101376 for r in rows)
+    elif fmt == "csv":
+        assert len(list(csv.DictReader(io.StringIO(proc.stdout)))) == 2
+    else:
+        assert proc.stdout.count("infeasible") == 2
+
+
+def test_best_with_no_data_is_one_sentence(smoke_db):
+    proc = tuner("best", "--concurrency", "77", "--db", smoke_db["url"])
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "no ok result" in proc.stderr
+
+
+@pytest.mark.parametrize("fmt", ["table", "json", "csv"])
+def test_check_in_every_format(fmt):
+    proc = tuner("check", SMOKE, "-f", fmt)
+    assert proc.returncode == 0, proc.stderr
+    if fmt == "json":
+        rows = json.loads(proc.stdout)
+        assert [list(r) for r in rows][0] == ["BLOCK_T", "num_warps", "num_stages", "TARGET_CTAS", "shared_bytes",
+                                              "limit_bytes", "registers", "spill_bytes", "estimate_bytes",
+                                              "feasible", "reason"]
+        assert sum(r["feasible"] for r in rows) == 3
+        assert "3 feasible / 1 infeasible for sm_120" in proc.stderr
+    elif fmt == "csv":
+        assert len(list(csv.DictReader(io.StringIO(proc.stdout)))) == 4
+    else:
+        assert proc.stdout.strip().splitlines()[-1] == "3 feasible / 1 infeasible for sm_120"
+
+
+def test_version_and_help():
+    assert tuner("--version").stdout.strip() == "tuner, version 0.1.0"
+    out = tuner("--help").stdout
+    for cmd in ("check", "search", "best", "trials", "db"):
+        assert cmd in out
