@@ -19,8 +19,9 @@ SMOKE = "search_spaces/smoke.yaml"
 def tuner(*args, env=None, timeout=600):
     exe = shutil.which("tuner")
     cmd = [exe] if exe else [sys.executable, "-m", "tuner"]
-    return subprocess.run(cmd + list(args), capture_output=True, text=True, env={**os.environ, **(env or {})},
-                          timeout=timeout)
+    return subprocess.run(
+        cmd + list(args), capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout
+    )
 
 
 @pytest.fixture(scope="session")
@@ -52,11 +53,16 @@ def test_smoke_search_fills_the_database(smoke_db):
     assert verdicts[(1, "T32-w4-s2-c4")] == "infeasible"
     reason = _rows(path, "SELECT reason FROM tuner_trials WHERE config_key='T32-w4-s2-c4'")[0][0]
     assert "> sm_120 limit 101 376 B" in reason
-    assert _rows(path, "SELECT COUNT(*) FROM tuner_samples s JOIN tuner_trials t ON s.trial_id = t.id "
-                       "WHERE t.verdict = 'infeasible'") == [(0,)]
+    assert _rows(
+        path,
+        "SELECT COUNT(*) FROM tuner_samples s JOIN tuner_trials t ON s.trial_id = t.id WHERE t.verdict = 'infeasible'",
+    ) == [(0,)]
     # every ok trial has its raw samples (5 screening rounds) and a statistic; finalists got 8 more rounds
-    for (n,) in _rows(path, "SELECT COUNT(*) FROM tuner_samples s JOIN tuner_trials t ON s.trial_id = t.id "
-                            "WHERE t.verdict = 'ok' AND s.phase = 'screen' GROUP BY t.id"):
+    for (n,) in _rows(
+        path,
+        "SELECT COUNT(*) FROM tuner_samples s JOIN tuner_trials t ON s.trial_id = t.id "
+        "WHERE t.verdict = 'ok' AND s.phase = 'screen' GROUP BY t.id",
+    ):
         assert n == 5
     assert _rows(path, "SELECT COUNT(*) FROM tuner_statistics WHERE phase = 'finalist'") == [(4,)]
     bands = _rows(path, "SELECT noise_band FROM tuner_studies")
@@ -83,8 +89,15 @@ def test_kill_9_loses_at_most_the_running_trial_and_resume_completes(tmp_path):
     path = tmp_path / "k.db"
     url = f"sqlite:///{path}"
     exe = shutil.which("tuner")
-    cmd = ([exe] if exe else [sys.executable, "-m", "tuner"]) + ["search", SMOKE, "--db", url, "-q",
-                                                                 "--concurrency", "1"]
+    cmd = ([exe] if exe else [sys.executable, "-m", "tuner"]) + [
+        "search",
+        SMOKE,
+        "--db",
+        url,
+        "-q",
+        "--concurrency",
+        "1",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -114,12 +127,24 @@ def test_injected_crash_and_hang_are_recorded_and_the_study_goes_on(tmp_path):
     space = tmp_path / "faults.yaml"
     space.write_text(open(SMOKE).read().replace("trial_timeout_s: 60", "trial_timeout_s: 20"))
     path = tmp_path / "f.db"
-    proc = tuner("search", str(space), "--db", f"sqlite:///{path}", "-q", "--concurrency", "1",
-                 env={"TUNER_FAULT": "crash@T16-w4-s1-c4,hang@T32-w4-s1-c4"})
+    proc = tuner(
+        "search",
+        str(space),
+        "--db",
+        f"sqlite:///{path}",
+        "-q",
+        "--concurrency",
+        "1",
+        env={"TUNER_FAULT": "crash@T16-w4-s1-c4,hang@T32-w4-s1-c4"},
+    )
     assert proc.returncode == 0, proc.stderr
     verdicts = dict(_rows(path, "SELECT config_key, verdict FROM tuner_trials"))
-    assert verdicts == {"T16-w4-s2-c4": "ok", "T16-w4-s1-c4": "crashed", "T32-w4-s1-c4": "timeout",
-                        "T32-w4-s2-c4": "infeasible"}
+    assert verdicts == {
+        "T16-w4-s2-c4": "ok",
+        "T16-w4-s1-c4": "crashed",
+        "T32-w4-s1-c4": "timeout",
+        "T32-w4-s2-c4": "infeasible",
+    }
     reasons = dict(_rows(path, "SELECT config_key, reason FROM tuner_trials"))
     assert "status 17" in reasons["T16-w4-s1-c4"] and "no answer within 20 s" in reasons["T32-w4-s1-c4"]
 
@@ -164,9 +189,19 @@ def test_check_in_every_format(fmt):
     assert proc.returncode == 0, proc.stderr
     if fmt == "json":
         rows = json.loads(proc.stdout)
-        assert [list(r) for r in rows][0] == ["BLOCK_T", "num_warps", "num_stages", "TARGET_CTAS", "shared_bytes",
-                                              "limit_bytes", "registers", "spill_bytes", "estimate_bytes",
-                                              "feasible", "reason"]
+        assert [list(r) for r in rows][0] == [
+            "BLOCK_T",
+            "num_warps",
+            "num_stages",
+            "TARGET_CTAS",
+            "shared_bytes",
+            "limit_bytes",
+            "registers",
+            "spill_bytes",
+            "estimate_bytes",
+            "feasible",
+            "reason",
+        ]
         assert sum(r["feasible"] for r in rows) == 3
         assert "3 feasible / 1 infeasible for sm_120" in proc.stderr
     elif fmt == "csv":

@@ -271,6 +271,214 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
     click.echo(render(rows, fmt))
 
 
+@cli.command()
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Directory for the JSON tables (default: kernels/configs/ of the package).",
+)
+@click.option(
+    "--format",
+    "export_format",
+    type=click.Choice(["json", "triton"]),
+    default="json",
+    help="json: the kernel's autotune table files; triton: print a triton.Config list.",
+)
+@click.option("--backend", type=click.Choice(["cuda", "interpreter"]), default=None)
+@db_option
+@expected_errors
+def export(out_dir, export_format, backend, db_url):
+    """Write the kernel's autotune table: the best ok config per concurrency, per device and workload."""
+    from db.store import Store
+    from tuner.export import export_tables
+    from tuner.export import triton_configs
+
+    store = Store(db_url)
+    if export_format == "triton":
+        click.echo(triton_configs(store, backend))
+        return
+    for path in export_tables(store, out_dir, backend):
+        click.echo(str(path))
+
+
+@cli.command()
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here (default stdout).")
+@click.option("--plots", "plots_dir", type=click.Path(file_okay=False), default=None, help="Write PNG plots here.")
+@db_option
+@expected_errors
+def report(output, plots_dir, db_url):
+    """The A/B report: noise band, best per concurrency, each lever's effect, dead ends, infeasible configs."""
+    import os.path
+
+    from db.store import Store
+    from tuner.report import render_report
+
+    prefix = ""
+    if plots_dir and output:
+        prefix = os.path.relpath(plots_dir, os.path.dirname(os.path.abspath(output)) or ".") + "/"
+    text = render_report(Store(db_url), plots_dir, prefix)
+    if output:
+        try:
+            with open(output, "w") as f:
+                f.write(text)
+        except OSError as e:
+            raise TunerError(f"cannot write {output}: {e.strerror}") from None
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(text)
+
+
+@cli.command()
+@click.argument("trial_id", type=int)
+@format_option
+@db_option
+@expected_errors
+def show(trial_id, fmt, db_url):
+    """Everything about one trial, raw samples included."""
+    from db.models import TrialModel
+    from db.store import Store
+
+    store = Store(db_url)
+    with store.session() as s:
+        t = s.get(TrialModel, trial_id)
+        if t is None:
+            raise TunerError(f"no trial {trial_id} in {store.url} (see `tuner trials`)")
+        info = {c.name: getattr(t, c.name) for c in TrialModel.__table__.columns}
+        info["created_at"] = str(info["created_at"])
+        info.update(
+            space=t.study.space.name,
+            workload=t.workload.name,
+            device=t.environment.gpu_name,
+            noise_band=t.study.noise_band,
+            kernel_hash=t.study.kernel.source_hash,
+        )
+        stats_rows = [{c.name: getattr(st, c.name) for c in st.__table__.columns} for st in t.statistics]
+        samples = [
+            {
+                "phase": x.phase,
+                "round": x.round,
+                "candidate_us": x.candidate_us,
+                "baseline_us": x.baseline_us,
+                "replays": x.replays,
+                "gpu_index": x.gpu_index,
+            }
+            for x in t.samples
+        ]
+    if fmt == "json":
+        import json
+
+        click.echo(json.dumps({**info, "statistics": stats_rows, "samples": samples}, indent=1, default=str))
+        return
+    if fmt == "csv":
+        click.echo(render(samples, "csv"))
+        return
+    click.echo(render([{"field": k, "value": v} for k, v in info.items()], "table"))
+    click.echo("")
+    click.echo(render(stats_rows, "table"))
+    click.echo("")
+    click.echo(render(samples, "table"))
+
+
+@cli.command()
+@click.argument("config_a")
+@click.argument("config_b")
+@click.option("--space", default=None)
+@format_option
+@db_option
+@expected_errors
+def compare(config_a, config_b, space, fmt, db_url):
+    """CONFIG_A against CONFIG_B (e.g. T16-w4-s2-c512 T16-w4-s2-c256) at every concurrency both have."""
+    from db import queries
+    from db.store import Store
+    from tuner import stats
+
+    for c in (config_a, config_b):
+        _parse_config(c)
+    store = Store(db_url)
+    rows = []
+    with store.session() as s:
+        by_study = {}
+        for t in queries.trials(s, space=space, verdict="ok"):
+            if t.config_key in (config_a, config_b):
+                by_study.setdefault(t.study_id, {})[t.config_key] = t
+        for pair in by_study.values():
+            if len(pair) < 2:
+                continue
+            a, b = pair[config_a], pair[config_b]
+            ra = [x.candidate_us / x.baseline_us for x in a.samples if x.phase == "screen"]
+            rb = [x.candidate_us / x.baseline_us for x in b.samples if x.phase == "screen"]
+            r, lo, hi = stats.ratio_of_ratios(ra, rb, seed=a.id)
+            band = a.study.noise_band or 0.0
+            verdict = "A faster" if hi < 1 - band else "A slower" if lo > 1 + band else "flat"
+            rows.append(
+                {
+                    "space": a.study.space.name,
+                    "workload": a.workload.name,
+                    "device": a.environment.gpu_name,
+                    "C": a.concurrency,
+                    "A_us": round(a.statistic().median_us, 3),
+                    "B_us": round(b.statistic().median_us, 3),
+                    "A/B": round(r, 4),
+                    "ci_low": round(lo, 4),
+                    "ci_high": round(hi, 4),
+                    "noise_band": round(band, 4),
+                    "verdict": verdict,
+                }
+            )
+    if not rows:
+        raise TunerError(f"no study in {store.url} has ok results for both {config_a} and {config_b}")
+    rows.sort(key=lambda r: (r["space"], r["workload"], r["device"], r["C"]))
+    click.echo(render(rows, fmt))
+
+
+def _parse_config(text: str):
+    from kernels.config import KernelConfig
+
+    try:
+        t, w, s_, c = text.split("-")
+        return KernelConfig(int(t[1:]), int(w[1:]), int(s_[1:]), int(c[1:]))
+    except (ValueError, IndexError) as e:
+        raise TunerError(f"config {text!r} is not of the form T16-w4-s2-c256 ({e})") from None
+
+
+@cli.command()
+@format_option
+@db_option
+@expected_errors
+def studies(fmt, db_url):
+    """Every study: space, workload, concurrency, device, backend, noise band and trial counts."""
+    from sqlalchemy import select
+
+    from db import queries
+    from db.models import StudyModel
+    from db.store import Store
+
+    store = Store(db_url)
+    rows = []
+    with store.session() as s:
+        for st in s.scalars(select(StudyModel).order_by(StudyModel.id)):
+            ts = list(queries.done_configs(s, st.id).values())
+            rows.append(
+                {
+                    "study": st.name,
+                    "space": st.space.name,
+                    "workload": st.workload.name,
+                    "C": st.concurrency,
+                    "device": st.environment.gpu_name,
+                    "backend": st.backend,
+                    "noise_band": round(st.noise_band, 4) if st.noise_band is not None else None,
+                    "trials": len(ts),
+                    "ok": sum(t.verdict == "ok" for t in ts),
+                    "kernel": st.kernel.source_hash,
+                }
+            )
+    if not rows:
+        click.echo(f"no studies in {store.url}", err=True)
+    click.echo(render(rows, fmt))
+
+
 @cli.group()
 def db() -> None:
     """The results database."""

@@ -71,3 +71,22 @@ def noise_band(a_us, a2_us, seed: int = 0) -> float:
     """A/A: the half-width (relative) of the median-ratio CI of the baseline against itself."""
     s = paired(a_us, a2_us, seed)
     return float(max(1.0 - s.ratio_ci_low, s.ratio_ci_high - 1.0, 0.0))
+
+
+def ratio_of_ratios(ratios_a, ratios_b, seed: int = 0) -> tuple[float, float, float]:
+    """A against B when both were measured against the same baseline in separate rounds:
+    median(a) / median(b) of their per-round ratios, with an unpaired bootstrap 95 % CI."""
+    a, b = np.asarray(ratios_a, dtype=float), np.asarray(ratios_b, dtype=float)
+    point = float(np.median(a) / np.median(b))
+    if len(a) < 2 or len(b) < 2:
+        return point, point, point
+    res = sps.bootstrap(
+        (a, b),
+        lambda x, y, axis=-1: np.median(x, axis=axis) / np.median(y, axis=axis),
+        n_resamples=N_RESAMPLES,
+        method="percentile",
+        rng=np.random.default_rng(seed),
+        vectorized=True,
+        paired=False,
+    )
+    return point, float(res.confidence_interval.low), float(res.confidence_interval.high)
