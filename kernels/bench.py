@@ -105,11 +105,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=10)
     ap.add_argument("--no-ref", action="store_true", help="skip timing torch.compile of the reference")
     ap.add_argument("--maxnreg", default="0", help="comma list of register caps to try (0 = none)")
+    ap.add_argument(
+        "--table-check",
+        action="store_true",
+        help="time config=None (the exported table) against the same config passed explicitly",
+    )
     ap.add_argument("--out", default=None, help="write every number as JSON here")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("kernels.bench needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.table_check:
+        return table_check(args)
     configs = [parse_config(c) for c in args.configs.split(",")]
     concurrency = [int(c) for c in args.concurrency.split(",")]
     props = torch.cuda.get_device_properties(0)
@@ -203,6 +210,44 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     return 0 if all(r["correct"] for r in rows) else 1
+
+
+def table_check(args) -> int:
+    """config=None must pick the exported config and run as fast as passing it explicitly."""
+    from tabulate import tabulate
+
+    from kernels.config import DEFAULT_CONFIG
+    from kernels.config import lookup_config
+    from kernels.decode import device_name
+
+    rows, ok = [], True
+    for fmt in args.formats.split(","):
+        wl = Workload(fmt, args.heads, TOPK[fmt], 64, 8192)
+        pool = make_batch(wl, args.pool, device="cuda", seed=3)
+        for C in [int(c) for c in args.concurrency.split(",")]:
+            n_sets = max(1, args.pool // C)
+            qs = [pool.q[i * C : (i + 1) * C] for i in range(n_sets)]
+            idx = [pool.indices[i * C : (i + 1) * C] for i in range(n_sets)]
+            cfg = lookup_config(device_name(pool.q.device), fmt, args.heads, wl.topk, C)
+            t_none = statistics.median(
+                time_graph(_calls(sparse_mla_decode, qs, pool.kv_cache, idx, {"kv_format": fmt}), n_sets, args.samples)
+            )
+            t_expl = statistics.median(
+                time_graph(
+                    _calls(sparse_mla_decode, qs, pool.kv_cache, idx, {"kv_format": fmt, "config": cfg}),
+                    n_sets,
+                    args.samples,
+                )
+            )
+            from_table = cfg != DEFAULT_CONFIG
+            ok &= from_table and abs(t_none / t_expl - 1) < 0.03
+            rows.append([fmt, C, str(cfg), from_table, f"{t_none:.2f}", f"{t_expl:.2f}", f"{t_none / t_expl:.3f}"])
+        pool = None
+        torch.cuda.empty_cache()
+    print(
+        tabulate(rows, headers=["format", "C", "table config", "from table", "config=None us", "explicit us", "ratio"])
+    )
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,32 @@
+"""GPU-only checks (skipped without CUDA): full-size correctness and the exported autotune table."""
+
+import pytest
+import torch
+
+from kernels import Workload
+from kernels import make_batch
+from kernels import sparse_mla_decode
+from kernels.config import DEFAULT_CONFIG
+from kernels.config import lookup_config
+from kernels.decode import device_name
+from kernels.reference import compare
+from kernels.reference import sparse_mla_decode_ref
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("fmt, topk", [("fp8_model1", 512), ("fp8_v32", 2048)])
+@pytest.mark.parametrize("batch", [1, 96])
+def test_full_size_matches_reference(fmt, topk, batch):
+    bt = make_batch(Workload(fmt, 16, topk, 64, 8192), batch, device="cuda", seed=7, invalid_fraction=0.05)
+    out, lse = sparse_mla_decode(*bt.args(), kv_format=fmt)
+    ok, rel, lse_err, reason = compare(out, lse, *sparse_mla_decode_ref(*bt.args(), kv_format=fmt))
+    assert ok, reason
+
+
+def test_config_none_uses_the_exported_table_on_this_gpu():
+    name = device_name(torch.device("cuda"))
+    cfg = lookup_config(name, "fp8_model1", 16, 512, 96)
+    if name != "NVIDIA H200":
+        pytest.skip(f"no exported table for {name}")
+    assert cfg != DEFAULT_CONFIG
