@@ -215,3 +215,83 @@ def test_version_and_help():
     out = tuner("--help").stdout
     for cmd in ("check", "search", "best", "trials", "db"):
         assert cmd in out
+
+
+def test_export_writes_the_table_the_kernel_reads(smoke_db, tmp_path):
+    out = tmp_path / "configs"
+    proc = tuner("export", "--db", smoke_db["url"], "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    (path,) = out.glob("*.json")
+    assert path.name == "cpu_interpreter__fp8_model1_h16_topk64.json"
+    table = json.loads(path.read_text())
+    assert set(table["configs"]) == {"1", "4"}
+    for entry in table["configs"].values():
+        assert {"BLOCK_T", "num_warps", "num_stages", "TARGET_CTAS", "median_us", "ratio_ci", "noise_band"} <= set(
+            entry
+        )
+        assert entry["BLOCK_T"] * entry["num_stages"] < 64  # never the infeasible T32-s2
+    from kernels.config import lookup_config
+
+    cfg = lookup_config("cpu-interpreter", "fp8_model1", 16, 64, 3, config_dir=out)
+    assert cfg.as_dict() == {k: table["configs"]["1"][k] for k in cfg.as_dict()}
+    assert _rows(smoke_db["path"], "SELECT COUNT(*) FROM tuner_exports")[0][0] >= 1
+    triton_fmt = tuner("export", "--db", smoke_db["url"], "--format", "triton")
+    assert triton_fmt.returncode == 0 and "triton.Config(" in triton_fmt.stdout
+
+
+def test_stale_table_warns_with_both_hashes(tmp_path):
+    import warnings
+
+    import kernels.config as kc
+
+    name = kc.table_name("dev", "fp8_v32", 16, 64)
+    entry = {"BLOCK_T": 16, "num_warps": 4, "num_stages": 1, "TARGET_CTAS": 8}
+    (tmp_path / name).write_text(json.dumps({"kernel_hash": "000000000000", "configs": {"1": entry}}))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        cfg = kc.lookup_config("dev", "fp8_v32", 16, 64, 1, config_dir=tmp_path)
+    assert cfg.TARGET_CTAS == 8
+    from kernels.decode import kernel_source_hash
+
+    assert any("000000000000" in str(x.message) and kernel_source_hash() in str(x.message) for x in w)
+
+
+def test_report_states_levers_dead_ends_and_infeasible(smoke_db, tmp_path):
+    out = tmp_path / "REPORT.md"
+    proc = tuner("report", "--db", smoke_db["url"], "-o", str(out), "--plots", str(tmp_path / "plots"))
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert "## smoke / v4_tiny on cpu-interpreter (interpreter)" in text
+    assert "| BLOCK_T = 32 |" in text and "| num_stages = 1 |" in text
+    assert "`T32-w4-s2`: shared 102 528 B > sm_120 limit 101 376 B" in text
+    assert "### Dead ends" in text and "noise band" in text
+    pngs = sorted(p.name for p in (tmp_path / "plots").glob("*.png"))
+    assert len(pngs) == 2 and all(f"plots/{p}" in text for p in pngs)
+
+
+@pytest.mark.parametrize("fmt", ["table", "json", "csv"])
+def test_show_compare_studies_in_every_format(smoke_db, fmt):
+    show = tuner("show", "1", "--db", smoke_db["url"], "-f", fmt)
+    assert show.returncode == 0, show.stderr
+    if fmt == "json":
+        info = json.loads(show.stdout)
+        assert info["config_key"] == "T16-w4-s2-c4" and info["is_baseline"] and len(info["samples"]) == 5
+    cmp_ = tuner("compare", "T32-w4-s1-c4", "T16-w4-s2-c4", "--db", smoke_db["url"], "-f", fmt)
+    assert cmp_.returncode == 0, cmp_.stderr
+    if fmt == "json":
+        rows = json.loads(cmp_.stdout)
+        assert [r["C"] for r in rows] == [1, 4] and all(r["ci_low"] <= r["A/B"] <= r["ci_high"] for r in rows)
+    st = tuner("studies", "--db", smoke_db["url"], "-f", fmt)
+    assert st.returncode == 0, st.stderr
+    if fmt == "csv":
+        assert len(list(csv.DictReader(io.StringIO(st.stdout)))) == 2
+
+
+def test_query_errors_are_one_sentence(smoke_db, tmp_path):
+    for args, msg in [
+        (["show", "999"], "no trial 999"),
+        (["compare", "T16", "x"], "not of the form"),
+        (["export", "--db", f"sqlite:///{tmp_path / 'empty.db'}"], "nothing to export"),
+    ]:
+        proc = tuner(*args, *([] if "--db" in args else ["--db", smoke_db["url"]]))
+        assert proc.returncode == 2 and msg in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
