@@ -24,6 +24,7 @@ import time
 import torch
 
 import kernels.decode as decode
+from kernels import timing
 from kernels.config import KernelConfig
 from kernels.decode import kernel_source_hash
 from kernels.decode import num_splits_for
@@ -48,32 +49,8 @@ def parse_config(text: str) -> KernelConfig:
 
 def time_graph(step, n_sets: int, samples: int, target_ms: float = 5.0) -> list[float]:
     """µs per call: ``step(i)`` for i in range(n_sets) captured in one CUDA graph, replayed many times."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(n_sets):
-            step(i)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(n_sets):
-            step(i)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    graph.replay()
-    start.record()
-    graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    reps = max(1, int(target_ms / max(start.elapsed_time(end), 1e-3)))
-    out = []
-    for _ in range(samples):
-        start.record()
-        for _ in range(reps):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        out.append(start.elapsed_time(end) * 1e3 / (reps * n_sets))
-    return out
+    sample = timing.sampler(timing.capture(step, n_sets), n_sets, target_ms)
+    return [sample()[0] for _ in range(samples)]
 
 
 def copy_bandwidth(samples: int) -> dict[str, float]:

@@ -26,6 +26,7 @@ if BACKEND == "interpreter":
 import torch  # noqa: E402
 
 import kernels.decode as decode  # noqa: E402
+from kernels import timing  # noqa: E402
 from kernels.config import KernelConfig  # noqa: E402
 from kernels.reference import compare  # noqa: E402
 from kernels.reference import sparse_mla_decode_ref  # noqa: E402
@@ -162,35 +163,10 @@ class Runner:
         key = (str(cfg), wl, batch)
         graph = self.graphs.get(key)
         if graph is None:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for i in range(inp.sets):
-                    step(i)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                for i in range(inp.sets):
-                    step(i)
+            graph = timing.capture(step, inp.sets)
             if cache:
                 self.graphs[key] = graph
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        graph.replay()
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        reps = max(1, int(SAMPLE_MS / max(start.elapsed_time(end), 1e-3)))
-
-        def sample() -> tuple[float, int]:
-            start.record()
-            for _ in range(reps):
-                graph.replay()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) * 1e3 / (reps * inp.sets), reps * inp.sets
-
-        return sample
+        return timing.sampler(graph, inp.sets, SAMPLE_MS)
 
     def measure(self, req: dict) -> dict:
         wl = Workload(**req["workload"])
