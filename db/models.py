@@ -232,6 +232,21 @@ class StatisticModel(Base):
     trial: Mapped[TrialModel] = relationship(back_populates="statistics")
 
 
+class NoiseModel(Base):
+    """The A/A noise band of one GPU (one worker) in one study, with its raw samples."""
+
+    __tablename__ = "tuner_noise"
+    __table_args__ = (UniqueConstraint("study_id", "host", "gpu_index"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("tuner_studies.id"), index=True)
+    host: Mapped[str] = mapped_column(String(128))
+    gpu_index: Mapped[int] = mapped_column(Integer)
+    band: Mapped[float] = mapped_column(Float)
+    n: Mapped[int] = mapped_column(Integer)
+    samples: Mapped[str] = mapped_column(Text)  # JSON [[a_us, a2_us], ...], one pair per round
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
 class ExportModel(Base):
     __tablename__ = "tuner_exports"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -124,12 +124,18 @@ def _backend(requested: str | None) -> str:
     "--timeout", "timeout_s", type=click.FloatRange(min=0), default=None, help="Stop after this many seconds."
 )
 @click.option("--concurrency", "concurrency", default=None, help="A subset of the space's levels, e.g. 1,96.")
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Measurement workers sharing each study: default one per visible GPU, 1 on the CPU.",
+)
 @click.option("--remeasure", is_flag=True, help="Measure again configs that already have results (kept).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @format_option
 @db_option
 @expected_errors
-def search(space_file, backend, sampler, n_trials, timeout_s, concurrency, remeasure, quiet, fmt, db_url):
+def search(space_file, backend, sampler, n_trials, timeout_s, concurrency, workers, remeasure, quiet, fmt, db_url):
     """Tune every workload x concurrency level of SPACE_FILE; every sample goes to the database.
 
     Re-running resumes: configs already measured for this kernel and environment are skipped.
@@ -154,6 +160,7 @@ def search(space_file, backend, sampler, n_trials, timeout_s, concurrency, remea
         n_trials=n_trials,
         timeout_s=timeout_s,
         concurrency=levels,
+        workers=workers,
         remeasure=remeasure,
         quiet=quiet,
     )

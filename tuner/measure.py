@@ -23,8 +23,11 @@ class WorkerDied(Exception):
 class Worker:
     """One ``python -m tuner.worker`` child; ``request`` returns its reply or raises :class:`WorkerDied`."""
 
-    def __init__(self, backend: str, env: dict | None = None, start_timeout_s: float = 300.0) -> None:
+    def __init__(
+        self, backend: str, env: dict | None = None, start_timeout_s: float = 300.0, gpu_index: int = 0
+    ) -> None:
         self.backend = backend
+        self.gpu_index = gpu_index  # recorded with every sample (CPU workers are numbered the same way)
         self.extra_env = env or {}
         self.start_timeout_s = start_timeout_s
         self.proc: subprocess.Popen | None = None

@@ -1,0 +1,105 @@
+"""Many workers on one study: several interpreter workers in one process, and several hosts (here:
+processes) sharing one database, one of them killed mid-trial. Against SQLite and, when
+``TUNER_TEST_PG`` names a server (CI starts one), PostgreSQL."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+from sqlalchemy import create_engine
+from sqlalchemy import text
+
+SMOKE = "search_spaces/smoke.yaml"
+CONFIGS = ["T16-w4-s1-c4", "T16-w4-s2-c4", "T32-w4-s1-c4", "T32-w4-s2-c4"]
+PG = os.environ.get("TUNER_TEST_PG")  # e.g. postgresql+psycopg://postgres:postgres@127.0.0.1/postgres
+
+
+def _cmd(*args):
+    exe = shutil.which("tuner")
+    return ([exe] if exe else [sys.executable, "-m", "tuner"]) + list(args)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path):
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'w.db'}"
+        return
+    if not PG:
+        pytest.skip("TUNER_TEST_PG is not set (CI starts a PostgreSQL server and sets it)")
+    name = f"tuner_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(PG, isolation_level="AUTOCOMMIT")
+    with admin.connect() as con:
+        con.execute(text(f"CREATE DATABASE {name}"))
+    yield PG.rsplit("/", 1)[0] + "/" + name
+    with admin.connect() as con:
+        con.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+def _check_exactly_once(url, levels):
+    eng = create_engine(url)
+    with eng.connect() as con:
+        rows = con.execute(text("SELECT concurrency, config_key, COUNT(*) FROM tuner_trials GROUP BY 1, 2")).all()
+        assert sorted(rows) == sorted((c, k, 1) for c in levels for k in CONFIGS)
+        orphans = con.execute(
+            text("SELECT COUNT(*) FROM tuner_samples WHERE trial_id NOT IN (SELECT id FROM tuner_trials)")
+        ).scalar()
+        assert orphans == 0
+        unlabeled = con.execute(text("SELECT COUNT(*) FROM tuner_samples WHERE gpu_index IS NULL")).scalar()
+        assert unlabeled == 0
+        return con.execute(text("SELECT DISTINCT gpu_index FROM tuner_samples")).scalars().all()
+
+
+def test_two_workers_share_each_study(db_url):
+    proc = subprocess.run(
+        _cmd("search", SMOKE, "--db", db_url, "-q", "--workers", "2"), capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr
+    gpus = _check_exactly_once(db_url, [1, 4])
+    assert sorted(gpus) == [0, 1]  # both workers measured, each sample says where
+    eng = create_engine(db_url)
+    with eng.connect() as con:  # one A/A noise band per worker and study
+        assert con.execute(text("SELECT COUNT(*) FROM tuner_noise")).scalar() == 4
+
+
+def test_host_killed_mid_trial_is_detected_and_its_trial_retried(db_url):
+    """Two 'hosts' join the same studies; one is killed with SIGKILL while measuring. The other
+    fails its trial once the heartbeat is stale, re-queues it and finishes the grid."""
+    a = subprocess.Popen(
+        _cmd("search", SMOKE, "--db", db_url, "-q", "--concurrency", "1"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    time.sleep(2)
+    b = subprocess.Popen(
+        _cmd("search", SMOKE, "--db", db_url, "-q", "--concurrency", "1"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    eng = create_engine(db_url)
+    deadline = time.monotonic() + 300
+    killed = False
+    while time.monotonic() < deadline and not killed:
+        time.sleep(0.3)
+        try:
+            with eng.connect() as con:
+                n = con.execute(text("SELECT COUNT(*) FROM tuner_trials")).scalar()
+                running = con.execute(text("SELECT COUNT(*) FROM trials WHERE state = 'RUNNING'")).scalar()
+        except Exception:  # tables not created yet
+            continue
+        if n >= 1 and running >= 1:
+            os.killpg(b.pid, signal.SIGKILL)
+            killed = True
+    b.wait()
+    assert killed, "never saw a running trial to kill"
+    out, err = a.communicate(timeout=600)
+    assert a.returncode == 0, err
+    _check_exactly_once(db_url, [1])
