@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from dataclasses import field
 
@@ -97,6 +98,8 @@ def _distributions(space: SearchSpace) -> dict:
 def run_search(space: SearchSpace, store: Store, opts: Options) -> list[dict]:
     """Run (or resume, or join) every study of ``space``; one summary row per workload x concurrency."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # we record heartbeats ourselves around each measurement (ask/tell, not Study.optimize)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     storage = optuna.storages.RDBStorage(
         store.url,
         heartbeat_interval=HEARTBEAT_S,
