@@ -37,7 +37,6 @@ from db.store import Store
 from kernels.config import PARAMS
 from kernels.config import KernelConfig
 from kernels.decode import kernel_source_hash
-from kernels.decode import num_splits_for
 from tuner import stats
 from tuner.errors import TunerError
 from tuner.feasibility import check_many
@@ -100,6 +99,7 @@ def run_search(space: SearchSpace, store: Store, opts: Options) -> list[dict]:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # we record heartbeats ourselves around each measurement (ask/tell, not Study.optimize)
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # heartbeat API
     storage = optuna.storages.RDBStorage(
         store.url,
         heartbeat_interval=HEARTBEAT_S,
@@ -638,7 +638,3 @@ def _summary_row(store, study_id, workload, conc) -> dict:
                 verdict=st.classification,
             )
     return row
-
-
-def splits_for(cfg: KernelConfig, conc: int, wl) -> int:
-    return num_splits_for(cfg, conc, wl.heads, wl.topk)[0]
