@@ -247,6 +247,15 @@ class NoiseModel(Base):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
 
 
+class FeasibilityModel(Base):
+    """Cached compile-only verdicts (tuner.feasibility), keyed by kernel hash, triton, target, config, shape."""
+
+    __tablename__ = "tuner_feasibility"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)  # JSON {shared, registers, stack} or {error}
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
 class ExportModel(Base):
     __tablename__ = "tuner_exports"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

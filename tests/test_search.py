@@ -183,9 +183,28 @@ def test_best_with_no_data_is_one_sentence(smoke_db):
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "no ok result" in proc.stderr
 
 
+def test_out_of_resources_at_launch_is_recorded_as_infeasible(tmp_path):
+    path = tmp_path / "o.db"
+    proc = tuner(
+        "search",
+        SMOKE,
+        "--db",
+        f"sqlite:///{path}",
+        "-q",
+        "--concurrency",
+        "1",
+        "--n-trials",
+        "2",
+        env={"TUNER_FAULT": "oor@T16-w4-s1-c4"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    verdict, reason = _rows(path, "SELECT verdict, reason FROM tuner_trials WHERE config_key = 'T16-w4-s1-c4'")[0]
+    assert verdict == "infeasible" and reason.startswith("OutOfResources at launch") and "120000" in reason
+
+
 @pytest.mark.parametrize("fmt", ["table", "json", "csv"])
-def test_check_in_every_format(fmt):
-    proc = tuner("check", SMOKE, "-f", fmt)
+def test_check_in_every_format(fmt, tmp_path):
+    proc = tuner("check", SMOKE, "-f", fmt, "--db", f"sqlite:///{tmp_path / 'c.db'}")
     assert proc.returncode == 0, proc.stderr
     if fmt == "json":
         rows = json.loads(proc.stdout)
@@ -208,6 +227,8 @@ def test_check_in_every_format(fmt):
         assert len(list(csv.DictReader(io.StringIO(proc.stdout)))) == 4
     else:
         assert proc.stdout.strip().splitlines()[-1] == "3 feasible / 1 infeasible for sm_120"
+    # the verdicts are cached in the results database
+    assert _rows(tmp_path / "c.db", "SELECT COUNT(*) FROM tuner_feasibility")[0][0] == 4
 
 
 def test_version_and_help():

@@ -70,11 +70,13 @@ def check(space_file: str, target: str | None, workload_name: str | None, fmt: s
     One row per config x workload. Verdicts are cached, so a second check is fast. With
     several workloads, json/csv rows also carry a `workload` field.
     """
+    from db.store import Store
     from tuner.feasibility import check_many
     from tuner.space import TARGETS
     from tuner.space import load_space
 
     space = load_space(space_file)
+    store = Store(db_url)
     target = target or space.target
     if target not in TARGETS:
         raise TunerError(f"--target must be one of {sorted(TARGETS)}, got {target!r}")
@@ -87,7 +89,7 @@ def check(space_file: str, target: str | None, workload_name: str | None, fmt: s
     rows, n_ok = [], 0
     for w in workloads:
         click.echo(f"checking {len(configs)} configs of {space.name}/{w.name} for {target} ...", err=True)
-        verdicts = check_many(configs, w.workload(), target, max_spill_bytes=space.max_spill_bytes)
+        verdicts = check_many(configs, w.workload(), target, max_spill_bytes=space.max_spill_bytes, store=store)
         for cfg, v in zip(configs, verdicts, strict=True):
             row = {**({"workload": w.name} if len(workloads) > 1 else {}), **cfg.as_dict(), **v.as_dict()}
             rows.append({k: row[k] for k in (("workload",) if len(workloads) > 1 else ()) + CHECK_FIELDS})

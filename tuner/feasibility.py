@@ -7,8 +7,9 @@ always comes from the compiled number; :func:`estimate_shared` explains it.
 
 ``@triton.jit`` decides interpreter-or-compiler at import time, so compiles run in a child process
 started without ``TRITON_INTERPRET`` (several configs in parallel, one per core). Verdicts are
-cached by (kernel source hash, triton version, target, config, workload shape) in a SQLite file
-(``$TUNER_CACHE_DIR`` or ``~/.cache/sparse-mla-tuner``) until the results database holds them.
+cached by (kernel source hash, triton version, target, config, workload shape) in the results
+database (table ``tuner_feasibility``), or, for checks made without one, in a local SQLite file
+(``$TUNER_CACHE_DIR`` or ``~/.cache/sparse-mla-tuner``).
 """
 
 from __future__ import annotations
@@ -100,7 +101,35 @@ def cache_key(config: KernelConfig, workload: Workload, target: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
+class _DbCache:
+    """The verdict cache in the results database (table ``tuner_feasibility``)."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+
+    def get_many(self, keys: list[str]) -> dict[str, dict]:
+        from sqlalchemy import select
+
+        from db.models import FeasibilityModel
+
+        out = {}
+        with self.store.session() as s:
+            for i in range(0, len(keys), 500):
+                rows = s.scalars(select(FeasibilityModel).where(FeasibilityModel.key.in_(keys[i : i + 500])))
+                out.update({r.key: json.loads(r.value) for r in rows})
+        return out
+
+    def put_many(self, items: dict[str, dict]) -> None:
+        from db.models import FeasibilityModel
+
+        with self.store.session() as s:
+            for k, v in items.items():
+                s.merge(FeasibilityModel(key=k, value=json.dumps(v)))
+
+
 class _Cache:
+    """The verdict cache in a local SQLite file, for checks made without a results database."""
+
     def __init__(self) -> None:
         self.con = sqlite3.connect(_cache_path(), timeout=30)
         self.con.execute("CREATE TABLE IF NOT EXISTS verdict (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
@@ -173,13 +202,17 @@ def check_many(
     *,
     max_spill_bytes: int | None = None,
     enforce_device: bool = False,
+    store=None,
 ) -> list[Verdict]:
-    """Verdicts for many configs of one workload; uncached ones compile in one child process."""
+    """Verdicts for many configs of one workload; uncached ones compile in one child process.
+
+    With a results database (``store``) the cache lives there, else in a local SQLite file.
+    """
     cc = target_cc(target)
     limit = TARGETS[target]
     if enforce_device and (dev := device_limit()) is not None:
         limit = min(limit, dev)
-    cache = _Cache()
+    cache = _DbCache(store) if store is not None else _Cache()
     keys = [cache_key(c, workload, target) for c in configs]
     known = cache.get_many(keys)
     todo = list({k: i for i, k in enumerate(keys) if k not in known}.values())  # one compile per key

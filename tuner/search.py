@@ -130,6 +130,7 @@ def run_search(space: SearchSpace, store: Store, opts: Options) -> list[dict]:
                     space.target,
                     max_spill_bytes=space.max_spill_bytes,
                     enforce_device=opts.backend == "cuda",
+                    store=store,
                 )
                 verdicts = dict(zip(configs, checked, strict=True))
                 n_feasible = sum(v.feasible for v in verdicts.values())

@@ -195,7 +195,8 @@ class Runner:
 
 
 def _inject_fault(cfg: KernelConfig) -> None:
-    """Test hook: TUNER_FAULT=crash@T32-w4-s1-c4 or hang@... makes this config crash or hang."""
+    """Test hook: TUNER_FAULT=crash@T32-w4-s1-c4 (or hang@..., oor@...) makes this config crash, hang or
+    fail its launch with OutOfResources."""
     fault = os.environ.get("TUNER_FAULT", "")
     for item in filter(None, fault.split(",")):
         kind, _, target = item.partition("@")
@@ -204,6 +205,10 @@ def _inject_fault(cfg: KernelConfig) -> None:
                 os._exit(17)
             if kind == "hang":
                 time.sleep(10**6)
+            if kind == "oor":  # what Triton raises when a launch needs more shared memory than the GPU has
+                from triton.runtime.errors import OutOfResources
+
+                raise OutOfResources(120_000, 101_376, "shared memory")
 
 
 def main() -> int:
