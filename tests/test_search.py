@@ -116,6 +116,22 @@ def test_kill_9_loses_at_most_the_running_trial_and_resume_completes(tmp_path):
     assert orphans == [(0,)]
 
 
+def test_ctrl_c_stops_after_the_running_trial(tmp_path):
+    path = tmp_path / "i.db"
+    exe = shutil.which("tuner")
+    cmd = ([exe] if exe else [sys.executable, "-m", "tuner"]) + ["search", SMOKE, "--db", f"sqlite:///{path}", "-q"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and _count(path) < 1:
+        time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGINT)  # as the terminal does: the whole process group
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert "stopping after the current trial" in err
+    verdicts = [v for (v,) in _rows(path, "SELECT verdict FROM tuner_trials")]
+    assert 1 <= len(verdicts) < 8 and "crashed" not in verdicts  # the worker survived the signal
+
+
 def _count(path):
     try:
         return _rows(path, "SELECT COUNT(*) FROM tuner_trials")[0][0]

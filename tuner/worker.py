@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import socket
 import sys
 import time
@@ -212,6 +213,9 @@ def _inject_fault(cfg: KernelConfig) -> None:
 
 
 def main() -> int:
+    # Ctrl-C in the terminal reaches the whole process group: the parent finishes the running trial
+    # and stops; the worker must not die under it (it exits when the parent closes its stdin).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not corrupt the protocol
     runner = Runner()
