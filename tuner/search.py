@@ -522,27 +522,33 @@ def _record(ctx: _Ctx, worker: Worker, env_id: int, cfg, result: dict, band: flo
             )
             s.add(t)
             s.flush()
-            for r, (c, b) in enumerate(samples):
-                s.add(
-                    SampleModel(
-                        trial_id=t.id,
-                        phase="screen",
-                        round=r,
-                        candidate_us=c,
-                        baseline_us=b,
-                        replays=result.get("replays", 1),
-                        gpu_index=worker.gpu_index,
-                    )
-                )
-            if result["verdict"] == "ok" and samples:
-                c, b = zip(*samples, strict=True)
-                stat_row = _stat(t.id, "screen", stats.paired(c, b, seed=number), band)
-                s.add(stat_row)
+            if samples:  # only an ok measurement has samples
+                stat_row = _add_samples(s, t.id, "screen", result, worker.gpu_index, band, seed=number)
     except DatabaseError as e:
         if "UNIQUE" in str(e).upper() or "DUPLICATE" in str(e).upper():
             return False
         raise
     return stat_row
+
+
+def _add_samples(s, trial_id: int, phase: str, result: dict, gpu_index: int, band: float, seed: int):
+    """Every raw paired sample of one measurement, and its statistic (returned)."""
+    for r, (c, b) in enumerate(result["samples"]):
+        s.add(
+            SampleModel(
+                trial_id=trial_id,
+                phase=phase,
+                round=r,
+                candidate_us=c,
+                baseline_us=b,
+                replays=result.get("replays", 1),
+                gpu_index=gpu_index,
+            )
+        )
+    c, b = zip(*result["samples"], strict=True)
+    stat = _stat(trial_id, phase, stats.paired(c, b, seed=seed), band)
+    s.add(stat)
+    return stat
 
 
 def _stat(trial_id, phase, ps: stats.PairedStats, band: float) -> StatisticModel:
@@ -593,20 +599,7 @@ def _finalists(ctx: _Ctx, worker: Worker) -> None:
             continue
         try:
             with ctx.store.session() as s, s.begin_nested():
-                for r, (c, b) in enumerate(res["samples"]):
-                    s.add(
-                        SampleModel(
-                            trial_id=trial_id,
-                            phase="finalist",
-                            round=r,
-                            candidate_us=c,
-                            baseline_us=b,
-                            replays=res.get("replays", 1),
-                            gpu_index=worker.gpu_index,
-                        )
-                    )
-                c, b = zip(*res["samples"], strict=True)
-                s.add(_stat(trial_id, "finalist", stats.paired(c, b, seed=trial_id), band))
+                _add_samples(s, trial_id, "finalist", res, worker.gpu_index, band, seed=trial_id)
         except DatabaseError:
             continue  # another host re-measured this finalist first
 
