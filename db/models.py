@@ -1,8 +1,9 @@
 """SQLAlchemy models of the results database.
 
 Every table is prefixed ``tuner_`` because Optuna's own tables (``studies``, ``trials``, ...) live
-in the same database. One class per table, uniqueness in ``__table_args__``, queries as
-classmethods that take the session (Optuna's ``_rdb/models.py`` style).
+in the same database. One class per table, uniqueness in ``__table_args__`` (Optuna's
+``_rdb/models.py`` style); reads are in :mod:`db.queries` and writes in :mod:`db.record`, as
+functions that take a session. The config columns come from the kernel's parameter declaration.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm import mapped_column
 from sqlalchemy.orm import relationship
 
-VERDICTS = ("ok", "infeasible", "wrong", "crashed", "timeout")
-CLASSIFICATIONS = ("win", "flat", "regression")
-PHASES = ("screen", "finalist")
+from db.verdicts import Phase
+from kernels.config import PARAMS
+from kernels.config import KernelConfig
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -138,7 +139,19 @@ class StudyModel(Base):
     kernel: Mapped[KernelModel] = relationship()
 
 
-class TrialModel(Base):
+class _ConfigColumns:
+    """One integer column per declared kernel parameter (:data:`kernels.config.PARAMS`)."""
+
+
+for _p in PARAMS:
+    setattr(
+        _ConfigColumns,
+        _p.name,
+        mapped_column(_p.name, Integer, nullable=False, default=_p.default, server_default=str(_p.default)),
+    )
+
+
+class TrialModel(_ConfigColumns, Base):
     """One config at one concurrency in one study: its verdict, feasibility numbers and statistics."""
 
     __tablename__ = "tuner_trials"
@@ -155,13 +168,9 @@ class TrialModel(Base):
     concurrency: Mapped[int] = mapped_column(Integer)
     backend: Mapped[str] = mapped_column(String(16))
     config_key: Mapped[str] = mapped_column(String(64))  # str(KernelConfig), e.g. T16-w4-s2-c256
-    BLOCK_T: Mapped[int] = mapped_column(Integer)
-    num_warps: Mapped[int] = mapped_column(Integer)
-    num_stages: Mapped[int] = mapped_column(Integer)
-    TARGET_CTAS: Mapped[int] = mapped_column(Integer)
     num_splits: Mapped[int] = mapped_column(Integer)
     is_baseline: Mapped[bool] = mapped_column(Boolean, default=False)
-    verdict: Mapped[str] = mapped_column(String(16))  # one of VERDICTS
+    verdict: Mapped[str] = mapped_column(String(16))  # a db.verdicts.Verdict
     reason: Mapped[str] = mapped_column(Text, default="")
     shared_bytes: Mapped[int | None] = mapped_column(Integer, nullable=True)
     limit_bytes: Mapped[int | None] = mapped_column(Integer, nullable=True)
@@ -181,18 +190,13 @@ class TrialModel(Base):
     samples: Mapped[list[SampleModel]] = relationship(back_populates="trial", order_by="SampleModel.id")
     statistics: Mapped[list[StatisticModel]] = relationship(back_populates="trial")
 
-    def config(self) -> dict[str, int]:
-        return {
-            "BLOCK_T": self.BLOCK_T,
-            "num_warps": self.num_warps,
-            "num_stages": self.num_stages,
-            "TARGET_CTAS": self.TARGET_CTAS,
-        }
+    def config(self) -> KernelConfig:
+        return KernelConfig(**{p.name: getattr(self, p.name) for p in PARAMS})
 
     def statistic(self, phase: str | None = None) -> StatisticModel | None:
         """The finalist statistic when there is one (more rounds), else the screening one."""
         by = {s.phase: s for s in self.statistics}
-        return by.get(phase) if phase else by.get("finalist") or by.get("screen")
+        return by.get(phase) if phase else by.get(Phase.FINALIST) or by.get(Phase.SCREEN)
 
 
 class SampleModel(Base):
@@ -227,7 +231,7 @@ class StatisticModel(Base):
     ratio_ci_low: Mapped[float] = mapped_column(Float)
     ratio_ci_high: Mapped[float] = mapped_column(Float)
     noise_band: Mapped[float] = mapped_column(Float)
-    classification: Mapped[str] = mapped_column(String(16))  # win | flat | regression
+    classification: Mapped[str] = mapped_column(String(16))  # a db.verdicts.Effect
 
     trial: Mapped[TrialModel] = relationship(back_populates="statistics")
 

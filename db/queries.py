@@ -1,4 +1,4 @@
-"""The query API the CLI and the search use (sessions come from :class:`db.store.Store`)."""
+"""Reads: the query API the CLI, the search, export and report use (sessions from :class:`db.store.Store`)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,15 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm import selectinload
 
 from db.models import EnvironmentModel
+from db.models import FeasibilityModel
 from db.models import KernelModel
-from db.models import SampleModel
 from db.models import SpaceModel
-from db.models import StatisticModel
 from db.models import StudyModel
 from db.models import TrialModel
 from db.models import WorkloadModel
 from db.models import get_or_create
+from db.verdicts import Phase
+from db.verdicts import Verdict
 
 ENV_FIELDS = ("backend", "gpu_name", "compute_capability", "sm_count", "driver", "cuda", "torch", "triton", "host")
 
@@ -35,30 +36,14 @@ def ensure_kernel(session: Session, source_hash: str) -> KernelModel:
     return get_or_create(session, KernelModel, source_hash=source_hash)
 
 
-def ensure_workload(session: Session, spec) -> WorkloadModel:
-    from kernels.kv_format import get_format
-
-    fmt = get_format(spec.kv_format)
-    return get_or_create(
-        session,
-        WorkloadModel,
-        name=spec.name,
-        kv_format=spec.kv_format,
-        heads=spec.local_heads,
-        tp=spec.tp,
-        topk=spec.topk,
-        page_size=spec.page_size,
-        context=spec.context,
-        d_qk=fmt.d_qk,
-        d_v=fmt.d_v,
-    )
+def ensure_workload(session: Session, **fields) -> WorkloadModel:
+    """``name, kv_format, heads, tp, topk, page_size, context, d_qk, d_v``."""
+    return get_or_create(session, WorkloadModel, **fields)
 
 
-def ensure_space(session: Session, space) -> SpaceModel:
-    row = session.scalar(select(SpaceModel).filter_by(name=space.name, text_hash=space.text_hash))
-    return row or get_or_create(
-        session, SpaceModel, name=space.name, text_hash=space.text_hash, text=space.text, path=space.path
-    )
+def ensure_space(session: Session, name: str, text_hash: str, text: str, path: str) -> SpaceModel:
+    row = session.scalar(select(SpaceModel).filter_by(name=name, text_hash=text_hash))
+    return row or get_or_create(session, SpaceModel, name=name, text_hash=text_hash, text=text, path=path)
 
 
 def done_configs(session: Session, study_id: int) -> dict[str, TrialModel]:
@@ -94,32 +79,42 @@ def trials(session: Session, **filters) -> list[TrialModel]:
     return list(session.scalars(_trial_query(**filters).order_by(TrialModel.id)))
 
 
-def best(session: Session, concurrency: int, **filters) -> list[TrialModel]:
-    """The fastest ``ok`` trial per (space, workload, device, backend) at this concurrency.
+def rank_key(t: TrialModel) -> tuple:
+    """The one ranking of ``ok`` trials: a finalist statistic (more rounds) beats a screening one,
+    then the lower median. Trials without a statistic rank last."""
+    st = t.statistic()
+    if t.verdict != Verdict.OK or st is None:
+        return (2, float("inf"))
+    return (0 if st.phase == Phase.FINALIST else 1, st.median_us)
 
-    Ranked by the finalist median when the trial has one (more rounds), else the screening median.
+
+def best_of(trials_: list[TrialModel]) -> TrialModel | None:
+    """The best ``ok`` trial of a list by :func:`rank_key`, or None."""
+    ok = [t for t in trials_ if t.verdict == Verdict.OK and t.statistic() is not None]
+    return min(ok, key=rank_key) if ok else None
+
+
+def best(session: Session, concurrency: int, **filters) -> list[TrialModel]:
+    """The best ``ok`` trial per (space, workload, device, backend) at this concurrency.
+
     Trials that failed the correctness gate are ``wrong`` and never appear here.
     """
-    groups: dict[tuple, TrialModel] = {}
-    for t in trials(session, concurrency=concurrency, verdict="ok", **filters):
-        stat = t.statistic()
-        if stat is None:
-            continue
+    groups: dict[tuple, list[TrialModel]] = {}
+    for t in trials(session, concurrency=concurrency, verdict=Verdict.OK, **filters):
         key = (t.study.space.name, t.workload.name, t.environment.gpu_name, t.backend)
-        cur = groups.get(key)
-        if cur is None or _rank(t) < _rank(cur):
-            groups[key] = t
-    return list(groups.values())
+        groups.setdefault(key, []).append(t)
+    return [b for b in map(best_of, groups.values()) if b is not None]
 
 
-def _rank(t: TrialModel) -> tuple:
-    fin = t.statistic("finalist")
-    return (0, fin.median_us) if fin else (1, t.statistic("screen").median_us)
+def feasibility_get(session: Session, keys: list[str]) -> dict[str, dict]:
+    """Cached compile-only numbers by key (``tuner.feasibility.cache_key``)."""
+    out = {}
+    for i in range(0, len(keys), 500):
+        rows = session.scalars(select(FeasibilityModel).where(FeasibilityModel.key.in_(keys[i : i + 500])))
+        out.update({r.key: json.loads(r.value) for r in rows})
+    return out
 
 
-def samples(session: Session, trial_id: int) -> list[SampleModel]:
-    return list(session.scalars(select(SampleModel).where(SampleModel.trial_id == trial_id).order_by(SampleModel.id)))
-
-
-def statistic_rows(session: Session, trial_id: int) -> list[StatisticModel]:
-    return list(session.scalars(select(StatisticModel).where(StatisticModel.trial_id == trial_id)))
+def feasibility_put(session: Session, items: dict[str, dict]) -> None:
+    for k, v in items.items():
+        session.merge(FeasibilityModel(key=k, value=json.dumps(v)))

@@ -27,16 +27,12 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm import sessionmaker
 
-from tuner.errors import TunerError
+from db.errors import DatabaseError
 
 VERSION_TABLE = "tuner_alembic_version"
 MIGRATIONS = Path(__file__).parent / "migrations"
 SCHEMES = ("sqlite", "postgresql")
 DEFAULT_URL = "sqlite:///tuner.db"
-
-
-class DatabaseError(TunerError):
-    """The database cannot be opened, read or written."""
 
 
 def default_url() -> str:
@@ -169,7 +165,3 @@ class Store:
 def _short(e: Exception) -> str:
     text = str(getattr(e, "orig", None) or e).strip().splitlines()
     return text[0] if text else type(e).__name__
-
-
-def open_store(url: str | None = None, *, upgrade: bool = False) -> Store:
-    return Store(url, upgrade=upgrade)

@@ -23,11 +23,10 @@ import time
 
 import torch
 
-import kernels.decode as decode
 from kernels import timing
 from kernels.config import KernelConfig
-from kernels.decode import kernel_source_hash
-from kernels.decode import num_splits_for
+from kernels.config import kernel_source_hash
+from kernels.config import num_splits_for
 from kernels.decode import sparse_mla_decode
 from kernels.reference import compare
 from kernels.reference import sparse_mla_decode_ref
@@ -41,10 +40,9 @@ HAND_PICKED = "T16-w4-s2-c256,T16-w4-s2-c512,T16-w4-s2-c132,T32-w4-s2-c256,T16-w
 def parse_config(text: str) -> KernelConfig:
     """``T16-w4-s2-c256`` -> KernelConfig(16, 4, 2, 256) (the form ``str(KernelConfig)`` prints)."""
     try:
-        t, w, s, c = text.split("-")
-        return KernelConfig(int(t[1:]), int(w[1:]), int(s[1:]), int(c[1:]))
-    except (ValueError, IndexError) as e:
-        raise SystemExit(f"bad config {text!r}: expected e.g. T16-w4-s2-c256 ({e})") from None
+        return KernelConfig.parse(text)
+    except ValueError as e:
+        raise SystemExit(f"bad config: {e}") from None
 
 
 def time_graph(step, n_sets: int, samples: int, target_ms: float = 5.0) -> list[float]:
@@ -81,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pool", type=int, default=384, help="requests per format; C uses pool // C sets")
     ap.add_argument("--samples", type=int, default=10)
     ap.add_argument("--no-ref", action="store_true", help="skip timing torch.compile of the reference")
-    ap.add_argument("--maxnreg", default="0", help="comma list of register caps to try (0 = none)")
+    ap.add_argument("--maxnreg", default="0", help="comma list of register caps to try with every config (0 = none)")
     ap.add_argument(
         "--table-check",
         action="store_true",
@@ -131,9 +129,9 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as e:  # a failed compile of the baseline must not hide the kernel's numbers
                     print(f"# compiled reference failed at C={C}: {type(e).__name__}: {e}", flush=True)
             nbytes = wl.min_bytes(C)
-            for cfg, cap in itertools.product(configs, [int(x) for x in args.maxnreg.split(",")]):
-                decode.MAXNREG = cap or None
-                name = str(cfg) + (f"-r{cap}" if cap else "")
+            for base, cap in itertools.product(configs, [int(x) for x in args.maxnreg.split(",")]):
+                cfg = base.replace(maxnreg=cap) if cap else base
+                name = str(cfg)
                 out = torch.full_like(ref_out, float("nan"))
                 lse = torch.full_like(ref_lse, float("nan"))
                 o, ls = sparse_mla_decode(qs[0], pool.kv_cache, idx[0], config=cfg, **kw)
@@ -194,8 +192,8 @@ def table_check(args) -> int:
     from tabulate import tabulate
 
     from kernels.config import DEFAULT_CONFIG
-    from kernels.config import lookup_config
     from kernels.decode import device_name
+    from kernels.table import lookup_config
 
     rows, ok = [], True
     for fmt in args.formats.split(","):

@@ -1,22 +1,31 @@
-"""Kernel tunables and the run-time autotune table (``kernels/configs/*.json``).
+"""The kernel's tunable parameters, declared once.
 
-The table is written by ``tuner export``: one JSON file per (device name, workload), keyed by
-concurrency (batch size). The lookup rule: the largest key <= B, or the smallest key when B is
-below all keys; with no table, :data:`DEFAULT_CONFIG`.
+Everything else derives from :data:`PARAMS`: the search-space validation, the results database's
+columns, the check table, the printed key (``T32-w4-s1-c512``) and its parser, the compile key,
+the launch identity, export to ``triton.Config`` and the report. Adding a parameter means adding
+a :class:`Param` here, using it in :mod:`kernels.decode`, a database migration and tests.
+
+A parameter's :class:`Role` says what it changes:
+
+- ``META``: a ``tl.constexpr`` of the split kernel; part of the compiled binary.
+- ``OPTION``: a Triton compile option (``num_warps``, ``num_stages``, ``maxnreg``); part of the binary.
+- ``LAUNCH``: host side only; ``TARGET_CTAS`` changes the grid (the split count), not the code.
 """
 
 from __future__ import annotations
 
-import json
-import re
-import warnings
-from dataclasses import asdict
+import dataclasses
+import enum
+import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
-CONFIG_DIR = Path(__file__).parent / "configs"
-PARAMS = ("BLOCK_T", "num_warps", "num_stages", "TARGET_CTAS")
+
+class Role(enum.Enum):
+    META = "meta"
+    OPTION = "option"
+    LAUNCH = "launch"
 
 
 def _is_int(x) -> bool:
@@ -28,93 +37,226 @@ def _is_pow2(x) -> bool:
 
 
 @dataclass(frozen=True)
-class KernelConfig:
-    """What the tuner searches.
+class Param:
+    """One tunable: its name, the letter that prefixes it in a config key, default, role and rule."""
 
-    BLOCK_T: tokens per tile, a power of two >= 16 (tl.dot needs 16).
-    num_warps: Triton launch option, a power of two in 1..32.
-    num_stages: software-pipelining depth of the tile loop, 1..8.
-    TARGET_CTAS: grid size the split count aims for:
-        num_splits = clamp(ceil(TARGET_CTAS / (B * head_blocks)), 1, ceil(topk / BLOCK_T)).
-    """
+    name: str
+    short: str
+    default: int
+    role: Role
+    rule: str  # what is allowed, for messages
+    valid: Callable[[object], bool]
+    doc: str
+    always_in_key: bool = True  # False: printed only when it differs from the default
 
-    BLOCK_T: int = 16
-    num_warps: int = 4
-    num_stages: int = 2
-    TARGET_CTAS: int = 256
+    @property
+    def compiled(self) -> bool:
+        """Whether the value is part of the compiled binary (else it only shapes the launch)."""
+        return self.role is not Role.LAUNCH
+
+
+PARAMS: tuple[Param, ...] = (
+    Param(
+        "BLOCK_T",
+        "T",
+        16,
+        Role.META,
+        "a power of two >= 16",
+        lambda v: _is_pow2(v) and v >= 16,
+        "tokens per tile (tl.dot needs at least 16)",
+    ),
+    Param(
+        "num_warps",
+        "w",
+        4,
+        Role.OPTION,
+        "a power of two in 1..32",
+        lambda v: _is_pow2(v) and v <= 32,
+        "warps per program (Triton launch option)",
+    ),
+    Param(
+        "num_stages",
+        "s",
+        2,
+        Role.OPTION,
+        "an integer in 1..8",
+        lambda v: _is_int(v) and 1 <= v <= 8,
+        "software-pipelining depth of the tile loop",
+    ),
+    Param(
+        "TARGET_CTAS",
+        "c",
+        256,
+        Role.LAUNCH,
+        "a positive integer",
+        lambda v: _is_int(v) and v > 0,
+        "the grid the split count aims for: "
+        "num_splits = clamp(ceil(TARGET_CTAS / (B * head_blocks)), 1, ceil(topk / BLOCK_T))",
+    ),
+    Param(
+        "maxnreg",
+        "r",
+        0,
+        Role.OPTION,
+        "0 (no cap) or an integer in 16..255",
+        lambda v: _is_int(v) and (v == 0 or 16 <= v <= 255),
+        "register cap per thread of the split kernel (Triton's maxnreg); 0 lets ptxas take up to 255",
+        always_in_key=False,
+    ),
+)
+PARAM_NAMES: tuple[str, ...] = tuple(p.name for p in PARAMS)
+BY_NAME: dict[str, Param] = {p.name: p for p in PARAMS}
+BY_SHORT: dict[str, Param] = {p.short: p for p in PARAMS}
+KEY_EXAMPLE = "T16-w4-s2-c256"
+
+
+class _ConfigMethods:
+    """Behaviour of :class:`KernelConfig`; its fields are generated from :data:`PARAMS`."""
 
     def __post_init__(self) -> None:
-        if not (_is_pow2(self.BLOCK_T) and self.BLOCK_T >= 16):
-            raise ValueError(f"BLOCK_T must be a power of two >= 16, got {self.BLOCK_T!r}")
-        if not (_is_pow2(self.num_warps) and self.num_warps <= 32):
-            raise ValueError(f"num_warps must be a power of two in 1..32, got {self.num_warps!r}")
-        if not (_is_int(self.num_stages) and 1 <= self.num_stages <= 8):
-            raise ValueError(f"num_stages must be an integer in 1..8, got {self.num_stages!r}")
-        if not (_is_int(self.TARGET_CTAS) and self.TARGET_CTAS > 0):
-            raise ValueError(f"TARGET_CTAS must be a positive integer, got {self.TARGET_CTAS!r}")
+        for p in PARAMS:
+            v = getattr(self, p.name)
+            if not p.valid(v):
+                raise ValueError(f"{p.name} must be {p.rule}, got {v!r}")
 
     def as_dict(self) -> dict[str, int]:
-        return asdict(self)
+        return {p.name: getattr(self, p.name) for p in PARAMS}
 
     @classmethod
     def from_dict(cls, d: dict) -> KernelConfig:
-        unknown = set(d) - set(PARAMS)
+        """Parameters by name; a missing one takes its default, an unknown one is an error."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a config must be a mapping of {list(PARAM_NAMES)}, got {type(d).__name__}")
+        unknown = [k for k in d if k not in BY_NAME]
         if unknown:
-            raise ValueError(f"unknown config keys {sorted(unknown)}; allowed: {list(PARAMS)}")
-        return cls(**{k: d[k] for k in PARAMS if k in d})
+            raise ValueError(f"unknown config keys {sorted(map(str, unknown))}; allowed: {list(PARAM_NAMES)}")
+        return cls(**d)
+
+    def replace(self, **changes) -> KernelConfig:
+        return dataclasses.replace(self, **changes)
 
     def __str__(self) -> str:
-        return f"T{self.BLOCK_T}-w{self.num_warps}-s{self.num_stages}-c{self.TARGET_CTAS}"
+        return self._label(PARAMS)
+
+    def compile_label(self) -> str:
+        """The key without the launch-only parameters (``T32-w4-s2``): names the compiled binary."""
+        return self._label([p for p in PARAMS if p.compiled])
+
+    def _label(self, params) -> str:
+        return "-".join(
+            f"{p.short}{getattr(self, p.name)}" for p in params if p.always_in_key or getattr(self, p.name) != p.default
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> KernelConfig:
+        """The inverse of ``str()``: ``T16-w4-s2-c256`` (a parameter printed only when set may be left out)."""
+        values: dict[str, int] = {}
+        for token in str(text).split("-"):
+            p = BY_SHORT.get(token[:1])
+            if p is None or not token[1:].isdigit() or p.name in values:
+                raise ValueError(f"config {text!r} is not of the form {KEY_EXAMPLE}")
+            values[p.name] = int(token[1:])
+        missing = [p.name for p in PARAMS if p.always_in_key and p.name not in values]
+        if missing:
+            raise ValueError(f"config {text!r} is not of the form {KEY_EXAMPLE} (no {missing[0]})")
+        return cls(**values)
+
+    def compile_key(self) -> tuple[tuple[str, int], ...]:
+        """The parameters that decide the compiled binary (TARGET_CTAS does not)."""
+        return tuple((p.name, getattr(self, p.name)) for p in PARAMS if p.compiled)
+
+    def meta(self) -> dict[str, int]:
+        """The kernel's constexpr meta-parameters."""
+        return {p.name: getattr(self, p.name) for p in PARAMS if p.role is Role.META}
+
+    def options(self) -> dict[str, int]:
+        """Triton compile options; a parameter at a 'no setting' default (maxnreg 0) is left out."""
+        out = {p.name: getattr(self, p.name) for p in PARAMS if p.role is Role.OPTION}
+        if not out.get("maxnreg"):
+            out.pop("maxnreg", None)
+        return out
+
+    def launch(self) -> dict[str, int]:
+        """Host-side parameters: they shape the grid, not the code."""
+        return {p.name: getattr(self, p.name) for p in PARAMS if p.role is Role.LAUNCH}
+
+    def triton_config_kwargs(self) -> dict:
+        """Keyword arguments of ``triton.Config``: ``kwargs`` (meta-parameters) plus its options."""
+        return {"kwargs": self.meta(), **self.options()}
 
 
-# The seeds' production starting point (SGLang sm120 kernel): BLOCK_T 16, 4 warps, 2 stages, 256 CTAs.
+KernelConfig = dataclasses.make_dataclass(
+    "KernelConfig",
+    [(p.name, int, dataclasses.field(default=p.default, metadata={"param": p})) for p in PARAMS],
+    bases=(_ConfigMethods,),
+    frozen=True,
+    namespace={"__doc__": "A point of the search: " + "; ".join(f"{p.name}: {p.doc}" for p in PARAMS) + "."},
+)
+KernelConfig.__module__ = __name__
+
+# The production starting point: the SGLang sm_120 kernel's defaults (BLOCK_T 16, 4 warps, 2 stages,
+# 256 CTAs), which its authors' hand-tuning notes started from.
 DEFAULT_CONFIG = KernelConfig()
 
 
-def _slug(s: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "_", s).strip("_")
+# --- from parameters to a launch -----------------------------------------------------------------
+
+MAX_BLOCK_H = 32
 
 
-def table_name(device_name: str, kv_format: str, heads: int, topk: int) -> str:
-    """File name of the autotune table for a device and workload shape (local heads, topk)."""
-    return f"{_slug(device_name)}__{kv_format}_h{heads}_topk{topk}.json"
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
 
 
-@lru_cache(maxsize=64)
-def _load_table(path: str, mtime: float) -> dict:
-    with open(path) as f:
-        return json.load(f)
+def block_h_for(heads: int) -> int:
+    """Heads per program: next power of two >= heads, at least 16 (tl.dot), at most 32."""
+    return min(MAX_BLOCK_H, max(16, _next_pow2(heads)))
 
 
-def lookup_config(
-    device_name: str, kv_format: str, heads: int, topk: int, batch: int, config_dir: Path | None = None
-) -> KernelConfig:
-    """The exported config for this device/workload at batch ``batch``, else :data:`DEFAULT_CONFIG`."""
-    path = (config_dir or CONFIG_DIR) / table_name(device_name, kv_format, heads, topk)
-    if not path.is_file():
-        return DEFAULT_CONFIG
-    table = _load_table(str(path), path.stat().st_mtime)
-    entries = {int(k): v for k, v in table.get("configs", {}).items()}
-    if not entries:
-        return DEFAULT_CONFIG
-    below = [k for k in entries if k <= batch]
-    key = max(below) if below else min(entries)
-    _warn_if_stale(table, path)
-    return KernelConfig.from_dict({p: entries[key][p] for p in PARAMS})
+def head_blocks_for(heads: int) -> int:
+    return -(-heads // block_h_for(heads))
 
 
-_warned: set[str] = set()
+def num_splits_for(config: KernelConfig, batch: int, heads: int, topk: int) -> tuple[int, int]:
+    """(num_splits, tiles_per_split) for a batch.
+
+    The requested count is ``clamp(ceil(TARGET_CTAS / (B * head_blocks)), 1, ceil(topk / BLOCK_T))``;
+    tiles are then dealt evenly and a split that would get no tile is dropped, so the launched
+    count can be lower than requested (e.g. 4 tiles over 3 splits -> 2 splits of 2 tiles).
+    """
+    n_tiles = max(1, -(-topk // config.BLOCK_T))
+    want = min(max(-(-config.TARGET_CTAS // (batch * head_blocks_for(heads))), 1), n_tiles)
+    per_split = -(-n_tiles // want)
+    return -(-n_tiles // per_split), per_split
 
 
-def _warn_if_stale(table: dict, path: Path) -> None:
-    from kernels.decode import kernel_source_hash  # late: decode imports this module
+def launch_identity(config: KernelConfig, heads: int, topk: int, batch: int) -> tuple:
+    """What a call actually launches: the compiled binary and the split geometry.
 
-    table_hash = table.get("kernel_hash")
-    current = kernel_source_hash()
-    if table_hash and table_hash != current and str(path) not in _warned:
-        _warned.add(str(path))
-        warnings.warn(
-            f"autotune table {path.name} was tuned for kernel {table_hash}, the current kernel is {current}; "
-            "using it anyway (re-run `tuner search` to refresh)",
-            stacklevel=3,
-        )
+    Two configs with the same identity run exactly the same kernels on the same grid (TARGET_CTAS is
+    clamped, so many values give one split count), so one measurement serves both.
+    """
+    splits, per_split = num_splits_for(config, batch, heads, topk)
+    return (config.compile_key(), splits, per_split)
+
+
+# --- which kernel produced a number --------------------------------------------------------------
+
+# Every source file a launch depends on: a change to any of them marks old results and tables stale.
+KERNEL_FILES = ("decode.py", "kv_format.py", "config.py")
+
+
+def kernel_source_hash() -> str:
+    """Short hash of the kernel's sources (the kernel, the KV formats and this declaration)."""
+    return _SOURCE_HASH
+
+
+def _hash_sources() -> str:
+    h = hashlib.sha256()
+    here = Path(__file__).parent
+    for name in KERNEL_FILES:
+        h.update(name.encode() + b"\0" + (here / name).read_bytes())
+    return h.hexdigest()[:12]
+
+
+_SOURCE_HASH = _hash_sources()

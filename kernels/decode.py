@@ -23,10 +23,9 @@ path always feeds bf16 to the tensor cores with fp32 accumulation.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -34,18 +33,15 @@ import triton.language as tl
 
 from kernels.config import DEFAULT_CONFIG
 from kernels.config import KernelConfig
-from kernels.config import lookup_config
+from kernels.config import block_h_for
+from kernels.config import num_splits_for
 from kernels.kv_format import check_cache
 from kernels.kv_format import get_format
+from kernels.table import lookup_config
+from kernels.workload import Workload
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-LOG2E = 1.4426950408889634
-MAX_BLOCK_H = 32
 FORMAT_IDS = {"fp8_model1": 0, "fp8_v32": 1}
-
-# Register cap per thread for the split kernel (Triton's ``maxnreg``); None lets ptxas take up to 255,
-# which it does for this kernel, leaving 1-2 CTAs per SM. Set from $SPARSE_MLA_MAXNREG or by the bench.
-MAXNREG: int | None = int(os.environ["SPARSE_MLA_MAXNREG"]) if os.environ.get("SPARSE_MLA_MAXNREG") else None
 
 # Fill outputs and workspace with NaN before launching, so an unwritten element fails the
 # correctness gate loudly (the tuner's gate and the tests set it; never needed in production).
@@ -237,25 +233,6 @@ def _combine_kernel(Out, Lse, OPart, LPart, num_splits, H: tl.constexpr, BLOCK_S
     tl.store(Lse + i_bh, tl.where(m_empty, float("inf"), b_lse))
 
 
-def block_h_for(heads: int) -> int:
-    """Heads per program: next power of two >= heads, at least 16 (tl.dot), at most 32."""
-    return min(MAX_BLOCK_H, max(16, triton.next_power_of_2(heads)))
-
-
-def num_splits_for(config: KernelConfig, batch: int, heads: int, topk: int) -> tuple[int, int]:
-    """(num_splits, tiles_per_split) for a batch.
-
-    The requested count is ``clamp(ceil(TARGET_CTAS / (B * head_blocks)), 1, ceil(topk / BLOCK_T))``;
-    tiles are then dealt evenly and a split that would get no tile is dropped, so the launched
-    count can be lower than requested (e.g. 4 tiles over 3 splits -> 2 splits of 2 tiles).
-    """
-    head_blocks = -(-heads // block_h_for(heads))
-    n_tiles = max(1, -(-topk // config.BLOCK_T))
-    want = min(max(-(-config.TARGET_CTAS // (batch * head_blocks)), 1), n_tiles)
-    per_split = -(-n_tiles // want)
-    return -(-n_tiles // per_split), per_split
-
-
 def _validate(q, kv_cache, indices, fmt, topk_length):
     if q.dim() == 4:
         raise ValueError("only one query token per request is supported: q must be [B, H, D_qk], got 4 dims")
@@ -287,6 +264,99 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return "cpu-interpreter"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch of a call: what :func:`sparse_mla_decode` runs and :func:`compile_spec` compiles."""
+
+    name: str  # "split" | "combine"
+    kernel: object  # the @triton.jit function
+    grid: tuple[int, ...]
+    args: dict  # runtime arguments (tensors and scalars), by name
+    constexprs: dict
+    options: dict  # num_warps, num_stages, maxnreg
+
+
+@dataclass
+class _Plan:
+    out: torch.Tensor
+    lse: torch.Tensor
+    workspace: tuple[torch.Tensor, ...]
+    launches: list[Launch]
+
+
+def _plan(q, kv_cache, indices, topk_length, fmt, config: KernelConfig, sm_scale: float, *, native: bool) -> _Plan:
+    """Allocate the outputs and workspace and describe every launch of one call (nothing runs here).
+
+    The launcher runs exactly these launches, and :func:`compile_spec` compiles them from meta tensors,
+    so the feasibility check cannot drift from what runs.
+    """
+    B, H, _ = q.shape
+    topk = indices.shape[1]
+    num_pages, page_size, _ = kv_cache.shape
+    dev = q.device
+    out = torch.empty(B, H, fmt.d_v, dtype=torch.bfloat16, device=dev)
+    lse = torch.empty(B, H, dtype=torch.float32, device=dev)
+    block_h = block_h_for(H)
+    head_blocks = -(-H // block_h)
+    num_splits, tiles_per_split = num_splits_for(config, B, H, topk)
+    write_final = num_splits == 1
+    if write_final:
+        o_part, l_part = out, lse  # unused
+    else:
+        o_part = torch.empty(B, num_splits, H, fmt.d_v, dtype=torch.float32, device=dev)
+        l_part = torch.empty(B, num_splits, H, dtype=torch.float32, device=dev)
+    split = Launch(
+        "split",
+        _split_kernel,
+        (B * head_blocks, num_splits),
+        {
+            "Out": out,
+            "Lse": lse,
+            "OPart": o_part,
+            "LPart": l_part,
+            "Q": q,
+            "KV8": kv_cache,
+            "KV16": kv_cache.view(torch.bfloat16),
+            "KV32": kv_cache.view(torch.float32),
+            "Idx": indices,
+            "TopkLen": indices if topk_length is None else topk_length,
+            "stride_qb": q.stride(0),
+            "stride_qh": q.stride(1),
+            "sm_scale": float(sm_scale),
+            "topk": topk,
+            "num_tokens": num_pages * page_size,
+            "tiles_per_split": tiles_per_split,
+            "num_splits": num_splits,
+        },
+        {
+            "H": H,
+            "FORMAT": FORMAT_IDS[fmt.name],
+            "PAGE_SIZE": page_size,
+            "BLOCK_H": block_h,
+            **config.meta(),
+            "HAS_TOPK_LEN": topk_length is not None,
+            "WRITE_FINAL": write_final,
+            "DOT_F32": INTERPRET,
+            "NATIVE_FP8": native,
+        },
+        config.options(),
+    )
+    launches = [split]
+    if not write_final:
+        launches.append(
+            Launch(
+                "combine",
+                _combine_kernel,
+                (B * H,),
+                {"Out": out, "Lse": lse, "OPart": o_part, "LPart": l_part, "num_splits": num_splits},
+                {"H": H, "BLOCK_S": triton.next_power_of_2(num_splits)},
+                {"num_warps": 4},
+            )
+        )
+    workspace = () if write_final else (o_part, l_part)
+    return _Plan(out, lse, workspace, launches)
 
 
 def sparse_mla_decode(
@@ -326,80 +396,100 @@ def sparse_mla_decode(
         )
     B, H, _ = q.shape
     topk = indices.shape[1]
-    num_pages, page_size, _ = kv_cache.shape
     if config is None:
         config = lookup_config(device_name(q.device), kv_format, H, topk, B) if B > 0 else DEFAULT_CONFIG
     if sm_scale is None:
         sm_scale = fmt.d_qk**-0.5
-    out = torch.empty(B, H, fmt.d_v, dtype=torch.bfloat16, device=q.device)
-    lse = torch.empty(B, H, dtype=torch.float32, device=q.device)
     if B == 0 or H == 0:
-        return out, lse
-    block_h = block_h_for(H)
-    head_blocks = -(-H // block_h)
-    num_splits, tiles_per_split = num_splits_for(config, B, H, topk)
-    write_final = num_splits == 1
-    if write_final:
-        o_part, l_part = out, lse  # unused
-    else:
-        o_part = torch.empty(B, num_splits, H, fmt.d_v, dtype=torch.float32, device=q.device)
-        l_part = torch.empty(B, num_splits, H, dtype=torch.float32, device=q.device)
-    if POISON_OUTPUTS:
-        for t in {id(x): x for x in (out, lse, o_part, l_part)}.values():
-            t.fill_(float("nan"))
-    grid = (B * head_blocks, num_splits)
-    for listener in LAUNCH_LISTENERS:
-        listener("split", config, grid)
-    _split_kernel[grid](
-        Out=out,
-        Lse=lse,
-        OPart=o_part,
-        LPart=l_part,
-        Q=q,
-        KV8=kv_cache,
-        KV16=kv_cache.view(torch.bfloat16),
-        KV32=kv_cache.view(torch.float32),
-        Idx=indices,
-        TopkLen=indices if topk_length is None else topk_length,
-        stride_qb=q.stride(0),
-        stride_qh=q.stride(1),
-        sm_scale=float(sm_scale),
-        topk=topk,
-        num_tokens=num_pages * page_size,
-        tiles_per_split=tiles_per_split,
-        num_splits=num_splits,
-        H=H,
-        FORMAT=FORMAT_IDS[fmt.name],
-        PAGE_SIZE=page_size,
-        BLOCK_H=block_h,
-        BLOCK_T=config.BLOCK_T,
-        HAS_TOPK_LEN=topk_length is not None,
-        WRITE_FINAL=write_final,
-        DOT_F32=INTERPRET,
-        NATIVE_FP8=native_fp8(q.device),
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-        **({"maxnreg": MAXNREG} if MAXNREG and not INTERPRET else {}),
-    )
-    if not write_final:
-        for listener in LAUNCH_LISTENERS:
-            listener("combine", config, (B * H,))
-        _combine_kernel[(B * H,)](
-            Out=out,
-            Lse=lse,
-            OPart=o_part,
-            LPart=l_part,
-            num_splits=num_splits,
-            H=H,
-            BLOCK_S=triton.next_power_of_2(num_splits),
-            num_warps=4,
+        return (
+            torch.empty(B, H, fmt.d_v, dtype=torch.bfloat16, device=q.device),
+            torch.empty(B, H, dtype=torch.float32, device=q.device),
         )
-    return out, lse
+    plan = _plan(q, kv_cache, indices, topk_length, fmt, config, sm_scale, native=native_fp8(q.device))
+    if POISON_OUTPUTS:
+        for t in (plan.out, plan.lse, *plan.workspace):
+            t.fill_(float("nan"))
+    for launch in plan.launches:
+        for listener in LAUNCH_LISTENERS:
+            listener(launch.name, config, launch.grid)
+        options = {} if INTERPRET else launch.options
+        launch.kernel[launch.grid](**launch.args, **launch.constexprs, **options)
+    return plan.out, plan.lse
 
 
-def kernel_source_hash() -> str:
-    """Short hash of this file's source: results and tables are tied to the kernel that produced them."""
-    return _SOURCE_HASH
+# --- compile-only: what the launcher would compile, for any target arch ----------------------------
 
 
-_SOURCE_HASH = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+@dataclass(frozen=True)
+class CompileSpec:
+    """Everything ``triton.compile(ASTSource(kernel, signature, constexprs, attrs), target, options)`` needs."""
+
+    name: str
+    kernel: object
+    signature: dict[str, str]
+    constexprs: dict
+    attrs: dict
+    options: dict
+
+    def key(self) -> tuple:
+        """Identifies the binary (two launches with one key run the same code)."""
+        return (
+            self.name,
+            tuple(sorted(self.signature.items())),
+            tuple(sorted(self.constexprs.items())),
+            tuple(sorted((k, str(v)) for k, v in self.attrs.items())),
+            tuple(sorted(self.options.items())),
+        )
+
+
+def _specialize(launch: Launch) -> tuple[dict[str, str], dict, dict]:
+    """Signature, constexprs and attrs exactly as Triton's JIT derives them from the launch's arguments."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    params = {p.name: p for p in launch.kernel.params}
+    signature, constexprs, attrs = {}, dict(launch.constexprs), {}
+    for i, name in enumerate(launch.kernel.arg_names):
+        if name in launch.constexprs:
+            signature[name] = "constexpr"
+            continue
+        p = params[name]
+        ty, attr = native_specialize_impl(
+            BaseBackend, launch.args[name], False, not p.do_not_specialize, not p.do_not_specialize_on_alignment
+        )
+        if ty == "constexpr":  # an int equal to 1 is folded in, as the JIT does
+            signature[name], constexprs[name] = "constexpr", attr
+        else:
+            signature[name] = ty
+            if attr == "D":
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return signature, constexprs, attrs
+
+
+def compile_spec(
+    config: KernelConfig, workload: Workload, arch: int | str, batch: int | None = None, *, topk_length: bool = False
+) -> list[CompileSpec]:
+    """The kernels a call would compile for ``arch`` (e.g. ``120`` or ``"sm_120"``), without a GPU.
+
+    With ``batch``, exactly the launches of a call at that batch size. Without, every variant a call
+    with this config can launch for this workload: the one-split kernel that writes the output, and
+    the split kernel that writes partials with the combine kernel at the largest split count.
+    Runs the launcher's own planning on ``meta`` tensors, so it cannot differ from what runs.
+    """
+    if INTERPRET:
+        raise RuntimeError("compile_spec needs a process started without TRITON_INTERPRET")
+    cc = int(str(arch).removeprefix("sm_"))
+    fmt = get_format(workload.kv_format)
+    num_pages = -(-workload.context // workload.page_size)
+    kv = torch.empty(num_pages, workload.page_size, fmt.bytes_per_token, dtype=torch.uint8, device="meta")
+    cases = [(batch, config)] if batch else [(1, config.replace(TARGET_CTAS=1)), (1, config.replace(TARGET_CTAS=2**30))]
+    specs: dict[tuple, CompileSpec] = {}
+    for b, cfg in cases:
+        q = torch.empty(b, workload.heads, fmt.d_qk, dtype=torch.bfloat16, device="meta")
+        idx = torch.empty(b, workload.topk, dtype=torch.int32, device="meta")
+        tl_ = torch.empty(b, dtype=torch.int32, device="meta") if topk_length else None
+        for launch in _plan(q, kv, idx, tl_, fmt, cfg, fmt.d_qk**-0.5, native=cc >= 89).launches:
+            sig, const, attrs = _specialize(launch)
+            spec = CompileSpec(launch.name, launch.kernel, sig, const, attrs, dict(launch.options))
+            specs.setdefault(spec.key(), spec)
+    return list(specs.values())

@@ -8,9 +8,9 @@ from kernels import KernelConfig
 from kernels import Workload
 from kernels import make_batch
 from kernels import sparse_mla_decode
-from kernels.config import lookup_config
-from kernels.config import table_name
-from kernels.decode import num_splits_for
+from kernels.config import num_splits_for
+from kernels.table import lookup_config
+from kernels.table import table_name
 from kernels.reference import compare
 from kernels.reference import sparse_mla_decode_ref
 
@@ -124,6 +124,7 @@ def test_config_none_uses_the_table_by_largest_key_at_or_below_batch(tmp_path, m
     import json
 
     import kernels.config as kc
+    import kernels.table as kt
 
     name = table_name("cpu-interpreter", "fp8_v32", 16, 64)
     entry = {"BLOCK_T": 16, "num_warps": 4, "num_stages": 1}
@@ -135,7 +136,7 @@ def test_config_none_uses_the_table_by_largest_key_at_or_below_batch(tmp_path, m
     assert look(8).TARGET_CTAS == 9 and look(100).TARGET_CTAS == 9
     assert lookup_config("cpu-interpreter", "fp8_model1", 16, 64, 4, config_dir=tmp_path) == kc.DEFAULT_CONFIG
     # and the launcher really uses it
-    monkeypatch.setattr(kc, "CONFIG_DIR", tmp_path)
+    monkeypatch.setattr(kt, "CONFIG_DIR", tmp_path)
     seen = []
     monkeypatch.setattr(decode, "LAUNCH_LISTENERS", [lambda kind, cfg, grid: seen.append((kind, cfg, grid))])
     bt = _batch("fp8_v32", 3, 16, 64, device="cpu")

@@ -19,16 +19,23 @@ V32 = Workload("fp8_v32", heads=16, topk=2048, page_size=64, context=8192)
 @pytest.fixture(scope="module", autouse=True)
 def shared_cache(tmp_path_factory):
     mp = pytest.MonkeyPatch()
-    mp.setenv("TUNER_CACHE_DIR", str(tmp_path_factory.mktemp("feasibility-cache")))
     mp.setenv("TRITON_CACHE_DIR", str(tmp_path_factory.mktemp("triton-cache")))  # really cold compiles
     yield
     mp.undo()
 
 
-def test_fits_sm90_but_not_sm120_with_the_numbers():
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A results database: the feasibility verdicts are cached there."""
+    from db.store import Store
+
+    return Store(f"sqlite:///{tmp_path_factory.mktemp('verdicts') / 'tuner.db'}")
+
+
+def test_fits_sm90_but_not_sm120_with_the_numbers(store):
     cfg = KernelConfig(BLOCK_T=32, num_warps=4, num_stages=2, TARGET_CTAS=256)
-    on_90 = check(cfg, V4, "sm_90")
-    on_120 = check(cfg, V4, "sm_120")
+    on_90 = check(cfg, V4, "sm_90", store=store)
+    on_120 = check(cfg, V4, "sm_120", store=store)
     assert on_90.feasible and on_90.limit_bytes == 232_448
     assert not on_120.feasible and on_120.limit_bytes == 101_376
     assert 101_376 < on_120.shared_bytes < 232_448
@@ -37,21 +44,21 @@ def test_fits_sm90_but_not_sm120_with_the_numbers():
     assert on_120.registers > 0
 
 
-def test_num_stages_is_a_real_lever_on_shared_memory():
-    one, two = (check(KernelConfig(16, 4, s, 256), V4, "sm_120") for s in (1, 2))
+def test_num_stages_is_a_real_lever_on_shared_memory(store):
+    one, two = (check(KernelConfig(16, 4, s, 256), V4, "sm_120", store=store) for s in (1, 2))
     # the second stage keeps one more gathered tile in flight: 16 tokens x (512 + 128 + 4) bytes
     assert two.shared_bytes - one.shared_bytes == 16 * 644
 
 
 @pytest.mark.parametrize("space", ["search_spaces/v4_flash_tp4.yaml", "search_spaces/v32_tp8.yaml"])
-def test_estimate_tracks_the_compiled_value(space):
+def test_estimate_tracks_the_compiled_value(space, store):
     """Within 2 % for 4 and 8 warps; 2 warps drift (register-starved, ptxas and the pipeliner choose
     other layouts) and are only required to be within a factor of two."""
     sp = load_space(space)
     wl = sp.workloads[0].workload()
     configs = [c for c in sp.configs() if c.TARGET_CTAS == sp.baseline.TARGET_CTAS]
     worst = {}
-    for cfg, v in zip(configs, check_many(configs, wl, sp.target), strict=True):
+    for cfg, v in zip(configs, check_many(configs, wl, sp.target, store=store), strict=True):
         assert v.estimate_bytes == estimate_shared(cfg, wl)
         err = abs(v.estimate_bytes - v.shared_bytes) / v.shared_bytes
         key = "w2" if cfg.num_warps == 2 else "w4+"
@@ -61,14 +68,16 @@ def test_estimate_tracks_the_compiled_value(space):
 
 
 def test_second_check_is_cached_and_fast(tmp_path, monkeypatch):
-    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "verdicts"))
+    from db.store import Store
+
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))  # cold: Triton's own cache is empty too
+    store = Store(f"sqlite:///{tmp_path / 'verdicts.db'}")
     configs = [KernelConfig(16, w, s, 256) for w in (4, 8) for s in (1, 2)]
     t0 = time.perf_counter()
-    first = check_many(configs, V32, "sm_120")
+    first = check_many(configs, V32, "sm_120", store=store)
     cold = time.perf_counter() - t0
     t0 = time.perf_counter()
-    second = check_many(configs, V32, "sm_120")
+    second = check_many(configs, V32, "sm_120", store=store)
     warm = time.perf_counter() - t0
     assert first == second
     assert warm * 10 <= cold, (cold, warm)
@@ -77,15 +86,15 @@ def test_second_check_is_cached_and_fast(tmp_path, monkeypatch):
     assert cold / len(configs) <= 6.0, cold
 
 
-def test_target_ctas_does_not_recompile():
-    a = check(KernelConfig(16, 4, 2, 128), V32, "sm_120")
-    b = check(KernelConfig(16, 4, 2, 1024), V32, "sm_120")
+def test_target_ctas_does_not_recompile(store):
+    a = check(KernelConfig(16, 4, 2, 128), V32, "sm_120", store=store)
+    b = check(KernelConfig(16, 4, 2, 1024), V32, "sm_120", store=store)
     assert a == b
 
 
-def test_max_spill_bytes_makes_spilling_configs_infeasible():
+def test_max_spill_bytes_makes_spilling_configs_infeasible(store):
     cfg = KernelConfig(BLOCK_T=64, num_warps=2, num_stages=2, TARGET_CTAS=256)
-    plain = check(cfg, V32, "sm_120")
+    plain = check(cfg, V32, "sm_120", store=store)
     assert plain.spill_bytes > 0 and plain.feasible and "spills" in plain.reason
-    strict = check(cfg, V32, "sm_120", max_spill_bytes=0)
+    strict = check(cfg, V32, "sm_120", max_spill_bytes=0, store=store)
     assert not strict.feasible and "max_spill_bytes" in strict.reason

@@ -129,7 +129,7 @@ def test_ctrl_c_stops_after_the_running_trial(tmp_path):
     assert proc.returncode == 0, err
     assert "stopping after the current trial" in err
     verdicts = [v for (v,) in _rows(path, "SELECT verdict FROM tuner_trials")]
-    assert 1 <= len(verdicts) < 8 and "crashed" not in verdicts  # the worker survived the signal
+    assert 1 <= len(verdicts) < 8 and "crashed" not in verdicts  # the measurement process survived the signal
 
 
 def _count(path):
@@ -223,12 +223,11 @@ def test_check_in_every_format(fmt, tmp_path):
     proc = tuner("check", SMOKE, "-f", fmt, "--db", f"sqlite:///{tmp_path / 'c.db'}")
     assert proc.returncode == 0, proc.stderr
     if fmt == "json":
+        from kernels.config import PARAM_NAMES
+
         rows = json.loads(proc.stdout)
         assert [list(r) for r in rows][0] == [
-            "BLOCK_T",
-            "num_warps",
-            "num_stages",
-            "TARGET_CTAS",
+            *PARAM_NAMES,  # every declared parameter, then the feasibility numbers
             "shared_bytes",
             "limit_bytes",
             "registers",
@@ -267,7 +266,7 @@ def test_export_writes_the_table_the_kernel_reads(smoke_db, tmp_path):
             entry
         )
         assert entry["BLOCK_T"] * entry["num_stages"] < 64  # never the infeasible T32-s2
-    from kernels.config import lookup_config
+    from kernels.table import lookup_config
 
     cfg = lookup_config("cpu-interpreter", "fp8_model1", 16, 64, 3, config_dir=out)
     assert cfg.as_dict() == {k: table["configs"]["1"][k] for k in cfg.as_dict()}
@@ -279,7 +278,7 @@ def test_export_writes_the_table_the_kernel_reads(smoke_db, tmp_path):
 def test_stale_table_warns_with_both_hashes(tmp_path):
     import warnings
 
-    import kernels.config as kc
+    import kernels.table as kc
 
     name = kc.table_name("dev", "fp8_v32", 16, 64)
     entry = {"BLOCK_T": 16, "num_warps": 4, "num_stages": 1, "TARGET_CTAS": 8}
@@ -288,7 +287,7 @@ def test_stale_table_warns_with_both_hashes(tmp_path):
         warnings.simplefilter("always")
         cfg = kc.lookup_config("dev", "fp8_v32", 16, 64, 1, config_dir=tmp_path)
     assert cfg.TARGET_CTAS == 8
-    from kernels.decode import kernel_source_hash
+    from kernels.config import kernel_source_hash
 
     assert any("000000000000" in str(x.message) and kernel_source_hash() in str(x.message) for x in w)
 

@@ -8,16 +8,17 @@ import sys
 
 import click
 
+from db.errors import DatabaseError
+from db.verdicts import Phase
+from db.verdicts import Verdict
+from kernels.config import PARAM_NAMES
+from kernels.config import KernelConfig
 from tuner import __version__
 from tuner.errors import TunerError
 from tuner.output import format_option
 from tuner.output import render
 
-CHECK_FIELDS = (
-    "BLOCK_T",
-    "num_warps",
-    "num_stages",
-    "TARGET_CTAS",
+CHECK_FIELDS = PARAM_NAMES + (
     "shared_bytes",
     "limit_bytes",
     "registers",
@@ -35,7 +36,7 @@ def expected_errors(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except TunerError as e:
+        except (TunerError, DatabaseError) as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(2)
 
@@ -176,7 +177,7 @@ def _best_row(t) -> dict:
     st = t.statistic()
     env = t.environment
     row = {
-        **t.config(),
+        **t.config().as_dict(),
         "median_us": round(st.median_us, 3),
         "ci_low_us": round(st.ci_low_us, 3),
         "ci_high_us": round(st.ci_high_us, 3),
@@ -238,7 +239,7 @@ def best(concurrency, space, workload, device, backend, fmt, db_url):
 
 @cli.command()
 @click.option("--concurrency", type=click.IntRange(min=1), default=None)
-@click.option("--verdict", type=click.Choice(["ok", "infeasible", "wrong", "crashed", "timeout", "all"]), default="all")
+@click.option("--verdict", type=click.Choice([v.value for v in Verdict] + ["all"]), default="all")
 @click.option("--space", default=None)
 @click.option("--sort", type=click.Choice(["id", "median_us", "config"]), default="id")
 @format_option
@@ -259,7 +260,7 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
                     "trial": t.id,
                     "space": t.study.space.name,
                     "C": t.concurrency,
-                    **t.config(),
+                    **t.config().as_dict(),
                     "verdict": t.verdict,
                     "median_us": round(st.median_us, 3) if st else None,
                     "ratio": round(st.ratio, 4) if st else None,
@@ -271,7 +272,7 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
             )
     key = {
         "id": lambda r: r["trial"],
-        "config": lambda r: (r["BLOCK_T"], r["num_warps"], r["num_stages"]),
+        "config": lambda r: tuple(r[p] for p in PARAM_NAMES),
         "median_us": lambda r: (r["median_us"] is None, r["median_us"] or 0),
     }[sort]
     rows.sort(key=key)
@@ -403,21 +404,20 @@ def compare(config_a, config_b, space, fmt, db_url):
     from db.store import Store
     from tuner import stats
 
-    for c in (config_a, config_b):
-        _parse_config(c)
+    config_a, config_b = (str(_parse_config(c)) for c in (config_a, config_b))
     store = Store(db_url)
     rows = []
     with store.session() as s:
         by_study = {}
-        for t in queries.trials(s, space=space, verdict="ok"):
+        for t in queries.trials(s, space=space, verdict=Verdict.OK):
             if t.config_key in (config_a, config_b):
                 by_study.setdefault(t.study_id, {})[t.config_key] = t
         for pair in by_study.values():
             if len(pair) < 2:
                 continue
             a, b = pair[config_a], pair[config_b]
-            ra = [x.candidate_us / x.baseline_us for x in a.samples if x.phase == "screen"]
-            rb = [x.candidate_us / x.baseline_us for x in b.samples if x.phase == "screen"]
+            ra = [x.candidate_us / x.baseline_us for x in a.samples if x.phase == Phase.SCREEN]
+            rb = [x.candidate_us / x.baseline_us for x in b.samples if x.phase == Phase.SCREEN]
             r, lo, hi = stats.ratio_of_ratios(ra, rb, seed=a.id)
             band = a.study.noise_band or 0.0
             verdict = "A faster" if hi < 1 - band else "A slower" if lo > 1 + band else "flat"
@@ -442,14 +442,11 @@ def compare(config_a, config_b, space, fmt, db_url):
     click.echo(render(rows, fmt))
 
 
-def _parse_config(text: str):
-    from kernels.config import KernelConfig
-
+def _parse_config(text: str) -> KernelConfig:
     try:
-        t, w, s_, c = text.split("-")
-        return KernelConfig(int(t[1:]), int(w[1:]), int(s_[1:]), int(c[1:]))
-    except (ValueError, IndexError) as e:
-        raise TunerError(f"config {text!r} is not of the form T16-w4-s2-c256 ({e})") from None
+        return KernelConfig.parse(text)
+    except ValueError as e:
+        raise TunerError(str(e)) from None
 
 
 @cli.command()
@@ -479,7 +476,7 @@ def studies(fmt, db_url):
                     "backend": st.backend,
                     "noise_band": round(st.noise_band, 4) if st.noise_band is not None else None,
                     "trials": len(ts),
-                    "ok": sum(t.verdict == "ok" for t in ts),
+                    "ok": sum(t.verdict == Verdict.OK for t in ts),
                     "kernel": st.kernel.source_hash,
                 }
             )

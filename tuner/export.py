@@ -18,29 +18,29 @@ from db import queries
 from db.models import ExportModel
 from db.models import TrialModel
 from db.store import Store
-from kernels.config import CONFIG_DIR
-from kernels.config import table_name
+from db.verdicts import Verdict
+from kernels.table import CONFIG_DIR
+from kernels.table import table_name
 from tuner.errors import TunerError
 
 
 def winners(s: Session, backend: str | None = None) -> dict[tuple, dict[int, TrialModel]]:
     """{(device, kv_format, heads, topk, page_size): {concurrency: best ok trial}} over every space."""
     out: dict[tuple, dict[int, TrialModel]] = defaultdict(dict)
-    levels = sorted({t.concurrency for t in queries.trials(s, verdict="ok", backend=backend)})
+    levels = sorted({t.concurrency for t in queries.trials(s, verdict=Verdict.OK, backend=backend)})
     for c in levels:
         for t in queries.best(s, c, backend=backend):
             w = t.workload
             key = (t.environment.gpu_name, w.kv_format, w.heads, w.topk, w.page_size)
             cur = out[key].get(c)
-            if cur is None or t.statistic().median_us < cur.statistic().median_us:
-                out[key][c] = t
+            out[key][c] = t if cur is None else queries.best_of([cur, t])
     return out
 
 
 def _entry(t: TrialModel) -> dict:
     st = t.statistic()
     return {
-        **t.config(),
+        **t.config().as_dict(),
         "median_us": round(st.median_us, 3),
         "ratio_vs_baseline": round(st.ratio, 4),
         "ratio_ci": [round(st.ratio_ci_low, 4), round(st.ratio_ci_high, 4)],
@@ -93,10 +93,10 @@ def triton_configs(store: Store, backend: str | None = None) -> str:
         lines.append(f"CONFIGS_{kv_format.upper()}_H{heads}_TOPK{topk} = {{")
         for c, t in sorted(by_c.items()):
             cfg = t.config()
-            meta = {k: cfg[k] for k in ("BLOCK_T", "TARGET_CTAS")}
+            kw = cfg.triton_config_kwargs()
+            options = "".join(f", {k}={v}" for k, v in kw.items() if k != "kwargs")
             lines.append(
-                f"    {c}: triton.Config({meta}, num_warps={cfg['num_warps']}, "
-                f"num_stages={cfg['num_stages']}),  # {t.statistic().median_us:.2f} us"
+                f"    {c}: triton.Config({kw['kwargs']}{options}),  # {cfg.launch()}, {t.statistic().median_us:.2f} us"
             )
         lines.append("}")
     if not lines:

@@ -1,15 +1,15 @@
 """Feasibility before launch: compile the real kernel for the *target* arch, no GPU needed.
 
 ``triton.compile(ASTSource(...), target=GPUTarget("cuda", cc, 32))`` produces the target's cubin
-and ``metadata.shared`` on any machine. Registers and the stack frame (where ptxas puts spills)
-are read from the cubin with the ``cuobjdump`` that ships inside the triton package. The verdict
-always comes from the compiled number; :func:`estimate_shared` explains it.
+and ``metadata.shared`` on any machine. What is compiled comes from :func:`kernels.decode.compile_spec`,
+the launcher's own plan, so the check cannot drift from what runs. Registers and the stack frame
+(where ptxas puts spills) are read from the cubin with the ``cuobjdump`` that ships inside the
+triton package. The verdict always comes from the compiled number; :func:`estimate_shared` explains it.
 
-``@triton.jit`` decides interpreter-or-compiler at import time, so compiles run in a child process
-started without ``TRITON_INTERPRET`` (several configs in parallel, one per core). Verdicts are
-cached by (kernel source hash, triton version, target, config, workload shape) in the results
-database (table ``tuner_feasibility``), or, for checks made without one, in a local SQLite file
-(``$TUNER_CACHE_DIR`` or ``~/.cache/sparse-mla-tuner``).
+``@triton.jit`` decides interpreter-or-compiler at import time, so compiles run in the compile
+process (:mod:`tuner.compile_process`) started without ``TRITON_INTERPRET``, several configs in
+parallel. Verdicts are cached in the results database (table ``tuner_feasibility``) by
+(kernel source hash, triton version, target, compile key, workload shape).
 """
 
 from __future__ import annotations
@@ -17,18 +17,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 from dataclasses import asdict
 from dataclasses import dataclass
-from pathlib import Path
 
 import triton
 
+from db import queries
 from kernels.config import KernelConfig
-from kernels.decode import block_h_for
-from kernels.decode import kernel_source_hash
+from kernels.config import block_h_for
+from kernels.config import kernel_source_hash
 from kernels.kv_format import get_format
 from kernels.workload import Workload
 from tuner.errors import FeasibilityError
@@ -87,73 +86,20 @@ def estimate_shared(config: KernelConfig, workload: Workload) -> int:
     return max(loop, epilogue)
 
 
-def _cache_path() -> Path:
-    root = Path(os.environ.get("TUNER_CACHE_DIR") or Path.home() / ".cache" / "sparse-mla-tuner")
-    root.mkdir(parents=True, exist_ok=True)
-    return root / "feasibility.sqlite"
-
-
 def cache_key(config: KernelConfig, workload: Workload, target: str) -> str:
-    """TARGET_CTAS only sets the grid, not the compiled code, so it is not part of the key."""
+    """The compiled binary's identity: TARGET_CTAS only sets the grid, so it is not part of the key."""
     shape = (workload.kv_format, workload.heads, workload.topk, workload.page_size)
-    compiled = (config.BLOCK_T, config.num_warps, config.num_stages)
-    raw = json.dumps([kernel_source_hash(), triton.__version__, target, compiled, shape])
+    raw = json.dumps([kernel_source_hash(), triton.__version__, target, config.compile_key(), shape])
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
-class _DbCache:
-    """The verdict cache in the results database (table ``tuner_feasibility``)."""
-
-    def __init__(self, store) -> None:
-        self.store = store
-
-    def get_many(self, keys: list[str]) -> dict[str, dict]:
-        from sqlalchemy import select
-
-        from db.models import FeasibilityModel
-
-        out = {}
-        with self.store.session() as s:
-            for i in range(0, len(keys), 500):
-                rows = s.scalars(select(FeasibilityModel).where(FeasibilityModel.key.in_(keys[i : i + 500])))
-                out.update({r.key: json.loads(r.value) for r in rows})
-        return out
-
-    def put_many(self, items: dict[str, dict]) -> None:
-        from db.models import FeasibilityModel
-
-        with self.store.session() as s:
-            for k, v in items.items():
-                s.merge(FeasibilityModel(key=k, value=json.dumps(v)))
-
-
-class _Cache:
-    """The verdict cache in a local SQLite file, for checks made without a results database."""
-
-    def __init__(self) -> None:
-        self.con = sqlite3.connect(_cache_path(), timeout=30)
-        self.con.execute("CREATE TABLE IF NOT EXISTS verdict (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-
-    def get_many(self, keys: list[str]) -> dict[str, dict]:
-        out = {}
-        for i in range(0, len(keys), 500):
-            chunk = keys[i : i + 500]
-            q = f"SELECT key, value FROM verdict WHERE key IN ({','.join('?' * len(chunk))})"
-            out.update({k: json.loads(v) for k, v in self.con.execute(q, chunk)})
-        return out
-
-    def put_many(self, items: dict[str, dict]) -> None:
-        with self.con:
-            self.con.executemany(
-                "INSERT OR REPLACE INTO verdict VALUES (?, ?)", [(k, json.dumps(v)) for k, v in items.items()]
-            )
-
-
-def compile_numbers(jobs: list[dict]) -> list[dict]:
-    """Compile each job ``{config, workload, cc}`` in a child process; ``{shared, registers, stack}`` each."""
+def compile_numbers(configs: list[KernelConfig], workload: Workload, cc: int) -> list[dict]:
+    """Compile each config's kernels for ``sm_<cc>`` in the compile process: ``{shared, registers, stack}``
+    or ``{error}`` per config."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    jobs = [{"config": c.as_dict(), "workload": asdict(workload), "cc": cc} for c in configs]
     proc = subprocess.run(
-        [sys.executable, "-m", "tuner._compile_worker"],
+        [sys.executable, "-m", "tuner.compile_process"],
         input=json.dumps(jobs),
         capture_output=True,
         text=True,
@@ -163,6 +109,15 @@ def compile_numbers(jobs: list[dict]) -> list[dict]:
         tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
         raise FeasibilityError(f"the compile-only check failed: {tail[0]}")
     return json.loads(proc.stdout)
+
+
+def warm(configs: list[KernelConfig], workload: Workload, cc: int) -> list[str]:
+    """Compile ``configs`` for the GPU's own arch before a search (fills Triton's on-disk cache, which
+    the measurement process then hits); returns the compile errors, which the trials will meet again."""
+    unique = list({c.compile_key(): c for c in configs}.values())
+    return [
+        f"{c}: {n['error']}" for c, n in zip(unique, compile_numbers(unique, workload, cc), strict=True) if "error" in n
+    ]
 
 
 def _verdict(
@@ -204,23 +159,27 @@ def check_many(
     enforce_device: bool = False,
     store=None,
 ) -> list[Verdict]:
-    """Verdicts for many configs of one workload; uncached ones compile in one child process.
+    """Verdicts for many configs of one workload; uncached ones compile in one compile process.
 
-    With a results database (``store``) the cache lives there, else in a local SQLite file.
+    With a results database (``store``) verdicts are cached there; without one every check compiles.
     """
     cc = target_cc(target)
     limit = TARGETS[target]
     if enforce_device and (dev := device_limit()) is not None:
         limit = min(limit, dev)
-    cache = _DbCache(store) if store is not None else _Cache()
     keys = [cache_key(c, workload, target) for c in configs]
-    known = cache.get_many(keys)
+    known: dict[str, dict] = {}
+    if store is not None:
+        with store.session() as s:
+            known = queries.feasibility_get(s, keys)
     todo = list({k: i for i, k in enumerate(keys) if k not in known}.values())  # one compile per key
     if todo:
-        wl = asdict(workload)
-        jobs = [{"config": configs[i].as_dict(), "workload": wl, "cc": cc} for i in todo]
-        fresh = {keys[i]: n for i, n in zip(todo, compile_numbers(jobs), strict=True)}
-        cache.put_many(fresh)
+        fresh = dict(
+            zip([keys[i] for i in todo], compile_numbers([configs[i] for i in todo], workload, cc), strict=True)
+        )
+        if store is not None:
+            with store.session() as s:
+                queries.feasibility_put(s, fresh)
         known.update(fresh)
     return [_verdict(known[k], c, workload, target, limit, max_spill_bytes) for k, c in zip(keys, configs, strict=True)]
 
@@ -228,12 +187,3 @@ def check_many(
 def check(config: KernelConfig, workload: Workload, target: str = "sm_120", **kw) -> Verdict:
     """Does ``config`` fit ``target`` for ``workload``? Compiles (or reads the cache), never launches."""
     return check_many([config], workload, target, **kw)[0]
-
-
-def out_of_resources_verdict(err: Exception, config: KernelConfig, workload: Workload, target: str) -> Verdict:
-    """A launch that raised Triton's ``OutOfResources``, recorded as infeasible with its numbers."""
-    required = getattr(err, "required", 0) or 0
-    limit = getattr(err, "limit", 0) or 0
-    name = getattr(err, "name", "resource")
-    reason = f"OutOfResources at launch: {name} {fmt_bytes(required)} > device limit {fmt_bytes(limit)}"
-    return Verdict(False, int(required), int(limit), 0, 0, estimate_shared(config, workload), reason)

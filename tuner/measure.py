@@ -1,8 +1,7 @@
-"""Parent side of the measurement worker: start, ask with a timeout, restart after a crash or hang."""
+"""The search's handle to one measurement process: start, ask with a timeout, restart after a crash or hang."""
 
 from __future__ import annotations
 
-import json
 import os
 import selectors
 import subprocess
@@ -10,18 +9,25 @@ import sys
 import tempfile
 import time
 
+from db.verdicts import Verdict
 from tuner.errors import TunerError
+from tuner.protocol import Exit
+from tuner.protocol import MeasureReply
+from tuner.protocol import MeasureRequest
+from tuner.protocol import decode
+from tuner.protocol import encode
 
 
-class WorkerDied(Exception):
-    def __init__(self, verdict: str, reason: str) -> None:
+class ProcessDied(Exception):
+    def __init__(self, verdict: Verdict, reason: str) -> None:
         super().__init__(reason)
-        self.verdict = verdict  # crashed | timeout
+        self.verdict = verdict  # CRASHED | TIMEOUT
         self.reason = reason
 
 
-class Worker:
-    """One ``python -m tuner.worker`` child; ``request`` returns its reply or raises :class:`WorkerDied`."""
+class MeasurementProcess:
+    """One ``python -m tuner.measure_main`` child; :meth:`measure` returns its reply, or a ``crashed`` /
+    ``timeout`` reply when the child died or hung (it is restarted at the next request)."""
 
     def __init__(
         self, backend: str, env: dict | None = None, start_timeout_s: float = 300.0, gpu_index: int = 0
@@ -39,7 +45,7 @@ class Worker:
             env.pop("TRITON_INTERPRET", None)
         self._stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tuner.worker"],
+            [sys.executable, "-m", "tuner.measure_main"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
@@ -49,9 +55,9 @@ class Worker:
         )
         try:
             hello = self._read(self.start_timeout_s)
-        except WorkerDied as e:
-            raise TunerError(f"the measurement worker did not start ({e.reason})") from None
-        self.info = hello["hello"]
+        except ProcessDied as e:
+            raise TunerError(f"the measurement process did not start ({e.reason})") from None
+        self.info = hello.environment
         return self.info
 
     def stderr_tail(self, lines: int = 8) -> str:
@@ -59,7 +65,7 @@ class Worker:
         text = self._stderr.read().decode(errors="replace").strip().splitlines()
         return " | ".join(text[-lines:])
 
-    def _read(self, timeout_s: float) -> dict:
+    def _read(self, timeout_s: float):
         assert self.proc is not None and self.proc.stdout is not None
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stdout, selectors.EVENT_READ)
@@ -69,32 +75,38 @@ class Worker:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self.kill()
-                    raise WorkerDied("timeout", f"no answer within {timeout_s:.0f} s; the worker was killed")
+                    raise ProcessDied(Verdict.TIMEOUT, f"no answer within {timeout_s:.0f} s; the process was killed")
                 if sel.select(timeout=min(left, 1.0)):
                     line = self.proc.stdout.readline()
                     if not line:
                         code = self.proc.wait()
-                        raise WorkerDied("crashed", f"worker exited with status {code}: {self.stderr_tail()}")
-                    return json.loads(line)
+                        raise ProcessDied(Verdict.CRASHED, f"exited with status {code}: {self.stderr_tail()}")
+                    return decode(line)
                 if self.proc.poll() is not None:
-                    raise WorkerDied(
-                        "crashed", f"worker exited with status {self.proc.returncode}: {self.stderr_tail()}"
+                    raise ProcessDied(
+                        Verdict.CRASHED, f"exited with status {self.proc.returncode}: {self.stderr_tail()}"
                     )
         finally:
             sel.close()
 
-    def request(self, msg: dict, timeout_s: float) -> dict:
+    def measure(self, req: MeasureRequest, timeout_s: float) -> MeasureReply:
+        try:
+            return self._request(req, timeout_s)
+        except ProcessDied as e:
+            return MeasureReply(e.verdict, e.reason[-2000:])
+
+    def _request(self, req: MeasureRequest, timeout_s: float) -> MeasureReply:
         if self.proc is None or self.proc.poll() is not None:
             self.start()
         assert self.proc is not None and self.proc.stdin is not None
         try:
-            self.proc.stdin.write(json.dumps(msg) + "\n")
+            self.proc.stdin.write(encode(req) + "\n")
             self.proc.stdin.flush()
         except BrokenPipeError:
-            raise WorkerDied("crashed", f"worker gone: {self.stderr_tail()}") from None
+            raise ProcessDied(Verdict.CRASHED, f"the measurement process is gone: {self.stderr_tail()}") from None
         try:
             return self._read(timeout_s)
-        except WorkerDied:
+        except ProcessDied:
             self.kill()
             raise
 
@@ -106,7 +118,7 @@ class Worker:
     def close(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             try:
-                self.proc.stdin.write(json.dumps({"op": "exit"}) + "\n")
+                self.proc.stdin.write(encode(Exit()) + "\n")
                 self.proc.stdin.flush()
                 self.proc.wait(timeout=10)
             except (OSError, subprocess.TimeoutExpired):

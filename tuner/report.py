@@ -1,4 +1,4 @@
-"""``tuner report``: the A/B document the seeds wrote by hand, generated from the database.
+"""``tuner report``: the A/B document engineers used to write by hand after tuning, generated from the database.
 
 Per (space, workload, device, backend): the environment and the noise band; the best config per
 concurrency; each lever (one parameter changed from the baseline) as win / flat / regression with
@@ -14,7 +14,10 @@ from pathlib import Path
 from db import queries
 from db.models import TrialModel
 from db.store import Store
-from kernels.config import PARAMS
+from db.verdicts import Effect
+from db.verdicts import Phase
+from db.verdicts import Verdict
+from kernels.config import PARAM_NAMES
 from kernels.config import KernelConfig
 from tuner.errors import TunerError
 
@@ -22,9 +25,9 @@ from tuner.errors import TunerError
 def _cell(t: TrialModel | None) -> str:
     if t is None:
         return "not measured"
-    if t.verdict != "ok":
+    if t.verdict != Verdict.OK:
         return f"{t.verdict}: {t.reason}" if t.reason else t.verdict
-    st = t.statistic("screen") or t.statistic()
+    st = t.statistic(Phase.SCREEN) or t.statistic()
     return f"{st.classification} {st.ratio:.3f} [{st.ratio_ci_low:.3f}, {st.ratio_ci_high:.3f}]"
 
 
@@ -82,10 +85,9 @@ def _section(space, workload, device, backend, trials, plots_dir, link_prefix) -
     for c in levels:
         ts = list(by_c[c].values())
         band = ts[0].study.noise_band
-        ok = [t for t in ts if t.verdict == "ok" and t.statistic()]
-        tally = [sum(t.verdict == v for t in ts) for v in ("ok", "infeasible", "wrong", "crashed", "timeout")]
-        if ok:
-            b = min(ok, key=lambda t: (t.statistic().phase != "finalist", t.statistic().median_us))
+        tally = [sum(t.verdict == v for t in ts) for v in Verdict]
+        b = queries.best_of(ts)
+        if b is not None:
             st = b.statistic()
             best_series.append((c, st.median_us, st.ci_low_us, st.ci_high_us))
             base_series.append((c, st.baseline_median_us))
@@ -111,29 +113,29 @@ def _section(space, workload, device, backend, trials, plots_dir, link_prefix) -
 
 
 def _lever_configs(base_key: str, values: dict[str, set]) -> list[tuple[str, int, str]]:
-    base = _parse(base_key)
+    base = KernelConfig.parse(base_key)
     out = []
-    for p in PARAMS:
+    for p in PARAM_NAMES:
         for v in sorted(values[p]):
             if v != getattr(base, p):
-                out.append((p, v, str(KernelConfig(**{**base.as_dict(), p: v}))))
+                out.append((p, v, str(base.replace(**{p: v}))))
     return out
 
 
-def _parse(key: str) -> KernelConfig:
-    t, w, s, c = key.split("-")
-    return KernelConfig(int(t[1:]), int(w[1:]), int(s[1:]), int(c[1:]))
+def _values(by_c) -> dict[str, set]:
+    """Every value each parameter takes in the measured configs."""
+    values = defaultdict(set)
+    for ts in by_c.values():
+        for t in ts.values():
+            for p, v in t.config().as_dict().items():
+                values[p].add(v)
+    return values
 
 
 def _levers(by_c, levels, base_key) -> list[str]:
     if base_key is None:
         return []
-    values = defaultdict(set)
-    for ts in by_c.values():
-        for k in ts:
-            for p, v in _parse(k).as_dict().items():
-                values[p].add(v)
-    levers = _lever_configs(base_key, values)
+    levers = _lever_configs(base_key, _values(by_c))
     out = [
         "### Levers (one parameter changed from the baseline; screening rounds)",
         "",
@@ -144,7 +146,7 @@ def _levers(by_c, levels, base_key) -> list[str]:
     for p, v, key in levers:
         cells = [_cell(by_c[c].get(key)) for c in levels]
         out.append(f"| {p} = {v} | " + " | ".join(cells) + " |")
-        if not any(cell.startswith("win") for cell in cells):
+        if not any(cell.startswith(Effect.WIN) for cell in cells):
             verdicts = sorted({cell.split(" ")[0].rstrip(":") for cell in cells})
             dead.append(f"- **{p} = {v}** (`{key}`) never wins: {', '.join(verdicts)}.")
     out += ["", "### Dead ends", ""] + (dead or ["- none: every lever wins somewhere."]) + [""]
@@ -154,13 +156,14 @@ def _levers(by_c, levels, base_key) -> list[str]:
 def _infeasible(trials) -> list[str]:
     bad = {}
     for t in trials:
-        if t.verdict == "infeasible":
-            bad.setdefault(t.config_key.rsplit("-c", 1)[0], t)
+        if t.verdict == Verdict.INFEASIBLE:
+            cfg = t.config()
+            bad.setdefault(cfg.compile_key(), (cfg, t))
     if not bad:
         return []
     out = [f"### Infeasible ({len(bad)} compiled configs, never launched; TARGET_CTAS does not change the code)", ""]
-    for k, t in sorted(bad.items(), key=lambda kv: kv[1].shared_bytes or 0):
-        out.append(f"- `{k}`: {t.reason}")
+    for cfg, t in sorted(bad.values(), key=lambda ct: ct[1].shared_bytes or 0):
+        out.append(f"- `{cfg.compile_label()}`: {t.reason}")
     return out + [""]
 
 
@@ -195,17 +198,12 @@ def _plots(plots_dir, prefix, space, workload, device, backend, best, base, by_c
     plt.close(fig)
     out = [f"![median µs vs concurrency]({prefix}{f1.name})", ""]
     if base_key:
-        values = defaultdict(set)
-        for ts in by_c.values():
-            for k in ts:
-                for p, v in _parse(k).as_dict().items():
-                    values[p].add(v)
         fig, ax = plt.subplots(figsize=(7, 4))
-        for p, v, key in _lever_configs(base_key, values):
+        for p, v, key in _lever_configs(base_key, _values(by_c)):
             pts = [
-                (c, by_c[c][key].statistic("screen"))
+                (c, by_c[c][key].statistic(Phase.SCREEN))
                 for c in levels
-                if key in by_c[c] and by_c[c][key].verdict == "ok" and by_c[c][key].statistic("screen")
+                if key in by_c[c] and by_c[c][key].verdict == Verdict.OK and by_c[c][key].statistic(Phase.SCREEN)
             ]
             if pts:
                 ax.errorbar(

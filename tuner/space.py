@@ -15,10 +15,11 @@ from pathlib import Path
 
 import yaml
 
-from kernels.config import DEFAULT_CONFIG
+from kernels.config import PARAM_NAMES
 from kernels.config import PARAMS
 from kernels.config import KernelConfig
 from kernels.kv_format import FORMATS
+from kernels.kv_format import get_format
 from kernels.workload import Workload
 from tuner.errors import SpaceError
 
@@ -37,7 +38,7 @@ TOP_KEYS = {
     "target": f"the arch whose limits feasibility enforces: one of {sorted(TARGETS)}",
     "workloads": "a list of workloads",
     "concurrency": "a list of positive batch sizes",
-    "parameters": f"a mapping of {list(PARAMS)} to distributions",
+    "parameters": f"a mapping of {list(PARAM_NAMES)} to distributions",
     "constraints": "a list of expressions over the parameters",
     "baseline": "a config inside the space",
     "measurement": "rounds, finalists, finalist_rounds, trial_timeout_s",
@@ -69,6 +70,21 @@ class WorkloadSpec:
     def workload(self) -> Workload:
         return Workload(self.kv_format, self.local_heads, self.topk, self.page_size, self.context)
 
+    def fields(self) -> dict:
+        """The database row of this workload (:func:`db.queries.ensure_workload`)."""
+        fmt = get_format(self.kv_format)
+        return {
+            "name": self.name,
+            "kv_format": self.kv_format,
+            "heads": self.local_heads,
+            "tp": self.tp,
+            "topk": self.topk,
+            "page_size": self.page_size,
+            "context": self.context,
+            "d_qk": fmt.d_qk,
+            "d_v": fmt.d_v,
+        }
+
 
 @dataclass
 class SearchSpace:
@@ -78,7 +94,7 @@ class SearchSpace:
     target: str
     workloads: list[WorkloadSpec]
     concurrency: list[int]
-    parameters: dict[str, list[int]]  # expanded choices per parameter
+    parameters: dict[str, list[int]]  # expanded choices per parameter (one value when the file omits it)
     constraints: list[str]
     baseline: KernelConfig
     measurement: dict[str, int]
@@ -101,8 +117,8 @@ class SearchSpace:
     def configs(self) -> list[KernelConfig]:
         """Every config of the grid that satisfies the constraints, in a stable order."""
         out = []
-        for values in itertools.product(*(self.parameters[p] for p in PARAMS)):
-            cfg = KernelConfig(**dict(zip(PARAMS, values, strict=True)))
+        for values in itertools.product(*(self.parameters[p] for p in PARAM_NAMES)):
+            cfg = KernelConfig(**dict(zip(PARAM_NAMES, values, strict=True)))
             if self.satisfies(cfg):
                 out.append(cfg)
         return out
@@ -198,9 +214,9 @@ def _constraint(path, key, expr):
         raise _err(path, key, f"is not a valid expression ({e.msg}): {expr!r}") from None
     for node in ast.walk(tree):
         if not isinstance(node, _ALLOWED_NODES):
-            raise _err(path, key, f"may use only {list(PARAMS)}, numbers, arithmetic and comparisons: {expr!r}")
-        if isinstance(node, ast.Name) and node.id not in PARAMS:
-            raise _err(path, key, f"unknown name {node.id!r}; allowed: {list(PARAMS)}")
+            raise _err(path, key, f"may use only {list(PARAM_NAMES)}, numbers, arithmetic and comparisons: {expr!r}")
+        if isinstance(node, ast.Name) and node.id not in PARAM_NAMES:
+            raise _err(path, key, f"unknown name {node.id!r}; allowed: {list(PARAM_NAMES)}")
         if isinstance(node, ast.Constant) and not isinstance(node.value, int | float):
             raise _err(path, key, f"only numeric constants are allowed: {expr!r}")
     return compile(tree, f"<{key}>", "eval")
@@ -263,32 +279,36 @@ def load_space(path: str | Path) -> SearchSpace:
     if len(set(concurrency)) != len(concurrency):
         raise _err(path, "concurrency", f"has duplicates: {concurrency}")
 
-    _check_keys(path, "parameters", doc["parameters"], PARAMS)
-    missing = [p for p in PARAMS if p not in doc["parameters"]]
+    _check_keys(path, "parameters", doc["parameters"], PARAM_NAMES)
+    required = [p.name for p in PARAMS if p.always_in_key]
+    missing = [p for p in required if p not in doc["parameters"]]
     if missing:
-        raise _err(path, f"parameters.{missing[0]}", f"is required; every one of {list(PARAMS)} must be given")
-    parameters = {p: _distribution(path, f"parameters.{p}", doc["parameters"][p]) for p in PARAMS}
-    base = DEFAULT_CONFIG.as_dict()  # vary one parameter at a time around a valid config
+        raise _err(path, f"parameters.{missing[0]}", f"is required; every one of {required} must be given")
+    parameters = {
+        p.name: _distribution(path, f"parameters.{p.name}", doc["parameters"][p.name])
+        if p.name in doc["parameters"]
+        else [p.default]
+        for p in PARAMS
+    }
     for p in PARAMS:
-        for v in parameters[p]:
-            try:
-                KernelConfig(**{**base, p: v})
-            except ValueError as e:
-                raise _err(path, f"parameters.{p}", str(e)) from None
+        for v in parameters[p.name]:
+            if not p.valid(v):
+                raise _err(path, f"parameters.{p.name}", f"{p.name} must be {p.rule}, got {v!r}")
 
     cons = doc.get("constraints") or []
     if not isinstance(cons, list):
         raise _err(path, "constraints", "must be a list of expression strings")
     compiled = [_constraint(path, f"constraints[{i}]", c) for i, c in enumerate(cons)]
 
-    _check_keys(path, "baseline", doc["baseline"], PARAMS)
+    _check_keys(path, "baseline", doc["baseline"], PARAM_NAMES)
+    for p in required:
+        if p not in doc["baseline"]:
+            raise _err(path, f"baseline.{p}", "is required")
     try:
         baseline = KernelConfig.from_dict(doc["baseline"])
     except (ValueError, TypeError) as e:
         raise _err(path, "baseline", str(e)) from None
-    for p in PARAMS:
-        if p not in doc["baseline"]:
-            raise _err(path, f"baseline.{p}", "is required")
+    for p in PARAM_NAMES:
         if getattr(baseline, p) not in parameters[p]:
             raise _err(
                 path, f"baseline.{p}", f"must be one of the space's choices {parameters[p]}, got {getattr(baseline, p)}"

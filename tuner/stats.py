@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as sps
 
+from db.verdicts import Effect
+
 N_RESAMPLES = 2000
 
 
@@ -48,12 +50,12 @@ class PairedStats:
     ratio_ci_low: float
     ratio_ci_high: float
 
-    def classify(self, band: float) -> str:
+    def classify(self, band: float) -> Effect:
         if self.ratio_ci_high < 1.0 - band:
-            return "win"
+            return Effect.WIN
         if self.ratio_ci_low > 1.0 + band:
-            return "regression"
-        return "flat"
+            return Effect.REGRESSION
+        return Effect.FLAT
 
 
 def paired(candidate_us, baseline_us, seed: int = 0) -> PairedStats:

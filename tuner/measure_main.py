@@ -1,9 +1,10 @@
-"""The measurement worker: a long-lived child process that runs the kernel for the search.
+"""The measurement process: a long-lived child that runs the kernel for the search.
 
 Isolation: an illegal memory access, a crash or a hang kills this process, not the search; the
-parent (:mod:`tuner.measure`) restarts it. It is reused between trials so that importing torch,
-building inputs and compiling do not dominate. Protocol: one JSON request per line on stdin, one
-JSON reply per line on the original stdout (everything else the libraries print goes to stderr).
+parent's handle (:class:`tuner.measure.MeasurementProcess`) restarts it. It is reused between trials
+so that importing torch, building inputs and compiling do not dominate. Protocol
+(:mod:`tuner.protocol`): one message per line on stdin, one reply per line on the original stdout
+(everything else the libraries print goes to stderr).
 
 Backends: ``cuda`` (CUDA graphs, event timing, cold L2 by rotating request sets) and
 ``interpreter`` (``TRITON_INTERPRET=1``, wall-clock timing of one call; not GPU timings).
@@ -11,7 +12,6 @@ Backends: ``cuda`` (CUDA graphs, event timing, cold L2 by rotating request sets)
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import signal
@@ -27,12 +27,20 @@ if BACKEND == "interpreter":
 import torch  # noqa: E402
 
 import kernels.decode as decode  # noqa: E402
+from db.verdicts import Verdict  # noqa: E402
 from kernels import timing  # noqa: E402
 from kernels.config import KernelConfig  # noqa: E402
+from kernels.config import num_splits_for  # noqa: E402
 from kernels.reference import compare  # noqa: E402
 from kernels.reference import sparse_mla_decode_ref  # noqa: E402
 from kernels.workload import Workload  # noqa: E402
 from kernels.workload import make_batch  # noqa: E402
+from tuner.protocol import Exit  # noqa: E402
+from tuner.protocol import Hello  # noqa: E402
+from tuner.protocol import MeasureReply  # noqa: E402
+from tuner.protocol import MeasureRequest  # noqa: E402
+from tuner.protocol import decode as decode_message  # noqa: E402
+from tuner.protocol import encode  # noqa: E402
 
 SAMPLE_MS = 2.0  # GPU: replays per sample are chosen so that one sample lasts at least this long
 MAX_POOL_REQUESTS = 512
@@ -169,30 +177,28 @@ class Runner:
                 self.graphs[key] = graph
         return timing.sampler(graph, inp.sets, SAMPLE_MS)
 
-    def measure(self, req: dict) -> dict:
-        wl = Workload(**req["workload"])
-        batch = req["batch"]
-        cand = KernelConfig.from_dict(req["candidate"])
-        base = KernelConfig.from_dict(req["baseline"])
+    def measure(self, req: MeasureRequest) -> MeasureReply:
+        wl, batch, cand, base = req.workload, req.batch, req.candidate, req.baseline
         _inject_fault(cand)
-        res = {"num_splits": decode.num_splits_for(cand, batch, wl.heads, wl.topk)[0]}
-        if req.get("check", True):
-            g = self.gate(wl, batch, cand, req.get("seed", 0))
-            res.update(out_rel_err=g["out_rel_err"], lse_abs_err=g["lse_abs_err"])
+        num_splits = num_splits_for(cand, batch, wl.heads, wl.topk)[0]
+        errs = {}
+        if req.check:
+            g = self.gate(wl, batch, cand, req.seed)
+            errs = {"out_rel_err": g["out_rel_err"], "lse_abs_err": g["lse_abs_err"]}
             if not g["ok"]:
-                return {**res, "verdict": "wrong", "reason": g["reason"], "samples": []}
+                return MeasureReply(Verdict.WRONG, g["reason"], num_splits=num_splits, **errs)
         t_base = self._timer(wl, batch, base, cache=True)
-        t_cand = t_base if cand == base and not req.get("independent") else self._timer(wl, batch, cand, cache=False)
+        t_cand = t_base if cand == base else self._timer(wl, batch, cand, cache=False)
         samples = []
-        for r in range(req["rounds"]):
+        for r in range(req.rounds):
             if r % 2 == 0:  # A B, then B A: neither config always runs second
                 c, reps = t_cand()
                 b, _ = t_base()
             else:
                 b, _ = t_base()
                 c, reps = t_cand()
-            samples.append([c, b])
-        return {**res, "verdict": "ok", "reason": "", "samples": samples, "replays": reps}
+            samples.append((c, b))
+        return MeasureReply(Verdict.OK, "", samples, reps, num_splits, **errs)
 
 
 def _inject_fault(cfg: KernelConfig) -> None:
@@ -214,29 +220,26 @@ def _inject_fault(cfg: KernelConfig) -> None:
 
 def main() -> int:
     # Ctrl-C in the terminal reaches the whole process group: the parent finishes the running trial
-    # and stops; the worker must not die under it (it exits when the parent closes its stdin).
+    # and stops; this process must not die under it (it exits when the parent closes its stdin).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not corrupt the protocol
     runner = Runner()
-    proto.write(json.dumps({"hello": runner.env}) + "\n")
+    proto.write(encode(Hello(runner.env)) + "\n")
     for line in sys.stdin:
-        req = json.loads(line)
+        req = decode_message(line)
+        if isinstance(req, Exit):
+            return 0
         try:
-            if req["op"] == "measure":
-                reply = runner.measure(req)
-            elif req["op"] == "exit":
-                return 0
-            else:
-                reply = {"error": f"unknown op {req['op']!r}"}
-        except Exception as e:  # noqa: BLE001 - a failing config is a verdict; the worker lives on
+            reply = runner.measure(req)
+        except Exception as e:  # noqa: BLE001 - a failing config is a verdict; the process lives on
             name = type(e).__name__
             tail = traceback.format_exc().strip().splitlines()[-1]
             if name == "OutOfResources":
-                reply = {"verdict": "infeasible", "reason": f"OutOfResources at launch: {e}", "samples": []}
+                reply = MeasureReply(Verdict.INFEASIBLE, f"OutOfResources at launch: {e}")
             else:
-                reply = {"verdict": "crashed", "reason": f"{name}: {tail[:500]}", "samples": []}
-        proto.write(json.dumps(reply) + "\n")
+                reply = MeasureReply(Verdict.CRASHED, f"{name}: {tail[:500]}")
+        proto.write(encode(reply) + "\n")
     return 0
 
 

@@ -1,0 +1,119 @@
+"""Writes: every row the search records, as functions that take a session (Optuna ``_rdb`` style).
+
+The caller owns the transaction (``with store.session() as s``); a function that may lose a race with
+another worker on a unique constraint runs its insert in a savepoint and says so in its result.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from db.models import NoiseModel
+from db.models import SampleModel
+from db.models import StatisticModel
+from db.models import StudyModel
+from db.models import TrialModel
+from db.verdicts import Effect
+from db.verdicts import Phase
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The statistic of one measurement, as the search computed it (µs, ratios to the baseline)."""
+
+    n: int
+    median_us: float
+    ci_low_us: float
+    ci_high_us: float
+    baseline_median_us: float
+    ratio: float
+    ratio_ci_low: float
+    ratio_ci_high: float
+    noise_band: float
+    effect: Effect
+
+
+def add_trial(session: Session, **fields) -> TrialModel | None:
+    """Insert one trial; None when another worker already recorded this config in this study."""
+    try:
+        with session.begin_nested():
+            t = TrialModel(**fields)
+            session.add(t)
+            session.flush()
+    except IntegrityError:
+        return None
+    return t
+
+
+def add_samples(
+    session: Session,
+    trial_id: int,
+    phase: Phase,
+    samples: list[tuple[float, float]],
+    replays: int,
+    gpu_index: int,
+    summary: Summary,
+) -> StatisticModel:
+    """Every raw paired sample of one measurement and its statistic (returned)."""
+    for r, (c, b) in enumerate(samples):
+        session.add(
+            SampleModel(
+                trial_id=trial_id,
+                phase=phase,
+                round=r,
+                candidate_us=c,
+                baseline_us=b,
+                replays=replays,
+                gpu_index=gpu_index,
+            )
+        )
+    stat = StatisticModel(
+        trial_id=trial_id,
+        phase=phase,
+        n=summary.n,
+        median_us=summary.median_us,
+        ci_low_us=summary.ci_low_us,
+        ci_high_us=summary.ci_high_us,
+        baseline_median_us=summary.baseline_median_us,
+        ratio=summary.ratio,
+        ratio_ci_low=summary.ratio_ci_low,
+        ratio_ci_high=summary.ratio_ci_high,
+        noise_band=summary.noise_band,
+        classification=summary.effect,
+    )
+    session.add(stat)
+    session.flush()
+    return stat
+
+
+def noise_band(session: Session, study_id: int, host: str, gpu_index: int) -> float | None:
+    """The A/A band already measured for this study on this GPU, if any."""
+    row = session.query(NoiseModel).filter_by(study_id=study_id, host=host, gpu_index=gpu_index).one_or_none()
+    return None if row is None else row.band
+
+
+def add_noise(
+    session: Session, study_id: int, host: str, gpu_index: int, band: float, samples: list[tuple[float, float]]
+) -> None:
+    """Record one GPU's A/A band (a concurrent duplicate is ignored); the study keeps its widest band."""
+    try:
+        with session.begin_nested():
+            session.add(
+                NoiseModel(
+                    study_id=study_id,
+                    host=host,
+                    gpu_index=gpu_index,
+                    band=band,
+                    n=len(samples),
+                    samples=json.dumps(samples),
+                )
+            )
+    except IntegrityError:
+        pass
+    study = session.get(StudyModel, study_id)
+    study.noise_band = max(band, study.noise_band or 0.0)
+    study.noise_n = len(samples)

@@ -1,0 +1,77 @@
+"""Typed messages between the search and a measurement process (one JSON object per line).
+
+The parent sends :class:`MeasureRequest` or :class:`Exit`; the child answers :class:`Hello` once at
+start and one :class:`MeasureReply` per request.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from dataclasses import dataclass
+from dataclasses import field
+
+from db.verdicts import Verdict
+from kernels.config import KernelConfig
+from kernels.workload import Workload
+
+
+@dataclass(frozen=True)
+class MeasureRequest:
+    """Gate ``candidate`` (unless ``check`` is off), then time it against ``baseline`` in ``rounds`` pairs."""
+
+    workload: Workload
+    batch: int
+    candidate: KernelConfig
+    baseline: KernelConfig
+    rounds: int
+    seed: int = 0
+    check: bool = True
+
+
+@dataclass(frozen=True)
+class Exit:
+    """Close the measurement process."""
+
+
+@dataclass(frozen=True)
+class Hello:
+    """The measurement process is ready; ``environment`` describes where it measures."""
+
+    environment: dict
+
+
+@dataclass(frozen=True)
+class MeasureReply:
+    verdict: Verdict
+    reason: str = ""
+    samples: list[tuple[float, float]] = field(default_factory=list)  # (candidate µs, baseline µs) per round
+    replays: int = 1  # calls averaged into one sample
+    num_splits: int = 0
+    out_rel_err: float | None = None
+    lse_abs_err: float | None = None
+
+
+_TYPES = {cls.__name__: cls for cls in (MeasureRequest, Exit, Hello, MeasureReply)}
+
+
+def encode(msg) -> str:
+    return json.dumps({"type": type(msg).__name__, **asdict(msg)})
+
+
+def decode(line: str):
+    """The message of one protocol line; ``ValueError`` on anything else."""
+    try:
+        d = json.loads(line)
+        cls = _TYPES[d.pop("type")]
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"not a protocol message: {line[:200]!r}") from e
+    if cls is MeasureRequest:
+        d.update(
+            workload=Workload(**d["workload"]),
+            candidate=KernelConfig.from_dict(d["candidate"]),
+            baseline=KernelConfig.from_dict(d["baseline"]),
+        )
+    elif cls is MeasureReply:
+        d.update(verdict=Verdict(d["verdict"]), samples=[tuple(s) for s in d["samples"]])
+    return cls(**d)

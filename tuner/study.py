@@ -1,0 +1,380 @@
+"""One study: one (space, workload, concurrency, device, backend), measured by one or more processes.
+
+:class:`StudyRun` opens (or resumes, or joins) the Optuna study and its database rows, runs one
+measurement thread per measurement process, and re-measures the finalists at the end. Each thread
+first measures its GPU's A/A noise band, then takes queued trials until the queue is empty: the
+grid is enqueued (baseline first), so resuming and several hosts share one queue; TPE suggests
+instead when the space is large.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from dataclasses import field
+
+import optuna
+from tqdm import tqdm
+
+from db import queries
+from db import record
+from db.errors import DatabaseError
+from db.models import StudyModel
+from db.models import get_or_create
+from db.verdicts import Phase
+from db.verdicts import Verdict
+from kernels.config import PARAM_NAMES
+from kernels.config import KernelConfig
+from kernels.config import kernel_source_hash
+from kernels.workload import Workload
+from tuner import stats
+from tuner.errors import TunerError
+from tuner.feasibility import Verdict as Feasibility
+from tuner.heartbeat import Heartbeat
+from tuner.measure import MeasurementProcess
+from tuner.protocol import MeasureReply
+from tuner.protocol import MeasureRequest
+from tuner.space import SearchSpace
+from tuner.space import WorkloadSpec
+from tuner.summary import postfix
+from tuner.summary import summary_row
+
+WAITING, RUNNING = optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING
+
+
+def slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "_", s).strip("_")
+
+
+def study_name(space: str, workload: str, concurrency: int, device: str, backend: str, kernel: str) -> str:
+    return f"{space}/{workload}/C{concurrency}/{slug(device)}/{backend}/k{kernel}"
+
+
+@dataclass(frozen=True)
+class StudyPlan:
+    """What one study measures: one workload at one concurrency, with the feasibility verdicts."""
+
+    space: SearchSpace
+    spec: WorkloadSpec
+    workload: Workload
+    concurrency: int
+    verdicts: dict[KernelConfig, Feasibility]
+    sampler: str  # grid | tpe
+
+    def order(self) -> list[KernelConfig]:
+        """Every config, the baseline first."""
+        base = self.space.baseline
+        return [base] + [c for c in self.verdicts if c != base]
+
+    def request(self, cfg: KernelConfig, seed: int, rounds: int, check: bool) -> MeasureRequest:
+        return MeasureRequest(self.workload, self.concurrency, cfg, self.space.baseline, rounds, seed, check)
+
+
+@dataclass
+class _Progress:
+    """What the measurement threads of one study share (under ``lock``)."""
+
+    done: set[str]
+    total: int
+    budget: int
+    bar: tqdm
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    n_new: int = 0
+    error: BaseException | None = None
+
+
+class StudyRun:
+    def __init__(self, plan: StudyPlan, store, storage, processes: list[MeasurementProcess], opts, stop, t_start):
+        self.plan, self.store, self.storage, self.processes = plan, store, storage, processes
+        self.opts, self.stop, self.t_start = opts, stop, t_start
+        self.dists = {p: optuna.distributions.CategoricalDistribution(plan.space.parameters[p]) for p in PARAM_NAMES}
+
+    # --- opening -------------------------------------------------------------------------------
+
+    def _open_rows(self) -> set[str]:
+        """The study's database rows (created if new); returns the configs it has already measured."""
+        plan, info = self.plan, self.processes[0].info
+        base = study_name(
+            plan.space.name,
+            plan.spec.name,
+            plan.concurrency,
+            info["gpu_name"],
+            self.opts.backend,
+            kernel_source_hash(),
+        )
+        with self.store.session() as s:
+            env = queries.ensure_environment(s, info)
+            kernel = queries.ensure_kernel(s, kernel_source_hash())
+            wrow = queries.ensure_workload(s, **plan.spec.fields())
+            srow = queries.ensure_space(s, plan.space.name, plan.space.text_hash, plan.space.text, plan.space.path)
+            self.name = base
+            if self.opts.remeasure:  # a fresh study beside the old ones: nothing measured before is lost
+                n_old = s.query(StudyModel).filter(StudyModel.name.like(base + "%")).count()
+                self.name = f"{base}#r{n_old + 1}" if n_old else base
+            row = get_or_create(
+                s,
+                StudyModel,
+                name=self.name,
+                space_id=srow.id,
+                workload_id=wrow.id,
+                environment_id=env.id,
+                kernel_id=kernel.id,
+                concurrency=plan.concurrency,
+                backend=self.opts.backend,
+            )
+            self.study_id, self.kernel_id, self.workload_id = row.id, kernel.id, wrow.id
+            return set(queries.done_configs(s, row.id))
+
+    def _open_study(self, done: set[str]) -> int:
+        """The Optuna study, with every missing config queued (grid) or the baseline (TPE); returns the total."""
+        plan = self.plan
+        sampler = optuna.samplers.TPESampler(seed=plan.space.sampler["seed"]) if plan.sampler == "tpe" else None
+        self.study = optuna.create_study(
+            study_name=self.name, storage=self.storage, direction="minimize", load_if_exists=True, sampler=sampler
+        )
+        self.optuna_study_id = self.storage.get_study_id_from_name(self.name)
+        optuna.storages.fail_stale_trials(self.study)
+        if plan.sampler == "grid":
+            self._enqueue_missing(done)
+            return len(plan.order())
+        if str(plan.space.baseline) not in done:
+            self.study.enqueue_trial(plan.space.baseline.as_dict(), skip_if_exists=True)
+        return self.opts.n_trials or plan.space.sampler.get("n_trials") or 100
+
+    def _enqueue_missing(self, done: set[str]) -> None:
+        """Queue every config that is neither measured, nor queued, nor running (by any process or host)."""
+        pending = {_key(t.params) for t in self.study.get_trials(deepcopy=False, states=(WAITING, RUNNING))}
+        for cfg in self.plan.order():
+            if str(cfg) not in done and str(cfg) not in pending:
+                self.study.enqueue_trial(cfg.as_dict(), skip_if_exists=False)
+
+    # --- running -------------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        """Measure what is missing, then the finalists; returns the study's summary row."""
+        done = self._open_rows()
+        total = self._open_study(done)
+        budget = self.opts.n_trials or total
+        bar = tqdm(
+            total=total,
+            initial=min(len(done), total),
+            desc=f"{self.plan.spec.name} C={self.plan.concurrency}",
+            file=sys.stderr,
+            disable=self.opts.quiet,
+            dynamic_ncols=True,
+        )
+        self.progress = _Progress(done, total, budget, bar)
+        threads = [threading.Thread(target=self._measurement_thread, args=(p,), daemon=True) for p in self.processes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(timeout=0.5)  # keeps the main thread responsive to Ctrl-C
+        bar.close()
+        if self.progress.error is not None:
+            raise self.progress.error
+        if not self.stop.requested and len(self.progress.done) >= total:
+            self._finalists(self.processes[0])
+        with self.store.session() as s:
+            return summary_row(s, self.study_id, self.plan.spec.name, self.plan.concurrency)
+
+    def _out_of_time(self) -> bool:
+        return bool(self.opts.timeout_s and time.monotonic() - self.t_start > self.opts.timeout_s)
+
+    def _measurement_thread(self, proc: MeasurementProcess) -> None:
+        """One measurement process's loop: its noise band, then trials until the queue is empty."""
+        pg = self.progress
+        try:
+            env_id, band = self._noise_band(proc)
+            while True:
+                with pg.lock:
+                    if self.stop.requested or pg.n_new >= pg.budget or len(pg.done) >= pg.total:
+                        return
+                    if self._out_of_time():
+                        return
+                    trial = self._next_trial()
+                if trial is None:
+                    time.sleep(1.0)  # others run the last trials; a dead host's come back after its grace period
+                    continue
+                self._run_trial(proc, trial, env_id, band)
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            pg.error = pg.error or e
+            self.stop.requested = True
+
+    def _trial_id(self, trial: optuna.Trial) -> int:
+        return self.storage.get_trial_id_from_study_id_trial_number(self.optuna_study_id, trial.number)
+
+    def _next_trial(self) -> optuna.Trial | None:
+        """The next queued trial, or None to wait. Called under the progress lock."""
+        study, pg = self.study, self.progress
+        optuna.storages.fail_stale_trials(study)  # a dead host's trial is failed and re-queued (heartbeat)
+        if self.plan.sampler == "grid" and not study.get_trials(deepcopy=False, states=(WAITING,)):
+            if study.get_trials(deepcopy=False, states=(RUNNING,)):
+                return None
+            pg.done |= self._done_keys()
+            self._enqueue_missing(pg.done)
+            if not study.get_trials(deepcopy=False, states=(WAITING,)):
+                pg.done |= {str(c) for c in self.plan.order()}  # nothing left anywhere
+                return None
+        trial = study.ask(fixed_distributions=self.dists)
+        queued = "fixed_params" in self.storage.get_trial(self._trial_id(trial)).system_attrs
+        if self.plan.sampler == "grid" and not queued:
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)  # another host emptied the queue first
+            return None
+        return trial
+
+    def _done_keys(self) -> set[str]:
+        with self.store.session() as s:
+            return set(queries.done_configs(s, self.study_id))
+
+    def _run_trial(self, proc: MeasurementProcess, trial: optuna.Trial, env_id: int, band: float) -> None:
+        cfg = KernelConfig.from_dict(trial.params)
+        pg = self.progress
+        with pg.lock:
+            seen = str(cfg) in pg.done or str(cfg) in self._done_keys()
+        if seen or not self.plan.space.satisfies(cfg):
+            self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            return
+        beat = Heartbeat(self.storage, self._trial_id(trial))
+        t0 = time.monotonic()
+        try:
+            reply = self._measure(proc, cfg, trial.number, self.plan.space.measurement["rounds"], check=True)
+        finally:
+            beat.stop()
+        stat = self._record(proc, env_id, cfg, reply, band, trial.number, time.monotonic() - t0)
+        with pg.lock:
+            pg.done.add(str(cfg))
+            if stat is False:  # another process or host recorded this config first
+                self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                return
+            pg.n_new += 1
+            pg.bar.update(1)
+            with self.store.session() as s:
+                pg.bar.set_postfix_str(postfix(s, self.study_id), refresh=False)
+        if reply.verdict == Verdict.OK:
+            self.study.tell(trial, stat.median_us)
+        else:
+            trial.set_user_attr("verdict", reply.verdict.value)
+            self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+
+    def _measure(self, proc: MeasurementProcess, cfg: KernelConfig, seed: int, rounds: int, check: bool):
+        feas = self.plan.verdicts[cfg]
+        if not feas.feasible:
+            return MeasureReply(Verdict.INFEASIBLE, feas.reason)
+        req = self.plan.request(cfg, seed, rounds, check)
+        return proc.measure(req, timeout_s=self.plan.space.measurement["trial_timeout_s"])
+
+    # --- noise, recording, finalists -------------------------------------------------------------
+
+    def _noise_band(self, proc: MeasurementProcess) -> tuple[int, float]:
+        """This GPU's A/A band for the study (measured once per study, host and GPU; the gate runs too)."""
+        host, gpu = proc.info["host"], proc.gpu_index
+        with self.store.session() as s:
+            env_id = queries.ensure_environment(s, proc.info).id
+            band = record.noise_band(s, self.study_id, host, gpu)
+        if band is not None:
+            return env_id, band
+        base = self.plan.space.baseline
+        reply = self._measure(proc, base, 0, self.plan.space.measurement["rounds"], check=True)
+        if reply.verdict != Verdict.OK:
+            raise TunerError(
+                f"the baseline {base} is {reply.verdict} on {host} GPU {gpu}: {reply.reason}; "
+                "candidates cannot be compared with it - pick another `baseline` in the search space"
+            )
+        a, b = zip(*reply.samples, strict=True)
+        band = stats.noise_band(a, b, seed=gpu)
+        with self.store.session() as s:
+            record.add_noise(s, self.study_id, host, gpu, band, reply.samples)
+        return env_id, band
+
+    def _record(
+        self, proc, env_id: int, cfg: KernelConfig, reply: MeasureReply, band: float, number: int, wall_s: float
+    ):
+        """Write the trial, its raw samples and its statistic in one transaction.
+
+        Returns the statistic (None when not ok), or False when another process already recorded this config.
+        """
+        feas = self.plan.verdicts[cfg]
+        with self.store.session() as s:
+            t = record.add_trial(
+                s,
+                study_id=self.study_id,
+                workload_id=self.workload_id,
+                environment_id=env_id,
+                kernel_id=self.kernel_id,
+                concurrency=self.plan.concurrency,
+                backend=self.opts.backend,
+                config_key=str(cfg),
+                **cfg.as_dict(),
+                num_splits=reply.num_splits,
+                is_baseline=cfg == self.plan.space.baseline,
+                verdict=reply.verdict,
+                reason=reply.reason or (feas.reason if feas.feasible else ""),
+                shared_bytes=feas.shared_bytes,
+                limit_bytes=feas.limit_bytes,
+                registers=feas.registers,
+                spill_bytes=feas.spill_bytes,
+                estimate_bytes=feas.estimate_bytes,
+                out_rel_err=reply.out_rel_err,
+                lse_abs_err=reply.lse_abs_err,
+                optuna_study=self.name,
+                optuna_trial_number=number,
+                wall_s=wall_s,
+            )
+            if t is None:
+                return False
+            if not reply.samples:  # only an ok measurement has samples
+                return None
+            return _add_samples(s, t.id, Phase.SCREEN, reply, proc.gpu_index, band, seed=number)
+
+    def _finalists(self, proc: MeasurementProcess) -> None:
+        """Re-measure the top ``finalists`` with ``finalist_rounds`` (on one GPU, against its own band)."""
+        k, rounds = self.plan.space.measurement["finalists"], self.plan.space.measurement["finalist_rounds"]
+        with self.store.session() as s:
+            ok = [
+                t
+                for t in queries.done_configs(s, self.study_id).values()
+                if t.verdict == Verdict.OK and t.statistic(Phase.SCREEN)
+            ]
+            ok.sort(key=lambda t: t.statistic(Phase.SCREEN).median_us)
+            todo = [(t.id, t.config()) for t in ok[:k] if not t.statistic(Phase.FINALIST)]
+            band = record.noise_band(s, self.study_id, proc.info["host"], proc.gpu_index)
+            if band is None:
+                band = s.get(StudyModel, self.study_id).noise_band or 0.0
+        for trial_id, cfg in todo:
+            reply = self._measure(proc, cfg, trial_id, rounds, check=False)
+            if reply.verdict != Verdict.OK:
+                continue
+            try:
+                with self.store.session() as s, s.begin_nested():
+                    _add_samples(s, trial_id, Phase.FINALIST, reply, proc.gpu_index, band, seed=trial_id)
+            except DatabaseError:
+                continue  # another host re-measured this finalist first
+
+
+def _add_samples(s, trial_id: int, phase: Phase, reply: MeasureReply, gpu_index: int, band: float, seed: int):
+    c, b = zip(*reply.samples, strict=True)
+    ps = stats.paired(c, b, seed=seed)
+    summary = record.Summary(
+        ps.n,
+        ps.median_us,
+        ps.ci_low_us,
+        ps.ci_high_us,
+        ps.baseline_median_us,
+        ps.ratio,
+        ps.ratio_ci_low,
+        ps.ratio_ci_high,
+        band,
+        ps.classify(band),
+    )
+    return record.add_samples(s, trial_id, phase, reply.samples, reply.replays, gpu_index, summary)
+
+
+def _key(params: dict) -> str:
+    try:
+        return str(KernelConfig.from_dict(params))
+    except (ValueError, TypeError):
+        return ""

@@ -1,0 +1,44 @@
+"""What a study prints: the end-of-search summary row and the progress bar's postfix."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from db import queries
+from db.models import StudyModel
+from db.verdicts import Verdict
+
+
+def summary_row(session: Session, study_id: int, workload: str, concurrency: int) -> dict:
+    trials = list(queries.done_configs(session, study_id).values())
+    study = session.get(StudyModel, study_id)
+    tally = {v.value: sum(t.verdict == v for t in trials) for v in Verdict if v is not Verdict.OK}
+    row = {
+        "workload": workload,
+        "C": concurrency,
+        "best": "-",
+        "median_us": "-",
+        "ratio vs baseline (95% CI)": "-",
+        "verdict": "-",
+        "noise band": f"±{(study.noise_band or 0) * 100:.1f}%",
+        "ok": sum(t.verdict == Verdict.OK and t.statistic() is not None for t in trials),
+        **tally,
+    }
+    b = queries.best_of(trials)
+    if b is not None:
+        st = b.statistic()
+        row.update(
+            best=b.config_key,
+            median_us=f"{st.median_us:.2f}",
+            **{"ratio vs baseline (95% CI)": f"{st.ratio:.3f} [{st.ratio_ci_low:.3f}, {st.ratio_ci_high:.3f}]"},
+            verdict=st.classification,
+        )
+    return row
+
+
+def postfix(session: Session, study_id: int) -> str:
+    band = session.get(StudyModel, study_id).noise_band or 0.0
+    b = queries.best_of(list(queries.done_configs(session, study_id).values()))
+    if b is None:
+        return f"band ±{band * 100:.1f}%"
+    return f"best {b.config_key} {b.statistic().median_us:.1f}µs, band ±{band * 100:.1f}%"
