@@ -1,12 +1,16 @@
-"""Sparse MLA decode (MQA form) over a paged FP8 KV cache, in Triton.
+"""Sparse MLA decode (MQA form) over one or two paged FP8 KV caches, in Triton.
 
 Two kernels:
-  ``_split_kernel``   grid (B * head_blocks, num_splits). One program takes BLOCK_H heads of one
-                      request and one contiguous slice of its top-k list, walks it in BLOCK_T-token
-                      tiles (gather, dequantize, q.k^T, online softmax, p.v) and writes fp32 partials
-                      and their lse -- or, when num_splits == 1, the final bf16 output and lse directly.
-  ``_combine_kernel`` grid (B * H,). Merges the splits of one (request, head) by log-sum-exp.
-                      Not launched at all when num_splits == 1.
+  ``_split_kernel``   grid (B * s_q * head_blocks, num_splits). One program takes BLOCK_H heads of one
+                      query token and one contiguous slice of its top-k list in one cache, walks it in
+                      BLOCK_T-token tiles (gather, dequantize, q.k^T, online softmax, p.v) and writes fp32
+                      partials and their lse -- or, when the whole call is one split of one cache, the
+                      final bf16 output (times the sink factor) and lse directly.
+  ``_combine_kernel`` grid (B * s_q * H,). Merges the splits of one (query token, head) by log-sum-exp,
+                      then applies the attention sink. Not launched when the call is a single split.
+
+A call launches the split kernel once per cache (the extra cache's splits are written after the main
+cache's, in the same partials buffer) and the combine once; see :func:`sparse_mla_decode` for why.
 
 Head blocking: BLOCK_H = max(16, next_pow2(H)) capped at 32 (tl.dot needs M >= 16; 32 heads of
 fp32 accumulators [32, 512] are already 128 registers/thread at 4 warps), so head_blocks = ceil(H / 32)
@@ -35,6 +39,7 @@ from kernels.config import DEFAULT_CONFIG
 from kernels.config import KernelConfig
 from kernels.config import block_h_for
 from kernels.config import num_splits_for
+from kernels.kv_format import KVFormat
 from kernels.kv_format import check_cache
 from kernels.kv_format import get_format
 from kernels.table import lookup_config
@@ -120,8 +125,9 @@ def _load_kv_tile(
 
 
 # Integer arguments are not value-specialized (==1, %16): one compile per config and format serves
-# every batch size, which keeps the tuner's compile time to two variants (WRITE_FINAL) per config.
-@triton.jit(do_not_specialize=["topk", "num_tokens", "tiles_per_split", "num_splits"])
+# every batch size and query-token count, which keeps the tuner's compile time to two variants
+# (WRITE_FINAL) per config and format.
+@triton.jit(do_not_specialize=["topk", "num_tokens", "tiles_per_split", "split_base", "total_splits", "q_tokens"])
 def _split_kernel(
     Out,
     Lse,
@@ -133,19 +139,24 @@ def _split_kernel(
     KV32,
     Idx,
     TopkLen,
+    Sink,
     stride_qb,
+    stride_qs,
     stride_qh,
     sm_scale,
     topk,
     num_tokens,
     tiles_per_split,
-    num_splits,
+    split_base,
+    total_splits,
+    q_tokens,
     H: tl.constexpr,
     FORMAT: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr,
     HAS_TOPK_LEN: tl.constexpr,
+    HAS_SINK: tl.constexpr,
     WRITE_FINAL: tl.constexpr,
     DOT_F32: tl.constexpr,
     NATIVE_FP8: tl.constexpr,
@@ -153,8 +164,10 @@ def _split_kernel(
     i_bh = tl.program_id(0).to(tl.int64)
     i_s = tl.program_id(1).to(tl.int64)
     head_blocks: tl.constexpr = (H + BLOCK_H - 1) // BLOCK_H
-    i_b = i_bh // head_blocks
+    i_r = i_bh // head_blocks  # query row: request * q_tokens + token
     i_hb = i_bh % head_blocks
+    i_b = i_r // q_tokens
+    i_q = i_r % q_tokens
 
     n_valid = topk
     if HAS_TOPK_LEN:
@@ -167,13 +180,13 @@ def _split_kernel(
     o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
     m_h = o_h < H
     o_d = tl.arange(0, 512)
-    p_q = Q + i_b * stride_qb + o_h[:, None] * stride_qh
+    p_q = Q + i_b * stride_qb + i_q * stride_qs + o_h[:, None] * stride_qh
 
     qk_scale = sm_scale * 1.4426950408889634  # softmax in base 2
     b_m = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
     b_l = tl.zeros((BLOCK_H,), dtype=tl.float32)
     b_acc = tl.zeros((BLOCK_H, 512), dtype=tl.float32)
-    p_idx = Idx + i_b * topk
+    p_idx = Idx + i_r * topk
     for i_t in range(0, n_tiles):
         o_t = t_begin + i_t * BLOCK_T + tl.arange(0, BLOCK_T)
         b_idx = tl.load(p_idx + o_t, mask=o_t < t_end, other=-1)  # [BLOCK_T]
@@ -200,23 +213,39 @@ def _split_kernel(
     b_o = b_acc / tl.where(m_empty, 1.0, b_l)[:, None]
     b_lse = (b_m + tl.log2(tl.where(m_empty, 1.0, b_l))) * 0.6931471805599453  # natural log
     if WRITE_FINAL:
-        p_o = Out + (i_b * H + o_h)[:, None] * 512 + o_d[None, :]
+        if HAS_SINK:
+            # exp(lse) / (exp(lse) + exp(sink)); an empty row stays zero whatever the sink
+            b_sink = tl.load(Sink + o_h, mask=m_h, other=0.0)
+            b_o = b_o * tl.where(m_empty, 0.0, 1.0 / (1.0 + tl.exp(b_sink - b_lse)))[:, None]
+        p_o = Out + (i_r * H + o_h)[:, None] * 512 + o_d[None, :]  # Out [B, s_q, H, 512]
         tl.store(p_o, b_o.to(tl.bfloat16), mask=m_h[:, None])
-        tl.store(Lse + i_b * H + o_h, tl.where(m_empty, float("inf"), b_lse), mask=m_h)
+        p_lse = Lse + (i_b * H + o_h) * q_tokens + i_q  # Lse [B, H, s_q]
+        tl.store(p_lse, tl.where(m_empty, float("inf"), b_lse), mask=m_h)
     else:
-        o_row = (i_b * num_splits + i_s) * H + o_h  # OPart [B, S, H, 512]
+        o_row = (i_r * total_splits + split_base + i_s) * H + o_h  # OPart [B * s_q, total_splits, H, 512]
         tl.store(OPart + o_row[:, None] * 512 + o_d[None, :], b_o, mask=m_h[:, None])
         tl.store(LPart + o_row, tl.where(m_empty, float("-inf"), b_lse), mask=m_h)
 
 
-@triton.jit(do_not_specialize=["num_splits"])
-def _combine_kernel(Out, Lse, OPart, LPart, num_splits, H: tl.constexpr, BLOCK_S: tl.constexpr):
-    """out = sum_s exp(lse_s - lse) * o_s, lse = logsumexp_s(lse_s); empty rows: out 0, lse +inf."""
-    i_bh = tl.program_id(0).to(tl.int64)
-    i_b = i_bh // H
-    i_h = i_bh % H
+@triton.jit(do_not_specialize=["num_splits", "q_tokens"])
+def _combine_kernel(
+    Out,
+    Lse,
+    OPart,
+    LPart,
+    Sink,
+    num_splits,
+    q_tokens,
+    H: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+):
+    """out = sum_s exp(lse_s - lse) * o_s, lse = logsumexp_s(lse_s), then the sink; empty rows: out 0, lse +inf."""
+    i_rh = tl.program_id(0).to(tl.int64)
+    i_r = i_rh // H
+    i_h = i_rh % H
     o_s = tl.arange(0, BLOCK_S)
-    p_l = LPart + (i_b * num_splits + o_s) * H + i_h
+    p_l = LPart + (i_r * num_splits + o_s) * H + i_h
     b_ls = tl.load(p_l, mask=o_s < num_splits, other=float("-inf"))  # [BLOCK_S]
     b_max = tl.max(b_ls, axis=0)
     m_empty = b_max == float("-inf")
@@ -226,33 +255,76 @@ def _combine_kernel(Out, Lse, OPart, LPart, num_splits, H: tl.constexpr, BLOCK_S
     o_d = tl.arange(0, 512)
     b_acc = tl.zeros((512,), dtype=tl.float32)
     for i_s in range(0, num_splits):
-        o_row = (i_b * num_splits + i_s) * H + i_h
+        o_row = (i_r * num_splits + i_s) * H + i_h
         b_w = tl.exp(tl.load(LPart + o_row) - b_lse)  # 0 for an empty split
         b_acc += b_w * tl.load(OPart + o_row * 512 + o_d)
-    tl.store(Out + i_bh * 512 + o_d, b_acc.to(tl.bfloat16))
-    tl.store(Lse + i_bh, tl.where(m_empty, float("inf"), b_lse))
+    if HAS_SINK:
+        b_sink = tl.load(Sink + i_h)
+        b_acc = b_acc * tl.where(m_empty, 0.0, 1.0 / (1.0 + tl.exp(b_sink - b_lse)))
+    tl.store(Out + i_rh * 512 + o_d, b_acc.to(tl.bfloat16))
+    p_lse = Lse + ((i_r // q_tokens) * H + i_h) * q_tokens + i_r % q_tokens  # Lse [B, H, s_q]
+    tl.store(p_lse, tl.where(m_empty, float("inf"), b_lse))
 
 
-def _validate(q, kv_cache, indices, fmt, topk_length):
-    if q.dim() == 4:
-        raise ValueError("only one query token per request is supported: q must be [B, H, D_qk], got 4 dims")
-    if q.dim() != 3 or q.shape[2] != fmt.d_qk or q.dtype != torch.bfloat16:
-        raise ValueError(f"q must be [B, H, {fmt.d_qk}] bf16 for {fmt.name}, got {list(q.shape)} {q.dtype}")
-    if q.stride(2) != 1:
-        raise ValueError("q's last dimension must be contiguous")
+@dataclass(frozen=True)
+class _Cache:
+    """One paged cache of a call and what selects from it (indices are ``[B, s_q, topk]``)."""
+
+    kv: torch.Tensor
+    indices: torch.Tensor
+    topk_length: torch.Tensor | None
+    fmt: KVFormat
+
+
+def _check_cache_args(name, kv_cache, indices, topk_length, fmt, B, s_q, squeeze):
     check_cache(kv_cache, fmt)
-    B = q.shape[0]
-    if indices.dim() != 2 or indices.shape[0] != B or indices.dtype != torch.int32 or not indices.is_contiguous():
-        raise ValueError(
-            f"indices must be a contiguous [{B}, topk] int32 tensor, got {list(indices.shape)} {indices.dtype}"
-        )
-    if indices.shape[1] < 1:
-        raise ValueError("indices must have topk >= 1")
+    want = f"[{B}, topk]" if squeeze else f"[{B}, {s_q}, topk]"
+    lead = (B,) if squeeze else (B, s_q)
+    if (
+        indices.dim() != len(lead) + 1
+        or tuple(indices.shape[:-1]) != lead
+        or indices.dtype != torch.int32
+        or not indices.is_contiguous()
+    ):
+        raise ValueError(f"{name} must be a contiguous {want} int32 tensor, got {list(indices.shape)} {indices.dtype}")
+    if indices.shape[-1] < 1:
+        raise ValueError(f"{name} must have topk >= 1")
+    tl_name = "topk_length" if name == "indices" else "extra_topk_length"
     if topk_length is not None and (topk_length.shape != (B,) or topk_length.dtype != torch.int32):
-        raise ValueError(f"topk_length must be a [{B}] int32 tensor, got {list(topk_length.shape)} {topk_length.dtype}")
-    devices = {t.device for t in (q, kv_cache, indices) + (() if topk_length is None else (topk_length,))}
+        raise ValueError(f"{tl_name} must be a [{B}] int32 tensor, got {list(topk_length.shape)} {topk_length.dtype}")
+
+
+def _validate(q, fmt, main, extra, attn_sink) -> bool:
+    """Check a call's arguments; returns True for the 3-D form (one query token per request)."""
+    if q.dim() not in (3, 4) or q.shape[-1] != fmt.d_qk or q.dtype != torch.bfloat16:
+        raise ValueError(
+            f"q must be [B, H, {fmt.d_qk}] or [B, s_q, H, {fmt.d_qk}] bf16 for {fmt.name}, "
+            f"got {list(q.shape)} {q.dtype}"
+        )
+    if q.stride(-1) != 1:
+        raise ValueError("q's last dimension must be contiguous")
+    squeeze = q.dim() == 3
+    B, H = q.shape[0], q.shape[-2]
+    s_q = 1 if squeeze else q.shape[1]
+    _check_cache_args("indices", *main, fmt, B, s_q, squeeze)
+    tensors = [q, main[0], main[1], main[2]]
+    if extra is not None:
+        kv, idx, tl_, efmt = extra
+        if efmt.d_qk != fmt.d_qk or efmt.d_v != fmt.d_v:
+            raise ValueError(
+                f"the extra cache's format {efmt.name} has D_qk={efmt.d_qk} but {fmt.name} has D_qk={fmt.d_qk}: "
+                "both caches must share q's head dim"
+            )
+        _check_cache_args("extra_indices", kv, idx, tl_, efmt, B, s_q, squeeze)
+        tensors += [kv, idx, tl_]
+    if attn_sink is not None:
+        if attn_sink.shape != (H,) or attn_sink.dtype != torch.float32:
+            raise ValueError(f"attn_sink must be a [{H}] float32 tensor, got {list(attn_sink.shape)} {attn_sink.dtype}")
+        tensors.append(attn_sink)
+    devices = {t.device for t in tensors if t is not None}
     if len(devices) != 1:
         raise ValueError(f"all inputs must be on one device, got {sorted(map(str, devices))}")
+    return squeeze
 
 
 def native_fp8(device: torch.device) -> bool:
@@ -280,78 +352,112 @@ class Launch:
 
 @dataclass
 class _Plan:
-    out: torch.Tensor
-    lse: torch.Tensor
+    out: torch.Tensor  # [B, s_q, H, D_v]
+    lse: torch.Tensor  # [B, H, s_q]
     workspace: tuple[torch.Tensor, ...]
     launches: list[Launch]
 
 
-def _plan(q, kv_cache, indices, topk_length, fmt, config: KernelConfig, sm_scale: float, *, native: bool) -> _Plan:
+def _plan(
+    q: torch.Tensor,
+    caches: list[_Cache],
+    attn_sink: torch.Tensor | None,
+    config: KernelConfig,
+    sm_scale: float,
+    *,
+    native: bool,
+) -> _Plan:
     """Allocate the outputs and workspace and describe every launch of one call (nothing runs here).
 
-    The launcher runs exactly these launches, and :func:`compile_spec` compiles them from meta tensors,
-    so the feasibility check cannot drift from what runs.
+    ``q`` is ``[B, s_q, H, D_qk]``; ``caches`` the main cache, then the extra one if any. The launcher
+    runs exactly these launches, and :func:`compile_spec` compiles them from meta tensors, so the
+    feasibility check cannot drift from what runs.
+
+    One split launch per cache, each with its own split count (``num_splits_for`` on its own topk),
+    format and page size, writing into one partials buffer; the combine merges all of them and applies
+    the sink. Only a single-cache call with one split skips the combine (the split kernel then writes
+    the output and applies the sink itself).
     """
-    B, H, _ = q.shape
-    topk = indices.shape[1]
-    num_pages, page_size, _ = kv_cache.shape
+    B, s_q, H, _ = q.shape
+    rows = B * s_q  # query tokens are folded into the batch: each is an independent row
     dev = q.device
-    out = torch.empty(B, H, fmt.d_v, dtype=torch.bfloat16, device=dev)
-    lse = torch.empty(B, H, dtype=torch.float32, device=dev)
+    out = torch.empty(B, s_q, H, 512, dtype=torch.bfloat16, device=dev)
+    lse = torch.empty(B, H, s_q, dtype=torch.float32, device=dev)
     block_h = block_h_for(H)
     head_blocks = -(-H // block_h)
-    num_splits, tiles_per_split = num_splits_for(config, B, H, topk)
-    write_final = num_splits == 1
+    splits = [num_splits_for(config, rows, H, c.indices.shape[-1]) for c in caches]
+    total_splits = sum(n for n, _ in splits)
+    write_final = total_splits == 1
     if write_final:
         o_part, l_part = out, lse  # unused
     else:
-        o_part = torch.empty(B, num_splits, H, fmt.d_v, dtype=torch.float32, device=dev)
-        l_part = torch.empty(B, num_splits, H, dtype=torch.float32, device=dev)
-    split = Launch(
-        "split",
-        _split_kernel,
-        (B * head_blocks, num_splits),
-        {
-            "Out": out,
-            "Lse": lse,
-            "OPart": o_part,
-            "LPart": l_part,
-            "Q": q,
-            "KV8": kv_cache,
-            "KV16": kv_cache.view(torch.bfloat16),
-            "KV32": kv_cache.view(torch.float32),
-            "Idx": indices,
-            "TopkLen": indices if topk_length is None else topk_length,
-            "stride_qb": q.stride(0),
-            "stride_qh": q.stride(1),
-            "sm_scale": float(sm_scale),
-            "topk": topk,
-            "num_tokens": num_pages * page_size,
-            "tiles_per_split": tiles_per_split,
-            "num_splits": num_splits,
-        },
-        {
-            "H": H,
-            "FORMAT": FORMAT_IDS[fmt.name],
-            "PAGE_SIZE": page_size,
-            "BLOCK_H": block_h,
-            **config.meta(),
-            "HAS_TOPK_LEN": topk_length is not None,
-            "WRITE_FINAL": write_final,
-            "DOT_F32": INTERPRET,
-            "NATIVE_FP8": native,
-        },
-        config.options(),
-    )
-    launches = [split]
+        o_part = torch.empty(rows, total_splits, H, 512, dtype=torch.float32, device=dev)
+        l_part = torch.empty(rows, total_splits, H, dtype=torch.float32, device=dev)
+    sink = lse if attn_sink is None else attn_sink  # a placeholder pointer when there is no sink
+    launches = []
+    split_base = 0
+    for c, (num_splits, tiles_per_split) in zip(caches, splits, strict=True):
+        num_pages, page_size, _ = c.kv.shape
+        launches.append(
+            Launch(
+                "split",
+                _split_kernel,
+                (rows * head_blocks, num_splits),
+                {
+                    "Out": out,
+                    "Lse": lse,
+                    "OPart": o_part,
+                    "LPart": l_part,
+                    "Q": q,
+                    "KV8": c.kv,
+                    "KV16": c.kv.view(torch.bfloat16),
+                    "KV32": c.kv.view(torch.float32),
+                    "Idx": c.indices,
+                    "TopkLen": c.indices if c.topk_length is None else c.topk_length,
+                    "Sink": sink,
+                    "stride_qb": q.stride(0),
+                    "stride_qs": q.stride(1),
+                    "stride_qh": q.stride(2),
+                    "sm_scale": float(sm_scale),
+                    "topk": c.indices.shape[-1],
+                    "num_tokens": num_pages * page_size,
+                    "tiles_per_split": tiles_per_split,
+                    "split_base": split_base,
+                    "total_splits": total_splits,
+                    "q_tokens": s_q,
+                },
+                {
+                    "H": H,
+                    "FORMAT": FORMAT_IDS[c.fmt.name],
+                    "PAGE_SIZE": page_size,
+                    "BLOCK_H": block_h,
+                    **config.meta(),
+                    "HAS_TOPK_LEN": c.topk_length is not None,
+                    "HAS_SINK": write_final and attn_sink is not None,
+                    "WRITE_FINAL": write_final,
+                    "DOT_F32": INTERPRET,
+                    "NATIVE_FP8": native,
+                },
+                config.options(),
+            )
+        )
+        split_base += num_splits
     if not write_final:
         launches.append(
             Launch(
                 "combine",
                 _combine_kernel,
-                (B * H,),
-                {"Out": out, "Lse": lse, "OPart": o_part, "LPart": l_part, "num_splits": num_splits},
-                {"H": H, "BLOCK_S": triton.next_power_of_2(num_splits)},
+                (rows * H,),
+                {
+                    "Out": out,
+                    "Lse": lse,
+                    "OPart": o_part,
+                    "LPart": l_part,
+                    "Sink": sink,
+                    "num_splits": total_splits,
+                    "q_tokens": s_q,
+                },
+                {"H": H, "BLOCK_S": triton.next_power_of_2(total_splits), "HAS_SINK": attn_sink is not None},
                 {"num_warps": 4},
             )
         )
@@ -367,54 +473,92 @@ def sparse_mla_decode(
     kv_format: str,
     sm_scale: float | None = None,
     topk_length: torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
+    extra_kv_cache: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_kv_format: str | None = None,
+    extra_topk_length: torch.Tensor | None = None,
     config: KernelConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sparse MLA decode attention, one query token per request, one latent KV head.
+    """Sparse MLA decode attention over one or two paged caches, one latent KV head.
 
     Args:
-        q: ``[B, H, D_qk]`` bf16, dims ordered nope then rope (D_qk = 512 for fp8_model1, 576 for fp8_v32).
+        q: ``[B, H, D_qk]`` bf16 (one query token per request), or ``[B, s_q, H, D_qk]`` (s_q tokens
+            per request, e.g. MTP); dims ordered nope then rope (D_qk = 512 for fp8_model1, 576 for fp8_v32).
         kv_cache: ``[num_pages, page_size, bytes_per_token]`` uint8, contiguous (see ``kernels.kv_format``).
-        indices: ``[B, topk]`` int32 flat token positions ``page * page_size + offset``; negative values
-            and values ``>= num_pages * page_size`` are masked and never read.
+        indices: ``[B, topk]`` int32 (``[B, s_q, topk]`` with a 4-D q): flat token positions
+            ``page * page_size + offset``; negative values and values ``>= num_pages * page_size`` are
+            masked and never read.
         kv_format: ``"fp8_model1"`` or ``"fp8_v32"``.
         sm_scale: softmax scale, default ``D_qk ** -0.5``.
-        topk_length: optional ``[B]`` int32; only the first ``topk_length[b]`` indices of row b count.
-        config: tunables; ``None`` looks the exported autotune table up (``kernels/configs``), else
-            :data:`kernels.config.DEFAULT_CONFIG`.
+        topk_length: optional ``[B]`` int32; only the first ``topk_length[b]`` indices of request b count
+            (for every query token of the request).
+        attn_sink: optional ``[H]`` fp32; the output is scaled by ``exp(lse) / (exp(lse) + exp(sink))``
+            and ``lse`` is returned unchanged (``+inf`` zeroes the output, ``-inf`` changes nothing).
+        extra_kv_cache, extra_indices, extra_kv_format, extra_topk_length: a second cache (its own page
+            size and format, same D_qk; the format defaults to ``kv_format``) attended in the same softmax,
+            with indices shaped like ``indices`` and the same rules.
+        config: tunables; ``None`` looks the exported autotune table up (``kernels/configs``) by the main
+            cache's workload at batch ``B * s_q``, else :data:`kernels.config.DEFAULT_CONFIG`.
 
     Returns:
-        ``out [B, H, 512]`` bf16 and ``lse [B, H]`` fp32 (natural log). A row with no valid index gives
-        ``out = 0`` and ``lse = +inf``.
+        ``out [B, H, 512]`` bf16 and ``lse [B, H]`` fp32 (natural log) for a 3-D q; ``out [B, s_q, H, 512]``
+        and ``lse [B, H, s_q]`` (FlashMLA's layout) for a 4-D q. A row with no valid index in either
+        cache gives ``out = 0`` and ``lse = +inf``, whatever the sink.
+
+    Design: query tokens are folded into the batch (each one is an independent row of the grid), and
+    the extra cache is one more split launch whose partials land next to the main cache's splits, so
+    the existing log-sum-exp combine merges both caches (its math does not care where a split came
+    from) and applies the sink once, on the final lse. This keeps one split kernel specialized per
+    cache (format and page size stay constexprs) at the cost of a combine launch whenever there is an
+    extra cache; with a single cache and one split the split kernel applies the sink itself.
 
     No host synchronisation and a workspace sized from shapes only, so the call is CUDA-graph capturable.
     """
     fmt = get_format(kv_format)
-    _validate(q, kv_cache, indices, fmt, topk_length)
+    if (extra_kv_cache is None) != (extra_indices is None):
+        raise ValueError("extra_kv_cache and extra_indices must be given together")
+    if extra_kv_cache is None and (extra_topk_length is not None or extra_kv_format is not None):
+        raise ValueError("extra_topk_length and extra_kv_format need extra_kv_cache and extra_indices")
+    main = (kv_cache, indices, topk_length)
+    extra = None
+    if extra_kv_cache is not None:
+        extra = (extra_kv_cache, extra_indices, extra_topk_length, get_format(extra_kv_format or kv_format))
+    squeeze = _validate(q, fmt, main, extra, attn_sink)
     if q.device.type != "cuda" and not INTERPRET:
         raise ValueError(
             "tensors on the CPU need Triton's interpreter: set TRITON_INTERPRET=1 before importing kernels"
         )
-    B, H, _ = q.shape
-    topk = indices.shape[1]
+    if squeeze:  # views: the 3-D form is the 4-D one with s_q = 1
+        q, indices = q.unsqueeze(1), indices.unsqueeze(1)
+        extra_indices = None if extra is None else extra_indices.unsqueeze(1)
+    B, s_q, H, _ = q.shape
+    topk = indices.shape[-1]
     if config is None:
-        config = lookup_config(device_name(q.device), kv_format, H, topk, B) if B > 0 else DEFAULT_CONFIG
+        rows = B * s_q
+        config = lookup_config(device_name(q.device), kv_format, H, topk, rows) if rows > 0 else DEFAULT_CONFIG
     if sm_scale is None:
         sm_scale = fmt.d_qk**-0.5
-    if B == 0 or H == 0:
-        return (
-            torch.empty(B, H, fmt.d_v, dtype=torch.bfloat16, device=q.device),
-            torch.empty(B, H, dtype=torch.float32, device=q.device),
-        )
-    plan = _plan(q, kv_cache, indices, topk_length, fmt, config, sm_scale, native=native_fp8(q.device))
-    if POISON_OUTPUTS:
-        for t in (plan.out, plan.lse, *plan.workspace):
-            t.fill_(float("nan"))
-    for launch in plan.launches:
-        for listener in LAUNCH_LISTENERS:
-            listener(launch.name, config, launch.grid)
-        options = {} if INTERPRET else launch.options
-        launch.kernel[launch.grid](**launch.args, **launch.constexprs, **options)
-    return plan.out, plan.lse
+    if B * s_q * H == 0:
+        out = torch.empty(B, s_q, H, fmt.d_v, dtype=torch.bfloat16, device=q.device)
+        lse = torch.empty(B, H, s_q, dtype=torch.float32, device=q.device)
+    else:
+        caches = [_Cache(kv_cache, indices, topk_length, fmt)]
+        if extra is not None:
+            caches.append(_Cache(extra_kv_cache, extra_indices, extra_topk_length, extra[3]))
+        plan = _plan(q, caches, attn_sink, config, sm_scale, native=native_fp8(q.device))
+        if POISON_OUTPUTS:
+            for t in (plan.out, plan.lse, *plan.workspace):
+                t.fill_(float("nan"))
+        for launch in plan.launches:
+            for listener in LAUNCH_LISTENERS:
+                listener(launch.name, config, launch.grid)
+            options = {} if INTERPRET else launch.options
+            launch.kernel[launch.grid](**launch.args, **launch.constexprs, **options)
+        out, lse = plan.out, plan.lse
+    if squeeze:
+        return out.squeeze(1), lse.squeeze(2)
+    return out, lse
 
 
 # --- compile-only: what the launcher would compile, for any target arch ----------------------------
@@ -466,29 +610,50 @@ def _specialize(launch: Launch) -> tuple[dict[str, str], dict, dict]:
     return signature, constexprs, attrs
 
 
+def _meta_cache(workload: Workload, rows: int, q_tokens: int, topk_length: bool) -> _Cache:
+    fmt = get_format(workload.kv_format)
+    num_pages = -(-workload.context // workload.page_size)
+    kv = torch.empty(num_pages, workload.page_size, fmt.bytes_per_token, dtype=torch.uint8, device="meta")
+    idx = torch.empty(rows, q_tokens, workload.topk, dtype=torch.int32, device="meta")
+    tl_ = torch.empty(rows, dtype=torch.int32, device="meta") if topk_length else None
+    return _Cache(kv, idx, tl_, fmt)
+
+
 def compile_spec(
-    config: KernelConfig, workload: Workload, arch: int | str, batch: int | None = None, *, topk_length: bool = False
+    config: KernelConfig,
+    workload: Workload,
+    arch: int | str,
+    batch: int | None = None,
+    *,
+    topk_length: bool = False,
+    extra: Workload | None = None,
+    extra_topk_length: bool = False,
+    attn_sink: bool = False,
+    q_tokens: int = 1,
 ) -> list[CompileSpec]:
     """The kernels a call would compile for ``arch`` (e.g. ``120`` or ``"sm_120"``), without a GPU.
 
     With ``batch``, exactly the launches of a call at that batch size. Without, every variant a call
     with this config can launch for this workload: the one-split kernel that writes the output, and
     the split kernel that writes partials with the combine kernel at the largest split count.
+    The keywords describe the call: ``topk_length``/``extra_topk_length`` given, an ``extra`` cache
+    (its format, topk, page size and context; its heads are ``workload``'s), an ``attn_sink``, and
+    ``q_tokens`` query tokens per request (s_q; it changes the grid, not the binary).
     Runs the launcher's own planning on ``meta`` tensors, so it cannot differ from what runs.
     """
     if INTERPRET:
         raise RuntimeError("compile_spec needs a process started without TRITON_INTERPRET")
     cc = int(str(arch).removeprefix("sm_"))
     fmt = get_format(workload.kv_format)
-    num_pages = -(-workload.context // workload.page_size)
-    kv = torch.empty(num_pages, workload.page_size, fmt.bytes_per_token, dtype=torch.uint8, device="meta")
     cases = [(batch, config)] if batch else [(1, config.replace(TARGET_CTAS=1)), (1, config.replace(TARGET_CTAS=2**30))]
     specs: dict[tuple, CompileSpec] = {}
     for b, cfg in cases:
-        q = torch.empty(b, workload.heads, fmt.d_qk, dtype=torch.bfloat16, device="meta")
-        idx = torch.empty(b, workload.topk, dtype=torch.int32, device="meta")
-        tl_ = torch.empty(b, dtype=torch.int32, device="meta") if topk_length else None
-        for launch in _plan(q, kv, idx, tl_, fmt, cfg, fmt.d_qk**-0.5, native=cc >= 89).launches:
+        q = torch.empty(b, q_tokens, workload.heads, fmt.d_qk, dtype=torch.bfloat16, device="meta")
+        caches = [_meta_cache(workload, b, q_tokens, topk_length)]
+        if extra is not None:
+            caches.append(_meta_cache(extra, b, q_tokens, extra_topk_length))
+        sink = torch.empty(workload.heads, dtype=torch.float32, device="meta") if attn_sink else None
+        for launch in _plan(q, caches, sink, cfg, fmt.d_qk**-0.5, native=cc >= 89).launches:
             sig, const, attrs = _specialize(launch)
             spec = CompileSpec(launch.name, launch.kernel, sig, const, attrs, dict(launch.options))
             specs.setdefault(spec.key(), spec)

@@ -12,11 +12,12 @@ from kernels.kv_format import get_format
 
 
 def valid_mask(indices: torch.Tensor, num_tokens: int, topk_length: torch.Tensor | None) -> torch.Tensor:
-    """``[B, topk]`` bool: index in ``[0, num_tokens)`` and position before ``topk_length[b]``."""
+    """``[B, ..., topk]`` bool: index in ``[0, num_tokens)`` and position before ``topk_length[b]``."""
     valid = (indices >= 0) & (indices < num_tokens)
     if topk_length is not None:
-        pos = torch.arange(indices.shape[1], device=indices.device)
-        valid &= pos[None, :] < topk_length.to(indices.device).long()[:, None]
+        pos = torch.arange(indices.shape[-1], device=indices.device)
+        lengths = topk_length.to(indices.device).long().view(-1, *([1] * (indices.dim() - 1)))
+        valid &= pos < lengths
     return valid
 
 
@@ -28,32 +29,59 @@ def sparse_mla_decode_ref(
     kv_format: str,
     sm_scale: float | None = None,
     topk_length: torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
+    extra_kv_cache: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_kv_format: str | None = None,
+    extra_topk_length: torch.Tensor | None = None,
     config=None,  # accepted for signature parity; the reference has no tunables
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q: [B, H, D_qk] bf16; kv_cache: [num_pages, page_size, bpt] uint8; indices: [B, topk] int32.
+    """q: [B, H, D_qk] or [B, s_q, H, D_qk] bf16; kv_cache: [num_pages, page_size, bpt] uint8;
+    indices: [B, topk] (or [B, s_q, topk]) int32; the extra cache likewise.
 
-    Returns ``out [B, H, D_v]`` bf16 and ``lse [B, H]`` fp32 (natural log); rows with no valid
-    index give ``out = 0`` and ``lse = +inf``.
+    The tokens selected in both caches form one softmax: ``lse = logsumexp`` over all valid scores,
+    ``out = softmax @ V``, then ``out *= exp(lse) / (exp(lse) + exp(sink[h]))`` (lse unchanged).
+    Returns ``out [B, H, D_v]`` bf16 and ``lse [B, H]`` fp32 for a 3-D q, ``out [B, s_q, H, D_v]`` and
+    ``lse [B, H, s_q]`` for a 4-D q (natural log); rows with no valid index in either cache give
+    ``out = 0`` and ``lse = +inf``, whatever the sink.
     """
     fmt = get_format(kv_format)
     if sm_scale is None:
         sm_scale = fmt.d_qk**-0.5
-    num_tokens = kv_cache.shape[0] * kv_cache.shape[1]
-    valid = valid_mask(indices, num_tokens, topk_length)  # [B, K]
-    gathered = gather_dequant(kv_cache, torch.where(valid, indices, 0).long(), fmt)  # [B, K, D_qk]
-    scores = torch.einsum("bhd,bkd->bhk", q.float(), gathered) * sm_scale
-    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)  # [B, H]
+    squeeze = q.dim() == 3
+    if squeeze:
+        q, indices = q[:, None], indices[:, None]
+        extra_indices = None if extra_indices is None else extra_indices[:, None]
+    selections = [(kv_cache, indices, topk_length, fmt)]
+    if extra_kv_cache is not None:
+        efmt = get_format(extra_kv_format or kv_format)
+        if efmt.d_qk != fmt.d_qk:
+            raise ValueError(f"the extra cache's format {efmt.name} does not share D_qk with {fmt.name}")
+        selections.append((extra_kv_cache, extra_indices, extra_topk_length, efmt))
+    keys, valids = [], []
+    for cache, idx, lengths, f in selections:
+        valid = valid_mask(idx, cache.shape[0] * cache.shape[1], lengths)  # [B, S, K]
+        keys.append(gather_dequant(cache, torch.where(valid, idx, 0).long(), f))  # [B, S, K, D_qk]
+        valids.append(valid)
+    gathered, valid = torch.cat(keys, dim=2), torch.cat(valids, dim=2)
+    scores = torch.einsum("bshd,bskd->bshk", q.float(), gathered) * sm_scale
+    scores = scores.masked_fill(~valid[:, :, None, :], float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # [B, S, H]
     empty = torch.isneginf(lse)
     p = torch.exp(scores - torch.where(empty, 0.0, lse)[..., None])
-    out = torch.einsum("bhk,bkd->bhd", p, gathered[..., : fmt.d_v])
+    out = torch.einsum("bshk,bskd->bshd", p, gathered[..., : fmt.d_v])
+    if attn_sink is not None:
+        out = out * torch.sigmoid(lse - attn_sink.float())[..., None]  # = exp(lse) / (exp(lse) + exp(sink))
     out = out.masked_fill(empty[..., None], 0.0)
-    lse = lse.masked_fill(empty, float("inf"))
-    return out.to(torch.bfloat16), lse
+    lse = lse.masked_fill(empty, float("inf")).transpose(1, 2).contiguous()  # [B, H, S]
+    out = out.to(torch.bfloat16)
+    if squeeze:
+        return out[:, 0], lse[:, :, 0]
+    return out, lse
 
 
 def gather_dequant(kv_cache: torch.Tensor, idx: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
-    """Dequantize only the cache rows at ``idx [B, K]`` (valid positions) -> ``[B, K, D_qk]`` float32."""
+    """Dequantize only the cache rows at ``idx [..., K]`` (valid positions) -> ``[..., K, D_qk]`` float32."""
     num_pages, page_size, bpt = kv_cache.shape
     flat = kv_cache.view(-1)
     if fmt.name == "fp8_v32":

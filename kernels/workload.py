@@ -40,17 +40,56 @@ class Workload:
 
 @dataclass
 class DecodeBatch:
-    q: torch.Tensor  # [B, H, D_qk] bf16
+    q: torch.Tensor  # [B, H, D_qk] bf16, or [B, s_q, H, D_qk]
     kv_cache: torch.Tensor  # [num_pages, page_size, bpt] uint8
-    indices: torch.Tensor  # [B, topk] int32
+    indices: torch.Tensor  # [B, topk] int32, or [B, s_q, topk]
     topk_length: torch.Tensor | None  # [B] int32
     kv_format: str
+    attn_sink: torch.Tensor | None = None  # [H] fp32
+    extra_kv_cache: torch.Tensor | None = None
+    extra_indices: torch.Tensor | None = None  # shaped like indices
+    extra_topk_length: torch.Tensor | None = None  # [B] int32
+    extra_kv_format: str | None = None
 
     def args(self) -> tuple:
         return (self.q, self.kv_cache, self.indices)
 
     def kwargs(self) -> dict:
-        return {"kv_format": self.kv_format, "topk_length": self.topk_length}
+        """Keyword arguments of the call; the sink and the extra cache only when the batch has them."""
+        kw = {"kv_format": self.kv_format, "topk_length": self.topk_length}
+        if self.attn_sink is not None:
+            kw["attn_sink"] = self.attn_sink
+        if self.extra_kv_cache is not None:
+            kw.update(
+                extra_kv_cache=self.extra_kv_cache,
+                extra_indices=self.extra_indices,
+                extra_topk_length=self.extra_topk_length,
+                extra_kv_format=self.extra_kv_format,
+            )
+        return kw
+
+
+def _select(workload, batch, tokens, g, dev, invalid_fraction):
+    """A cache holding ``batch`` requests' pages and ``[batch, tokens, topk]`` distinct indices per token."""
+    fmt = get_format(workload.kv_format)
+    ps, ctx, topk = workload.page_size, workload.context, workload.topk
+    pages_per_req = -(-ctx // ps)
+    num_pages = batch * pages_per_req
+    page_of = torch.randperm(num_pages, generator=g, device=dev).reshape(batch, pages_per_req)
+    kv = torch.randn(num_pages * ps, fmt.d_qk, generator=g, device=dev)
+    kv[:, fmt.d_nope :] *= 0.5  # rope part is not quantized; keep it in a similar range
+    kv_cache = quantize(kv, workload.kv_format, ps)
+    del kv
+    n = min(topk, ctx)
+    pos = torch.rand(batch * tokens, ctx, generator=g, device=dev).argsort(dim=1)[:, :n]  # distinct, per token
+    pos = pos.reshape(batch, tokens, n)
+    flat = torch.gather(page_of[:, None, :].expand(batch, tokens, pages_per_req), 2, pos // ps) * ps + pos % ps
+    indices = torch.full((batch, tokens, topk), -1, dtype=torch.int32, device=dev)
+    indices[..., :n] = flat.to(torch.int32)
+    if invalid_fraction > 0:
+        drop = torch.rand(batch, tokens, topk, generator=g, device=dev) < invalid_fraction
+        indices[drop] = -1
+    return kv_cache, indices
 
 
 def make_batch(
@@ -61,34 +100,39 @@ def make_batch(
     seed: int = 0,
     with_topk_length: bool = False,
     invalid_fraction: float = 0.0,
+    q_tokens: int | None = None,
+    extra: Workload | None = None,
+    with_sink: bool = False,
 ) -> DecodeBatch:
     """B requests, each on ``ceil(context / page_size)`` randomly placed pages of one shared cache.
 
     ``indices[b]`` holds ``topk`` distinct positions inside request b's own tokens (``-1`` past its
     context); ``invalid_fraction`` of them are replaced by ``-1``; ``topk_length`` (if asked) is
-    uniform in ``[1, topk]``.
+    uniform in ``[1, topk]``. ``q_tokens`` gives the 4-D form (``q [B, s_q, H, D_qk]``, indices
+    ``[B, s_q, topk]``, each token with its own selection); ``extra`` adds a second cache of that
+    workload's format, topk, page size and context (heads are ``workload``'s), selected the same way;
+    ``with_sink`` adds a random finite ``attn_sink [H]``.
     """
     fmt = get_format(workload.kv_format)
     dev = torch.device(device)
     g = torch.Generator(device=dev).manual_seed(seed)
-    ps, ctx, topk = workload.page_size, workload.context, workload.topk
-    pages_per_req = -(-ctx // ps)
-    num_pages = batch * pages_per_req
-    page_of = torch.randperm(num_pages, generator=g, device=dev).reshape(batch, pages_per_req)
-    kv = torch.randn(num_pages * ps, fmt.d_qk, generator=g, device=dev)
-    kv[:, fmt.d_nope :] *= 0.5  # rope part is not quantized; keep it in a similar range
-    kv_cache = quantize(kv, workload.kv_format, ps)
-    del kv
-    n = min(topk, ctx)
-    pos = torch.rand(batch, ctx, generator=g, device=dev).argsort(dim=1)[:, :n]  # distinct, per request
-    flat = torch.gather(page_of, 1, pos // ps) * ps + pos % ps
-    indices = torch.full((batch, topk), -1, dtype=torch.int32, device=dev)
-    indices[:, :n] = flat.to(torch.int32)
-    if invalid_fraction > 0:
-        drop = torch.rand(batch, topk, generator=g, device=dev) < invalid_fraction
-        indices[drop] = -1
-    q = torch.randn(batch, workload.heads, fmt.d_qk, generator=g, device=dev).to(torch.bfloat16)
+    tokens = q_tokens or 1
+    kv_cache, indices = _select(workload, batch, tokens, g, dev, invalid_fraction)
+    q = torch.randn(batch, tokens, workload.heads, fmt.d_qk, generator=g, device=dev).to(torch.bfloat16)
     topk_length = None
     if with_topk_length:
-        topk_length = torch.randint(1, topk + 1, (batch,), generator=g, device=dev, dtype=torch.int32)
-    return DecodeBatch(q=q, kv_cache=kv_cache, indices=indices, topk_length=topk_length, kv_format=workload.kv_format)
+        topk_length = torch.randint(1, workload.topk + 1, (batch,), generator=g, device=dev, dtype=torch.int32)
+    bt = DecodeBatch(q=q, kv_cache=kv_cache, indices=indices, topk_length=topk_length, kv_format=workload.kv_format)
+    if extra is not None:
+        bt.extra_kv_cache, bt.extra_indices = _select(extra, batch, tokens, g, dev, invalid_fraction)
+        bt.extra_kv_format = extra.kv_format
+        if with_topk_length:
+            bt.extra_topk_length = torch.randint(
+                1, extra.topk + 1, (batch,), generator=g, device=dev, dtype=torch.int32
+            )
+    if with_sink:
+        bt.attn_sink = torch.randn(workload.heads, generator=g, device=dev)
+    if q_tokens is None:  # the 3-D form
+        bt.q, bt.indices = bt.q[:, 0], bt.indices[:, 0]
+        bt.extra_indices = None if bt.extra_indices is None else bt.extra_indices[:, 0]
+    return bt

@@ -114,13 +114,15 @@ def test_bad_inputs_raise_value_error(device):
         sparse_mla_decode(*bt.args(), kv_format="fp16")
     with pytest.raises(ValueError, match=r"q must be \[B, H, 512\]"):
         sparse_mla_decode(*bt.args(), kv_format="fp8_model1")
-    with pytest.raises(ValueError, match="one query token"):
-        sparse_mla_decode(bt.q[:, None], bt.kv_cache, bt.indices, kv_format="fp8_v32")
+    with pytest.raises(ValueError, match=r"indices must be a contiguous \[1, 1, topk\] int32"):
+        sparse_mla_decode(bt.q[:, None], bt.kv_cache, bt.indices, kv_format="fp8_v32")  # 4-D q, 2-D indices
+    with pytest.raises(ValueError, match=r"q must be \[B, H, 576\] or \[B, s_q, H, 576\]"):
+        sparse_mla_decode(bt.q[0], bt.kv_cache, bt.indices, kv_format="fp8_v32")
     with pytest.raises(ValueError, match="int32"):
         sparse_mla_decode(bt.q, bt.kv_cache, bt.indices.long(), kv_format="fp8_v32")
 
 
-def test_config_none_uses_the_table_by_largest_key_at_or_below_batch(tmp_path, monkeypatch):
+def test_config_none_uses_the_table_by_nearest_batch_key(tmp_path, monkeypatch):
     import json
 
     import kernels.config as kc
@@ -128,18 +130,21 @@ def test_config_none_uses_the_table_by_largest_key_at_or_below_batch(tmp_path, m
 
     name = table_name("cpu-interpreter", "fp8_v32", 16, 64)
     entry = {"BLOCK_T": 16, "num_warps": 4, "num_stages": 1}
-    table = {"configs": {"2": {**entry, "TARGET_CTAS": 7}, "8": {**entry, "TARGET_CTAS": 9}}}
+    table = {"2": {**entry, "TARGET_CTAS": 7}, "8": {**entry, "TARGET_CTAS": 9}}
     (tmp_path / name).write_text(json.dumps(table))
     look = lambda b: lookup_config("cpu-interpreter", "fp8_v32", 16, 64, b, config_dir=tmp_path)  # noqa: E731
     assert look(1).TARGET_CTAS == 7  # below every key: the smallest
-    assert look(5).TARGET_CTAS == 7
+    assert look(3).TARGET_CTAS == 7 and look(6).TARGET_CTAS == 9
+    assert look(5).TARGET_CTAS == 9  # a tie goes to the larger key
     assert look(8).TARGET_CTAS == 9 and look(100).TARGET_CTAS == 9
-    assert lookup_config("cpu-interpreter", "fp8_model1", 16, 64, 4, config_dir=tmp_path) == kc.DEFAULT_CONFIG
+    with pytest.warns(kt.TableWarning, match="no autotune table"):
+        assert lookup_config("cpu-interpreter", "fp8_model1", 16, 64, 4, config_dir=tmp_path) == kc.DEFAULT_CONFIG
     # and the launcher really uses it
+    monkeypatch.delenv(kt.ENV_DIR, raising=False)
     monkeypatch.setattr(kt, "CONFIG_DIR", tmp_path)
     seen = []
     monkeypatch.setattr(decode, "LAUNCH_LISTENERS", [lambda kind, cfg, grid: seen.append((kind, cfg, grid))])
     bt = _batch("fp8_v32", 3, 16, 64, device="cpu")
     sparse_mla_decode(*bt.args(), kv_format="fp8_v32")
-    # ceil(7 / 3) = 3 splits requested; 4 tiles dealt 2 per split -> 2 launched
+    # B = 3: nearest key 2; ceil(7 / 3) = 3 splits requested; 4 tiles dealt 2 per split -> 2 launched
     assert seen[0][1].TARGET_CTAS == 7 and seen[0][2] == (3, 2)
