@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from sqlalchemy import inspect
 from sqlalchemy.engine import Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import NoSuchModuleError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm import sessionmaker
@@ -33,6 +36,29 @@ VERSION_TABLE = "tuner_alembic_version"
 MIGRATIONS = Path(__file__).parent / "migrations"
 SCHEMES = ("sqlite", "postgresql")
 DEFAULT_URL = "sqlite:///tuner.db"
+# the pip package that provides each DBAPI module SQLAlchemy may ask for
+DRIVER_PACKAGES = {
+    "psycopg": "psycopg[binary]",
+    "psycopg2": "psycopg2-binary",
+    "pg8000": "pg8000",
+    "asyncpg": "asyncpg",
+    "MySQLdb": "mysqlclient",
+    "pymysql": "PyMySQL",
+}
+_SCHEMA_LOCK_KEY = 0x7475_6E65  # "tune": PostgreSQL advisory lock held while the schema is created
+_USERINFO = re.compile(r"(//[^/:@\s]*:)\S*@")
+_BARE_USERINFO = re.compile(r"(\b[\w.%+-]+:)[^\s@/:]+@")  # user:password@host without a scheme
+_QUERY_SECRET = re.compile(r"([?&;](?:password|passwd|pwd|sslpassword)=)[^&;#\s]*", re.IGNORECASE)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password replaced by ``***``, for every message, log line, row and file.
+
+    Works on any string, parsable or not: the ``//user:password@`` part and ``password=`` query
+    arguments are masked.
+    """
+    text = _BARE_USERINFO.sub(r"\1***@", _USERINFO.sub(r"\1***@", str(url)))
+    return _QUERY_SECRET.sub(r"\1***", text)
 
 
 def default_url() -> str:
@@ -51,26 +77,36 @@ def head_revision() -> str:
     return ScriptDirectory.from_config(alembic_config(DEFAULT_URL)).get_current_head()
 
 
-def _check_url(url: str) -> None:
+def _check_url(url: str, create: bool) -> None:
+    shown = redact_url(url)
     try:
         u = make_url(url)
     except ArgumentError:
         raise DatabaseError(
-            f"{url!r} is not a database URL; use e.g. sqlite:///tuner.db or postgresql://host/db"
+            f"{shown!r} is not a database URL; use e.g. sqlite:///tuner.db or postgresql+psycopg://host/db"
         ) from None
     if u.get_backend_name() not in SCHEMES:
-        raise DatabaseError(f"unsupported database URL scheme {u.drivername!r} in {url!r}; allowed: sqlite, postgresql")
+        raise DatabaseError(
+            f"unsupported database URL scheme {u.drivername!r} in {shown!r}; allowed: sqlite, postgresql"
+        )
     if u.get_backend_name() == "sqlite":
-        if not u.database or u.database == ":memory:":
-            raise DatabaseError(f"{url!r} names no file; an in-memory SQLite database would lose every result")
+        if not u.database or u.database == ":memory:" or u.database.startswith("file:"):
+            raise DatabaseError(
+                f"{shown!r} names no file path; use sqlite:///PATH (an in-memory database would lose every result)"
+            )
         path = Path(u.database)
         if path.is_dir():
             raise DatabaseError(f"{path} is a directory, not a database file")
         if path.exists():
-            with open(path, "rb") as f:
-                head = f.read(16)
+            try:
+                with open(path, "rb") as f:
+                    head = f.read(16)
+            except OSError as e:
+                raise DatabaseError(f"cannot read {path}: {e.strerror}") from None
             if path.stat().st_size and head != b"SQLite format 3\x00":
                 raise DatabaseError(f"{path} is not a SQLite database")
+        elif not create:
+            raise DatabaseError(f"no database at {path}; run `tuner search` first")
         else:
             parent = path.parent if str(path.parent) else Path(".")
             if not parent.is_dir():
@@ -79,71 +115,166 @@ def _check_url(url: str) -> None:
                 raise DatabaseError(f"cannot create {path}: directory {parent} is not writable")
 
 
+def _missing_driver(url: str, e: Exception) -> DatabaseError:
+    """A DBAPI module or dialect that is not installed, as one sentence naming what to install."""
+    shown, scheme = redact_url(url), url.split(":", 1)[0]
+    name = getattr(e, "name", None)
+    if isinstance(e, ModuleNotFoundError) and name:
+        module = name.split(".")[0]
+        package = DRIVER_PACKAGES.get(module, module)
+        return DatabaseError(
+            f"the database driver {module!r} for {scheme}:// URLs ({shown}) is not installed; "
+            f"install it with `pip install '{package}'` or use postgresql+psycopg://"
+        )
+    return DatabaseError(
+        f"SQLAlchemy has no dialect or driver {scheme!r} ({shown}); use sqlite:///PATH or postgresql+psycopg://"
+    )
+
+
 def _sqlite_pragmas(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_con, _record):  # several local writers: WAL + a generous busy timeout
         cur = dbapi_con.cursor()
+        cur.execute("PRAGMA busy_timeout=60000")  # first, so that switching to WAL waits for other starters
         cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA busy_timeout=60000")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
+
+
+def _sqlite_readonly_connect(path: Path):
+    """Open ``path`` read-only, never creating it; on a read-only directory a WAL database's -shm
+    cannot be created, so that case falls back to ``immutable=1`` (nobody can be writing it there)."""
+    uri = path.resolve().as_uri()
+    con = sqlite3.connect(f"{uri}?mode=ro", uri=True, check_same_thread=False)
+    try:
+        con.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+    except sqlite3.OperationalError:
+        con.close()
+        con = sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, check_same_thread=False)
+    con.execute("PRAGMA busy_timeout=60000")
+    con.execute("PRAGMA query_only=ON")
+    return con
 
 
 class Store:
     """The results database at ``url``; created at the head schema if new.
 
     ``Store(url)`` refuses (with one sentence) a file that is not a database, a schema newer than
-    this code, and an older schema (``tuner db upgrade`` migrates it).
+    this code, and an older schema (``tuner db upgrade`` migrates it). ``readonly=True`` (the query
+    commands) opens an existing database without writing anything, SQLite files read-only;
+    ``create=False`` writes but never creates a database. Messages show the URL through
+    :func:`redact_url`; :attr:`url` keeps the password for the connection itself.
     """
 
-    def __init__(self, url: str | None = None, *, upgrade: bool = False) -> None:
+    def __init__(
+        self, url: str | None = None, *, upgrade: bool = False, readonly: bool = False, create: bool = True
+    ) -> None:
         self.url = url or default_url()
-        _check_url(self.url)
+        self.readonly = readonly
+        create = create and not readonly
+        _check_url(self.url, create)
         try:
-            self.engine = create_engine(self.url, future=True)
-            if self.engine.dialect.name == "sqlite":
-                _sqlite_pragmas(self.engine)
+            u = make_url(self.url)
+            if u.get_backend_name() == "sqlite" and readonly:
+                path = Path(u.database)
+                self.engine = create_engine("sqlite://", creator=lambda: _sqlite_readonly_connect(path))
+            else:
+                self.engine = create_engine(self.url)
+                if self.engine.dialect.name == "sqlite":
+                    _sqlite_pragmas(self.engine)
+            if self.engine.dialect.is_async:
+                raise DatabaseError(
+                    f"{self.shown_url} uses the async driver {self.engine.dialect.driver!r}; "
+                    "use a synchronous one such as postgresql+psycopg://"
+                )
             self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-            self._prepare_schema(upgrade)
+            self._prepare_schema(upgrade, create)
+        except (ModuleNotFoundError, NoSuchModuleError) as e:
+            raise _missing_driver(self.url, e) from None
         except SQLAlchemyError as e:
-            raise DatabaseError(f"cannot open {self._safe_url()}: {_short(e)}") from None
+            raise DatabaseError(f"cannot open {self.shown_url}: {self._short(e)}") from None
 
-    def _safe_url(self) -> str:
-        return make_url(self.url).render_as_string(hide_password=True)
+    @property
+    def shown_url(self) -> str:
+        """The URL as messages, logs, rows and files may show it (password masked)."""
+        return redact_url(self.url)
 
-    def revision(self) -> str | None:
-        with self.engine.connect() as con:
+    def _short(self, e: BaseException) -> str:
+        text = redact_url(_short(e))
+        password = make_url(self.url).password if "://" in self.url else None
+        if password and len(password) >= 4:  # a driver may echo it; shorter ones would mangle the text
+            text = text.replace(str(password), "***")
+        return text
+
+    def revision(self, con=None) -> str | None:
+        if con is not None:
             return MigrationContext.configure(con, opts={"version_table": VERSION_TABLE}).get_current_revision()
+        with self.engine.connect() as con:
+            return self.revision(con)
 
-    def _prepare_schema(self, upgrade: bool) -> None:
-        current = self.revision()
+    def _prepare_schema(self, upgrade: bool, create: bool) -> None:
         script = ScriptDirectory.from_config(alembic_config(self.url))
         head = script.get_current_head()
+        current = self.revision()
         if current == head:
             return
+        self._check_revision(current, head, script, upgrade, create)
+        if self.readonly:
+            return
+        with self._schema_lock() as con:  # check again: another process may have been first
+            current = self.revision(con)
+            if current == head:
+                return
+            self._check_revision(current, head, script, upgrade, create)
+            if current is None and any(t.startswith("tuner_") for t in inspect(con).get_table_names()):
+                raise DatabaseError(f"{self.shown_url} has tuner tables but no schema version; it cannot be used")
+            cfg = alembic_config(self.url)
+            cfg.attributes["connection"] = con
+            command.upgrade(cfg, "head")
+
+    def _check_revision(self, current, head, script, upgrade: bool, create: bool) -> None:
         if current is None:
-            tables = set(inspect(self.engine).get_table_names())
-            if any(t.startswith("tuner_") for t in tables):
-                raise DatabaseError(f"{self._safe_url()} has tuner tables but no schema version; it cannot be used")
-            self._upgrade()
+            if not create:
+                raise DatabaseError(f"{self.shown_url} holds no tuner results; run `tuner search` first")
             return
         known = {rev.revision for rev in script.walk_revisions()}
         if current not in known:
             raise DatabaseError(
-                f"{self._safe_url()} has schema {current}, newer than this sparse-mla-tuner knows (head {head}); "
+                f"{self.shown_url} has schema {current}, newer than this sparse-mla-tuner knows (head {head}); "
                 "upgrade sparse-mla-tuner to read it"
             )
         if not upgrade:
             raise DatabaseError(
-                f"{self._safe_url()} has the older schema {current} (current {head}); run `tuner db upgrade` first"
+                f"{self.shown_url} has the older schema {current} (current {head}); run `tuner db upgrade` first"
             )
-        self._upgrade()
 
-    def _upgrade(self) -> None:
-        cfg = alembic_config(self.url)
+    @contextlib.contextmanager
+    def _schema_lock(self):
+        """A connection in a transaction that no other process can enter until it ends: creating the
+        schema and stamping its version is one step, safe when several processes start at once."""
+        if self.engine.dialect.name == "sqlite":
+            engine = create_engine(self.url)
+
+            @event.listens_for(engine, "connect")
+            def _on_connect(dbapi_con, _record):
+                dbapi_con.isolation_level = None  # the driver's implicit BEGIN would be DEFERRED
+                dbapi_con.execute("PRAGMA busy_timeout=60000")
+                dbapi_con.execute("PRAGMA journal_mode=WAL")
+
+            @event.listens_for(engine, "begin")
+            def _on_begin(con):
+                con.exec_driver_sql("BEGIN EXCLUSIVE")
+
+            try:
+                with engine.begin() as con:
+                    yield con
+            finally:
+                engine.dispose()
+            return
         with self.engine.begin() as con:
-            cfg.attributes["connection"] = con
-            command.upgrade(cfg, "head")
+            if self.engine.dialect.name == "postgresql":
+                con.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK_KEY})")
+            yield con
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Session]:
@@ -154,7 +285,7 @@ class Store:
             session.commit()
         except SQLAlchemyError as e:
             session.rollback()
-            raise DatabaseError(f"database error on {self._safe_url()}: {_short(e)}") from None
+            raise DatabaseError(f"database error on {self.shown_url}: {self._short(e)}") from None
         except BaseException:
             session.rollback()
             raise
@@ -162,6 +293,6 @@ class Store:
             session.close()
 
 
-def _short(e: Exception) -> str:
+def _short(e: BaseException) -> str:
     text = str(getattr(e, "orig", None) or e).strip().splitlines()
     return text[0] if text else type(e).__name__

@@ -39,6 +39,9 @@ def expected_errors(fn):
         except (TunerError, DatabaseError) as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(2)
+        except KeyboardInterrupt:  # a second Ctrl-C: what was recorded stays recorded
+            click.echo("interrupted", err=True)
+            sys.exit(130)
 
     return wrapper
 
@@ -169,8 +172,10 @@ def search(space_file, backend, sampler, n_trials, timeout_s, concurrency, worke
     )
     rows = run_search(space, store, opts)
     if fmt == "table":
-        click.echo(f"search {space.name} ({opts.backend}), results in {store.url}:", err=True)
+        click.echo(f"search {space.name} ({opts.backend}), results in {store.shown_url}:", err=True)
     click.echo(render(rows, fmt))
+    if opts.interrupted:
+        sys.exit(130)  # Ctrl-C: every finished trial is recorded; re-running resumes
 
 
 def _best_row(t) -> dict:
@@ -222,12 +227,12 @@ def best(concurrency, space, workload, device, backend, fmt, db_url):
     from db import queries
     from db.store import Store
 
-    store = Store(db_url)
+    store = Store(db_url, readonly=True)
     with store.session() as s:
         found = queries.best(s, concurrency, space=space, workload=workload, device=device, backend=backend)
         rows = [_best_row(t) for t in found]
     if not rows:
-        raise TunerError(f"no ok result at concurrency {concurrency} in {store.url} (run `tuner search` first)")
+        raise TunerError(f"no ok result at concurrency {concurrency} in {store.shown_url} (run `tuner search` first)")
     if len(rows) > 1:
         click.echo(
             f"{len(rows)} matches (one per space/workload/device/backend); narrow with --space, --workload, "
@@ -250,7 +255,7 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
     from db import queries
     from db.store import Store
 
-    store = Store(db_url)
+    store = Store(db_url, readonly=True)
     with store.session() as s:
         rows = []
         for t in queries.trials(s, concurrency=concurrency, verdict=verdict, space=space):
@@ -305,11 +310,15 @@ def export(out_dir, export_format, backend, db_url):
     from tuner.export import export_tables
     from tuner.export import triton_configs
 
-    store = Store(db_url)
+    store = Store(db_url, create=False)
     if export_format == "triton":
         click.echo(triton_configs(store, backend))
         return
-    for path in export_tables(store, out_dir, backend):
+    try:
+        paths = export_tables(store, out_dir, backend)
+    except OSError as e:
+        raise TunerError(f"cannot write {e.filename or out_dir}: {e.strerror}") from None
+    for path in paths:
         click.echo(str(path))
 
 
@@ -328,7 +337,10 @@ def report(output, plots_dir, db_url):
     prefix = ""
     if plots_dir and output:
         prefix = os.path.relpath(plots_dir, os.path.dirname(os.path.abspath(output)) or ".") + "/"
-    text = render_report(Store(db_url), plots_dir, prefix)
+    try:
+        text = render_report(Store(db_url, readonly=True), plots_dir, prefix)
+    except OSError as e:
+        raise TunerError(f"cannot write {e.filename or plots_dir}: {e.strerror}") from None
     if output:
         try:
             with open(output, "w") as f:
@@ -350,11 +362,11 @@ def show(trial_id, fmt, db_url):
     from db.models import TrialModel
     from db.store import Store
 
-    store = Store(db_url)
+    store = Store(db_url, readonly=True)
     with store.session() as s:
         t = s.get(TrialModel, trial_id)
         if t is None:
-            raise TunerError(f"no trial {trial_id} in {store.url} (see `tuner trials`)")
+            raise TunerError(f"no trial {trial_id} in {store.shown_url} (see `tuner trials`)")
         info = {c.name: getattr(t, c.name) for c in TrialModel.__table__.columns}
         info["created_at"] = str(info["created_at"])
         info.update(
@@ -405,7 +417,7 @@ def compare(config_a, config_b, space, fmt, db_url):
     from tuner import stats
 
     config_a, config_b = (str(_parse_config(c)) for c in (config_a, config_b))
-    store = Store(db_url)
+    store = Store(db_url, readonly=True)
     rows = []
     with store.session() as s:
         by_study = {}
@@ -437,7 +449,7 @@ def compare(config_a, config_b, space, fmt, db_url):
                 }
             )
     if not rows:
-        raise TunerError(f"no study in {store.url} has ok results for both {config_a} and {config_b}")
+        raise TunerError(f"no study in {store.shown_url} has ok results for both {config_a} and {config_b}")
     rows.sort(key=lambda r: (r["space"], r["workload"], r["device"], r["C"]))
     click.echo(render(rows, fmt))
 
@@ -461,7 +473,7 @@ def studies(fmt, db_url):
     from db.models import StudyModel
     from db.store import Store
 
-    store = Store(db_url)
+    store = Store(db_url, readonly=True)
     rows = []
     with store.session() as s:
         for st in s.scalars(select(StudyModel).order_by(StudyModel.id)):
@@ -481,7 +493,7 @@ def studies(fmt, db_url):
                 }
             )
     if not rows:
-        click.echo(f"no studies in {store.url}", err=True)
+        click.echo(f"no studies in {store.shown_url}", err=True)
     click.echo(render(rows, fmt))
 
 
@@ -498,8 +510,8 @@ def upgrade(db_url):
     from db.store import Store
     from db.store import head_revision
 
-    store = Store(db_url, upgrade=True)
-    click.echo(f"{store.url} is at schema {store.revision()} (head {head_revision()})", err=True)
+    store = Store(db_url, upgrade=True, create=False)
+    click.echo(f"{store.shown_url} is at schema {store.revision()} (head {head_revision()})", err=True)
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import click
 import optuna
+import sqlalchemy.exc
 
 from tuner.errors import TunerError
 from tuner.feasibility import check_many
@@ -40,6 +41,7 @@ class Options:
     remeasure: bool = False
     quiet: bool = False
     workers: int | None = None  # measurement processes
+    interrupted: bool = False  # set by run_search: Ctrl-C stopped it (the CLI then exits with 130)
 
 
 class Stop:
@@ -47,6 +49,7 @@ class Stop:
 
     def __init__(self) -> None:
         self.requested = False
+        self.signalled = False  # Ctrl-C, as opposed to a worker's error asking the others to stop
 
     def __enter__(self):
         self._old = signal.signal(signal.SIGINT, self._handler)
@@ -55,7 +58,7 @@ class Stop:
     def _handler(self, signum, frame):
         if self.requested:
             raise KeyboardInterrupt
-        self.requested = True
+        self.requested = self.signalled = True
         click.echo("\ninterrupt: stopping after the current trial (Ctrl-C again to abort now)", err=True)
 
     def __exit__(self, *exc):
@@ -68,12 +71,19 @@ def _storage(url: str) -> optuna.storages.RDBStorage:
     # we record heartbeats ourselves around each measurement (ask/tell, not Study.optimize)
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # heartbeat API
-    return optuna.storages.RDBStorage(
-        url,
-        heartbeat_interval=HEARTBEAT_S,
-        grace_period=GRACE_S,
-        failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=3),
-    )
+    for attempt in range(5):
+        try:
+            return optuna.storages.RDBStorage(
+                url,
+                heartbeat_interval=HEARTBEAT_S,
+                grace_period=GRACE_S,
+                failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=3),
+            )
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError, optuna.exceptions.StorageInternalError):
+            # another process created Optuna's tables at the same moment; they exist now
+            if attempt == 4:
+                raise
+            time.sleep(0.5 * (attempt + 1))
 
 
 def run_search(space: SearchSpace, store, opts: Options) -> list[dict]:
@@ -117,6 +127,7 @@ def run_search(space: SearchSpace, store, opts: Options) -> list[dict]:
                         break
                     plan = StudyPlan(space, spec, wl, conc, verdicts, sampler)
                     summary.append(StudyRun(plan, store, storage, processes, opts, stop, t_start).run())
+            opts.interrupted = stop.signalled
     finally:
         for p in processes:
             p.close()

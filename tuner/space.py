@@ -1,7 +1,10 @@
 """Search-space files (``search_spaces/*.yaml``): parse, validate, expand.
 
 Every error is a :class:`SpaceError` whose message names the file, the key path and what is
-allowed; the CLI prints it as one sentence and exits with status 2. Unknown keys are errors.
+allowed; the CLI prints it as one sentence and exits with status 2. Unknown keys, duplicate keys,
+values of the wrong type and constraints that cannot be evaluated are errors; nothing else is
+raised. A space may have at most :data:`MAX_CONFIGS` configs (the product of the parameters'
+choice counts, computed before anything is expanded): every config is checked for feasibility.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import itertools
+import math
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
@@ -23,7 +27,13 @@ from kernels.kv_format import get_format
 from kernels.workload import Workload
 from tuner.errors import SpaceError
 
-# Opt-in shared memory per block (bytes) of each target arch.
+MAX_CONFIGS = 100_000  # the grid is expanded and every config is compile-checked
+MAX_FILE_BYTES = 1_000_000
+MAX_INT = 2**31 - 1  # every integer of a space must fit the kernel launch's and the database's int32
+MAX_NAME = 64
+MAX_CONSTRAINT = 500  # characters of one constraint expression
+MAX_POWER = 16  # the largest exponent a constraint's `**` may use (a constant)
+
 TARGETS: dict[str, int] = {
     "sm_120": 101_376,
     "sm_100": 232_448,
@@ -47,6 +57,7 @@ TOP_KEYS = {
 }
 WORKLOAD_KEYS = ("name", "kv_format", "heads", "tp", "topk", "page_size", "context")
 MEASUREMENT_DEFAULTS = {"rounds": 10, "finalists": 3, "finalist_rounds": 30, "trial_timeout_s": 60}
+MEASUREMENT_MAX = {"rounds": 10_000, "finalists": 1_000, "finalist_rounds": 10_000, "trial_timeout_s": 86_400}
 SAMPLER_KEYS = ("name", "seed", "n_trials")
 SAMPLERS = ("grid", "tpe")
 
@@ -101,6 +112,7 @@ class SearchSpace:
     sampler: dict
     max_spill_bytes: int | None = None
     _compiled: list = field(default_factory=list, repr=False)
+    _configs: list | None = field(default=None, repr=False)
 
     @property
     def text_hash(self) -> str:
@@ -112,40 +124,82 @@ class SearchSpace:
 
     def satisfies(self, cfg: KernelConfig) -> bool:
         env = cfg.as_dict()
-        return all(eval(code, {"__builtins__": {}}, env) for code in self._compiled)  # noqa: S307 (AST-checked)
+        for text, code in zip(self.constraints, self._compiled, strict=True):
+            try:
+                if not eval(code, {"__builtins__": {}}, env):  # noqa: S307 (AST-checked, bounded)
+                    return False
+            except ArithmeticError as e:  # division by zero, float overflow
+                raise SpaceError(
+                    f"{self.path}: constraint {_show(text)} fails for {cfg}: {type(e).__name__}: {e}"
+                ) from None
+        return True
 
     def configs(self) -> list[KernelConfig]:
         """Every config of the grid that satisfies the constraints, in a stable order."""
-        out = []
-        for values in itertools.product(*(self.parameters[p] for p in PARAM_NAMES)):
-            cfg = KernelConfig(**dict(zip(PARAM_NAMES, values, strict=True)))
-            if self.satisfies(cfg):
-                out.append(cfg)
-        return out
+        if self._configs is None:
+            out = []
+            for values in itertools.product(*(self.parameters[p] for p in PARAM_NAMES)):
+                cfg = KernelConfig(**dict(zip(PARAM_NAMES, values, strict=True)))
+                if self.satisfies(cfg):
+                    out.append(cfg)
+            self._configs = out
+        return list(self._configs)
+
+
+def _show(v, limit: int = 60) -> str:
+    """``repr(v)`` on one line, shortened: messages stay one readable sentence."""
+    try:
+        text = repr(v)
+    except Exception:  # noqa: BLE001 - a value that cannot be shown is still named by its type
+        text = f"<{type(v).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _key(k) -> str:
+    return k if isinstance(k, str) and k.isprintable() and len(k) <= MAX_NAME else _show(k)
 
 
 def _err(path: str, key: str, msg: str) -> SpaceError:
     return SpaceError(f"{path}: `{key}`: {msg}")
 
 
-def _pos_int(path, key, v, minimum=1) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
-        raise _err(path, key, f"must be an integer >= {minimum}, got {v!r}")
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _pos_int(path, key, v, minimum=1, maximum=MAX_INT) -> int:
+    if not _is_int(v) or not minimum <= v <= maximum:
+        raise _err(path, key, f"must be an integer >= {minimum} and <= {maximum}, got {_show(v)}")
+    return v
+
+
+def _name(path, key, v, strict: bool) -> str:
+    ok = isinstance(v, str) and 0 < len(v) <= MAX_NAME and v.isprintable()
+    if ok and strict:
+        ok = all(c.isalnum() or c in "_-" for c in v)
+    if not ok:
+        what = "letters, digits, '_' or '-'" if strict else "a non-empty printable string"
+        raise _err(path, key, f"must be {what} of at most {MAX_NAME} characters, got {_show(v)}")
+    return v
+
+
+def _choice(path, key, v, allowed) -> str:
+    if not isinstance(v, str) or v not in allowed:
+        raise _err(path, key, f"must be one of {sorted(allowed)}, got {_show(v)}")
     return v
 
 
 def _check_keys(path, where, d, allowed) -> None:
     if not isinstance(d, dict):
         raise _err(path, where, f"must be a mapping with keys {list(allowed)}, got {type(d).__name__}")
-    unknown = [k for k in d if k not in allowed]
+    unknown = [k for k in d if not isinstance(k, str) or k not in allowed]
     if unknown:
-        raise _err(
-            path, f"{where}.{unknown[0]}" if where else str(unknown[0]), f"unknown key; allowed: {list(allowed)}"
-        )
+        k = _key(unknown[0])
+        raise _err(path, f"{where}.{k}" if where else k, f"unknown key; allowed: {list(allowed)}")
 
 
-def _distribution(path, key, spec) -> list[int]:
-    """Optuna's abbreviated form -> the list of values; a plain list is categorical."""
+def _distribution(path, key, spec) -> range | list[int]:
+    """Optuna's abbreviated form -> the values (an int range stays a lazy ``range``); a plain list is categorical."""
     if isinstance(spec, list):
         spec = {"type": "categorical", "choices": spec}
     if not isinstance(spec, dict) or "type" not in spec:
@@ -155,25 +209,21 @@ def _distribution(path, key, spec) -> list[int]:
         _check_keys(path, key, spec, ("type", "choices"))
         choices = spec.get("choices")
         if not isinstance(choices, list) or not choices:
-            raise _err(path, f"{key}.choices", f"must be a non-empty list, got {choices!r}")
+            raise _err(path, f"{key}.choices", f"must be a non-empty list, got {_show(choices)}")
         for i, c in enumerate(choices):
-            if not isinstance(c, int) or isinstance(c, bool):
-                raise _err(path, f"{key}.choices[{i}]", f"must be an integer, got {c!r}")
+            _pos_int(path, f"{key}.choices[{i}]", c, minimum=0)
         if len(set(choices)) != len(choices):
-            raise _err(path, f"{key}.choices", f"has duplicates: {choices}")
+            raise _err(path, f"{key}.choices", f"has duplicates: {_show(choices)}")
         return list(choices)
     if kind == "int":
         _check_keys(path, key, spec, ("type", "low", "high", "step"))
         low, high, step = spec.get("low"), spec.get("high"), spec.get("step", 1)
         for name, v in (("low", low), ("high", high), ("step", step)):
-            if not isinstance(v, int) or isinstance(v, bool):
-                raise _err(path, f"{key}.{name}", f"must be an integer, got {v!r}")
+            _pos_int(path, f"{key}.{name}", v, minimum=0 if name != "step" else 1)
         if low > high:
             raise _err(path, key, f"`low <= high` must hold, but got (low={low}, high={high})")
-        if step < 1:
-            raise _err(path, f"{key}.step", f"must be >= 1, got {step}")
-        return list(range(low, high + 1, step))
-    raise _err(path, f"{key}.type", f"must be `categorical` or `int`, got {kind!r}")
+        return range(low, high + 1, step)
+    raise _err(path, f"{key}.type", f"must be `categorical` or `int`, got {_show(kind)}")
 
 
 _ALLOWED_NODES = (
@@ -184,6 +234,7 @@ _ALLOWED_NODES = (
     ast.UnaryOp,
     ast.Not,
     ast.USub,
+    ast.UAdd,
     ast.BinOp,
     ast.Add,
     ast.Sub,
@@ -206,51 +257,106 @@ _ALLOWED_NODES = (
 
 
 def _constraint(path, key, expr):
+    """Compile one constraint; only parameters, numbers, arithmetic and comparisons, and ``**`` only with
+    a small constant exponent, so that no expression can take long or grow without bound."""
     if not isinstance(expr, str):
-        raise _err(path, key, f"must be an expression string such as 'BLOCK_T * num_stages <= 128', got {expr!r}")
+        raise _err(path, key, f"must be an expression string such as 'BLOCK_T * num_stages <= 128', got {_show(expr)}")
+    if len(expr) > MAX_CONSTRAINT:
+        raise _err(path, key, f"is {len(expr)} characters long; at most {MAX_CONSTRAINT} are allowed")
     try:
         tree = ast.parse(expr, mode="eval")
     except SyntaxError as e:
-        raise _err(path, key, f"is not a valid expression ({e.msg}): {expr!r}") from None
+        raise _err(path, key, f"is not a valid expression ({e.msg}): {_show(expr)}") from None
+    except (ValueError, RecursionError, MemoryError):  # null bytes, nesting too deep
+        raise _err(path, key, f"is not a valid expression: {_show(expr)}") from None
     for node in ast.walk(tree):
         if not isinstance(node, _ALLOWED_NODES):
-            raise _err(path, key, f"may use only {list(PARAM_NAMES)}, numbers, arithmetic and comparisons: {expr!r}")
+            raise _err(
+                path, key, f"may use only {list(PARAM_NAMES)}, numbers, arithmetic and comparisons: {_show(expr)}"
+            )
         if isinstance(node, ast.Name) and node.id not in PARAM_NAMES:
-            raise _err(path, key, f"unknown name {node.id!r}; allowed: {list(PARAM_NAMES)}")
-        if isinstance(node, ast.Constant) and not isinstance(node.value, int | float):
-            raise _err(path, key, f"only numeric constants are allowed: {expr!r}")
+            raise _err(path, key, f"unknown name {_show(node.id)}; allowed: {list(PARAM_NAMES)}")
+        if isinstance(node, ast.Constant) and (not isinstance(node.value, int | float) or isinstance(node.value, bool)):
+            raise _err(path, key, f"only numeric constants are allowed: {_show(expr)}")
+        if isinstance(node, ast.Constant) and not abs(node.value) <= 10**18:
+            raise _err(path, key, f"constants must be at most 1e18 in magnitude: {_show(expr)}")
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+            e = node.right
+            if not (isinstance(e, ast.Constant) and _is_int(e.value) and 0 <= e.value <= MAX_POWER):
+                raise _err(path, key, f"`**` needs a constant integer exponent in 0..{MAX_POWER}: {_show(expr)}")
+            if any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Pow) for n in ast.walk(node.left)):
+                raise _err(path, key, f"`**` may not be nested: {_show(expr)}")
     return compile(tree, f"<{key}>", "eval")
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping key that appears twice (PyYAML keeps the last silently)."""
+
+
+def _construct_mapping(loader, node, deep=False):
+    loader.flatten_mapping(node)
+    seen = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            first = seen.get(key)
+        except TypeError:
+            raise SpaceError(
+                f"line {key_node.start_mark.line + 1}: a mapping key must be a plain value, got {_show(key)}"
+            ) from None
+        if first is not None:
+            raise SpaceError(
+                f"line {key_node.start_mark.line + 1}: duplicate key `{_key(key)}` (first at line {first}); "
+                "each key may appear once"
+            )
+        seen[key] = key_node.start_mark.line + 1
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _read(path: str):
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise SpaceError(f"{path}: cannot read the search space ({e.strerror})") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise SpaceError(f"{path}: is {len(data)} bytes; a search space may have at most {MAX_FILE_BYTES}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpaceError(f"{path}: is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start})") from None
+    try:
+        doc = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except SpaceError as e:
+        raise SpaceError(f"{path}: {e}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise SpaceError(f"{path}: not valid YAML{where}: {problem}") from None
+    except (RecursionError, MemoryError):
+        raise SpaceError(f"{path}: not valid YAML: nested too deeply") from None
+    return text, doc
 
 
 def load_space(path: str | Path) -> SearchSpace:
     """Read and validate a search-space file; raise :class:`SpaceError` with a clear message."""
     path = str(path)
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise SpaceError(f"{path}: cannot read the search space ({e.strerror})") from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise SpaceError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    text, doc = _read(path)
     if not isinstance(doc, dict):
-        raise SpaceError(f"{path}: must be a YAML mapping with keys {list(TOP_KEYS)}")
+        raise SpaceError(f"{path}: must be a YAML mapping with keys {list(TOP_KEYS)}, got {type(doc).__name__}")
     _check_keys(path, "", doc, TOP_KEYS)
     for req in ("name", "workloads", "concurrency", "parameters", "baseline"):
         if req not in doc:
             raise _err(path, req, f"is required: {TOP_KEYS[req]}")
-    name = doc["name"]
-    if not isinstance(name, str) or not name or not all(c.isalnum() or c in "_-" for c in name):
-        raise _err(path, "name", f"must be letters, digits, '_' or '-', got {name!r}")
-    target = doc.get("target", "sm_120")
-    if target not in TARGETS:
-        raise _err(path, "target", f"must be one of {sorted(TARGETS)}, got {target!r}")
+    name = _name(path, "name", doc["name"], strict=True)
+    target = _choice(path, "target", doc.get("target", "sm_120"), TARGETS)
 
     wls = doc["workloads"]
     if not isinstance(wls, list) or not wls:
-        raise _err(path, "workloads", "must be a non-empty list")
+        raise _err(path, "workloads", f"must be a non-empty list of workloads, got {_show(wls)}")
     workloads = []
     for i, w in enumerate(wls):
         key = f"workloads[{i}]"
@@ -258,52 +364,61 @@ def load_space(path: str | Path) -> SearchSpace:
         missing = [k for k in WORKLOAD_KEYS if k not in w and k not in ("tp", "page_size", "context")]
         if missing:
             raise _err(path, f"{key}.{missing[0]}", "is required")
-        if w["kv_format"] not in FORMATS:
-            raise _err(path, f"{key}.kv_format", f"must be one of {sorted(FORMATS)}, got {w['kv_format']!r}")
+        wname = _name(path, f"{key}.name", w["name"], strict=False)
+        kv_format = _choice(path, f"{key}.kv_format", w["kv_format"], FORMATS)
         vals = {
             k: _pos_int(path, f"{key}.{k}", w.get(k, d))
             for k, d in (("heads", None), ("tp", 1), ("topk", None), ("page_size", 64), ("context", 8192))
         }
         if vals["heads"] % vals["tp"]:
             raise _err(path, f"{key}.tp", f"must divide heads ({vals['heads']}), got {vals['tp']}")
-        if not isinstance(w["name"], str) or not w["name"]:
-            raise _err(path, f"{key}.name", f"must be a non-empty string, got {w['name']!r}")
-        workloads.append(WorkloadSpec(w["name"], w["kv_format"], **vals))
+        workloads.append(WorkloadSpec(wname, kv_format, **vals))
     if len({w.name for w in workloads}) != len(workloads):
         raise _err(path, "workloads", "names must be unique")
 
     conc = doc["concurrency"]
     if not isinstance(conc, list) or not conc:
-        raise _err(path, "concurrency", "must be a non-empty list of positive integers")
+        raise _err(path, "concurrency", f"must be a non-empty list of positive integers, got {_show(conc)}")
     concurrency = [_pos_int(path, f"concurrency[{i}]", c) for i, c in enumerate(conc)]
     if len(set(concurrency)) != len(concurrency):
-        raise _err(path, "concurrency", f"has duplicates: {concurrency}")
+        raise _err(path, "concurrency", f"has duplicates: {_show(concurrency)}")
 
     _check_keys(path, "parameters", doc["parameters"], PARAM_NAMES)
     required = [p.name for p in PARAMS if p.always_in_key]
     missing = [p for p in required if p not in doc["parameters"]]
     if missing:
         raise _err(path, f"parameters.{missing[0]}", f"is required; every one of {required} must be given")
-    parameters = {
+    choices = {
         p.name: _distribution(path, f"parameters.{p.name}", doc["parameters"][p.name])
         if p.name in doc["parameters"]
         else [p.default]
         for p in PARAMS
     }
+    n_configs = math.prod(len(v) for v in choices.values())  # before anything is expanded
+    if n_configs > MAX_CONFIGS:
+        counts = ", ".join(f"{p} {len(v)}" for p, v in choices.items())
+        raise _err(
+            path,
+            "parameters",
+            f"span {n_configs} configs ({counts}); at most {MAX_CONFIGS} are allowed, narrow the ranges",
+        )
+    parameters = {p: list(v) for p, v in choices.items()}
     for p in PARAMS:
         for v in parameters[p.name]:
             if not p.valid(v):
-                raise _err(path, f"parameters.{p.name}", f"{p.name} must be {p.rule}, got {v!r}")
+                raise _err(path, f"parameters.{p.name}", f"{p.name} must be {p.rule}, got {_show(v)}")
 
     cons = doc.get("constraints") or []
     if not isinstance(cons, list):
-        raise _err(path, "constraints", "must be a list of expression strings")
+        raise _err(path, "constraints", f"must be a list of expression strings, got {_show(cons)}")
     compiled = [_constraint(path, f"constraints[{i}]", c) for i, c in enumerate(cons)]
 
     _check_keys(path, "baseline", doc["baseline"], PARAM_NAMES)
     for p in required:
         if p not in doc["baseline"]:
             raise _err(path, f"baseline.{p}", "is required")
+    for p, v in doc["baseline"].items():
+        _pos_int(path, f"baseline.{p}", v, minimum=0)
     try:
         baseline = KernelConfig.from_dict(doc["baseline"])
     except (ValueError, TypeError) as e:
@@ -311,20 +426,24 @@ def load_space(path: str | Path) -> SearchSpace:
     for p in PARAM_NAMES:
         if getattr(baseline, p) not in parameters[p]:
             raise _err(
-                path, f"baseline.{p}", f"must be one of the space's choices {parameters[p]}, got {getattr(baseline, p)}"
+                path,
+                f"baseline.{p}",
+                f"must be one of the space's choices {_show(parameters[p])}, got {getattr(baseline, p)}",
             )
 
     meas = doc.get("measurement") or {}
     _check_keys(path, "measurement", meas, MEASUREMENT_DEFAULTS)
-    measurement = {k: _pos_int(path, f"measurement.{k}", meas.get(k, d)) for k, d in MEASUREMENT_DEFAULTS.items()}
+    measurement = {
+        k: _pos_int(path, f"measurement.{k}", meas.get(k, d), maximum=MEASUREMENT_MAX[k])
+        for k, d in MEASUREMENT_DEFAULTS.items()
+    }
     if measurement["rounds"] < 3:
         raise _err(path, "measurement.rounds", f"must be >= 3 for a confidence interval, got {measurement['rounds']}")
 
     samp = doc.get("sampler") or {}
     _check_keys(path, "sampler", samp, SAMPLER_KEYS)
     sampler = {"name": samp.get("name", "grid"), "seed": samp.get("seed", 0), "n_trials": samp.get("n_trials")}
-    if sampler["name"] not in SAMPLERS:
-        raise _err(path, "sampler.name", f"must be one of {list(SAMPLERS)}, got {sampler['name']!r}")
+    _choice(path, "sampler.name", sampler["name"], SAMPLERS)
     _pos_int(path, "sampler.seed", sampler["seed"], minimum=0)
     if sampler["n_trials"] is not None:
         _pos_int(path, "sampler.n_trials", sampler["n_trials"])
@@ -349,5 +468,6 @@ def load_space(path: str | Path) -> SearchSpace:
         compiled,
     )
     if not space.satisfies(baseline):
-        raise _err(path, "baseline", f"violates the constraints {cons}")
+        raise _err(path, "baseline", f"violates the constraints {_show(cons, 200)}")
+    space.configs()  # every constraint evaluated on every config now: an arithmetic error is reported here
     return space
