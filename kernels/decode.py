@@ -216,7 +216,8 @@ def _split_kernel(
         if HAS_SINK:
             # exp(lse) / (exp(lse) + exp(sink)); an empty row stays zero whatever the sink
             b_sink = tl.load(Sink + o_h, mask=m_h, other=0.0)
-            b_o = b_o * tl.where(m_empty, 0.0, 1.0 / (1.0 + tl.exp(b_sink - b_lse)))[:, None]
+            b_w = 1.0 / (1.0 + tl.exp(b_sink - tl.where(m_empty, 0.0, b_lse)))
+            b_o = b_o * tl.where(m_empty, 0.0, b_w)[:, None]
         p_o = Out + (i_r * H + o_h)[:, None] * 512 + o_d[None, :]  # Out [B, s_q, H, 512]
         tl.store(p_o, b_o.to(tl.bfloat16), mask=m_h[:, None])
         p_lse = Lse + (i_b * H + o_h) * q_tokens + i_q  # Lse [B, H, s_q]

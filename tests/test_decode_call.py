@@ -1,0 +1,216 @@
+"""The engine-facing call: attention sink, an extra cache in the same softmax, s_q query tokens per request."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernels.decode as decode
+from kernels import KernelConfig
+from kernels import Workload
+from kernels import make_batch
+from kernels import sparse_mla_decode
+from kernels.reference import compare
+from kernels.reference import sparse_mla_decode_ref
+
+ONE_SPLIT = KernelConfig(BLOCK_T=16, num_warps=4, num_stages=2, TARGET_CTAS=1)
+MANY_SPLITS = KernelConfig(BLOCK_T=16, num_warps=4, num_stages=2, TARGET_CTAS=64)
+CONFIGS = {"1split": ONE_SPLIT, "splits": MANY_SPLITS}
+
+# the main cache on 64-token pages, the extra one on 16-token pages (as V4's SWA + compressed caches differ)
+MAIN = {"fp8_model1": Workload("fp8_model1", 16, 64, page_size=64, context=300)}
+MAIN["fp8_v32"] = Workload("fp8_v32", 16, 64, page_size=64, context=300)
+EXTRA = {fmt: Workload(fmt, 16, 40, page_size=16, context=120) for fmt in MAIN}
+
+VARIANTS = {
+    "sink": {"with_sink": True},
+    "extra": {"extra": True},
+    "sq2": {"q_tokens": 2},
+    "sq2-extra-sink-lengths": {"q_tokens": 2, "extra": True, "with_sink": True, "with_topk_length": True},
+}
+
+
+@pytest.fixture(autouse=True)
+def poisoned(monkeypatch):
+    """Outputs and partials start as NaN, so an element the kernels never write fails the comparison."""
+    monkeypatch.setattr(decode, "POISON_OUTPUTS", True)
+
+
+def _batch(fmt, B, device, seed=0, **kw):
+    extra = EXTRA[fmt] if kw.pop("extra", False) else None
+    return make_batch(MAIN[fmt], B, device=device, seed=seed, invalid_fraction=0.1, extra=extra, **kw)
+
+
+def _check(bt, cfg, **overrides):
+    kwargs = {**bt.kwargs(), **overrides}
+    out, lse = sparse_mla_decode(*bt.args(), **kwargs, config=cfg)
+    ref_out, ref_lse = sparse_mla_decode_ref(*bt.args(), **kwargs)
+    assert out.shape == ref_out.shape and lse.shape == ref_lse.shape
+    ok, rel, lse_err, reason = compare(out, lse, ref_out, ref_lse)
+    assert ok, reason
+    return out, lse
+
+
+@pytest.mark.parametrize("cfg_name", list(CONFIGS))
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("fmt", ["fp8_model1", "fp8_v32"])
+def test_new_arguments_match_reference(fmt, variant, cfg_name, device):
+    bt = _batch(fmt, 3, device, **VARIANTS[variant])
+    out, lse = _check(bt, CONFIGS[cfg_name])
+    s_q = VARIANTS[variant].get("q_tokens")
+    if s_q:
+        assert out.shape == (3, s_q, 16, 512) and lse.shape == (3, 16, s_q)
+    else:
+        assert out.shape == (3, 16, 512) and lse.shape == (3, 16)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+
+
+@pytest.mark.parametrize("cfg_name", list(CONFIGS))
+@pytest.mark.parametrize("fmt", ["fp8_model1", "fp8_v32"])
+def test_invalid_and_out_of_range_indices_in_either_cache(fmt, cfg_name, device):
+    bt = _batch(fmt, 3, device, extra=True, q_tokens=2, with_sink=True)
+    n_main = bt.kv_cache.shape[0] * bt.kv_cache.shape[1]
+    n_extra = bt.extra_kv_cache.shape[0] * bt.extra_kv_cache.shape[1]
+    bt.indices[0, 0, :3] = torch.tensor([-1, -7, n_main], dtype=torch.int32)  # masked, never read
+    bt.indices[1, 1, 5] = n_main + 1000
+    bt.extra_indices[0, 1, :3] = torch.tensor([-1, n_extra, n_extra + 64], dtype=torch.int32)
+    bt.indices[2, 0] = -1  # token (2, 0): nothing in the main cache, the extra cache alone
+    bt.indices[2, 1] = -1  # token (2, 1): nothing in either cache
+    bt.extra_indices[2, 1] = -1
+    out, lse = _check(bt, CONFIGS[cfg_name])
+    assert torch.isfinite(lse[2, :, 0]).all()
+    assert torch.isposinf(lse[2, :, 1]).all() and (out[2, 1] == 0).all()  # the sink does not change that
+
+
+@pytest.mark.parametrize("empty", ["main", "extra", "both"])
+def test_topk_length_zero_on_one_cache(empty, device):
+    bt = _batch("fp8_model1", 2, device, extra=True, with_topk_length=True, with_sink=True)
+    if empty in ("main", "both"):
+        bt.topk_length[0] = 0
+    if empty in ("extra", "both"):
+        bt.extra_topk_length[0] = 0
+    out, lse = _check(bt, MANY_SPLITS)
+    assert torch.isposinf(lse[0]).all() == (empty == "both")
+    if empty == "main":  # request 0 is then exactly a call on the extra cache alone
+        alone, alone_lse = sparse_mla_decode(
+            bt.q,
+            bt.extra_kv_cache,
+            bt.extra_indices,
+            kv_format="fp8_model1",
+            topk_length=bt.extra_topk_length,
+            attn_sink=bt.attn_sink,
+            config=MANY_SPLITS,
+        )
+        assert torch.allclose(lse[0], alone_lse[0], atol=1e-5)
+        assert (out[0].float() - alone[0].float()).abs().max() <= 1e-2
+
+
+@pytest.mark.parametrize("cfg_name", list(CONFIGS))
+@pytest.mark.parametrize("sink", ["+inf", "-inf", "finite"])
+def test_sink_values(sink, cfg_name, device):
+    bt = _batch("fp8_v32", 3, device)
+    bt.indices[1] = -1  # an empty row stays zero with lse +inf whatever the sink
+    plain_out, plain_lse = _check(bt, CONFIGS[cfg_name])
+    value = {"+inf": float("inf"), "-inf": float("-inf"), "finite": 3.0}[sink]
+    attn_sink = torch.full((16,), value, device=device)
+    if sink == "finite":
+        attn_sink[::2] = -2.5
+    out, lse = _check(bt, CONFIGS[cfg_name], attn_sink=attn_sink)
+    assert torch.equal(lse, plain_lse)  # lse is returned unchanged
+    assert torch.isposinf(lse[1]).all() and (out[1] == 0).all()
+    if sink == "+inf":
+        assert (out == 0).all()
+    elif sink == "-inf":
+        assert torch.equal(out, plain_out)
+    else:
+        w = torch.sigmoid(lse[0] - attn_sink)  # exp(lse) / (exp(lse) + exp(sink))
+        assert torch.allclose(out[0].float(), plain_out[0].float() * w[:, None], rtol=2e-2, atol=2e-3)
+
+
+def test_sq2_rows_are_independent_tokens(device):
+    """Each of the s_q tokens of a request is the 3-D call on that token (lse laid out [B, H, s_q])."""
+    bt = _batch("fp8_model1", 2, device, q_tokens=2, with_topk_length=True)
+    out, lse = _check(bt, ONE_SPLIT)
+    for s in range(2):
+        o1, l1 = sparse_mla_decode(
+            bt.q[:, s], bt.kv_cache, bt.indices[:, s].contiguous(), kv_format="fp8_model1",
+            topk_length=bt.topk_length, config=ONE_SPLIT,
+        )  # fmt: skip
+        assert torch.equal(out[:, s], o1) and torch.equal(lse[:, :, s], l1)
+
+
+def test_3d_form_unchanged_with_extra_and_sink(device):
+    """The 3-D form takes the new arguments too and keeps its shapes."""
+    bt = _batch("fp8_v32", 2, device, extra=True, with_sink=True)
+    assert bt.q.dim() == 3 and bt.extra_indices.dim() == 2
+    out, lse = _check(bt, MANY_SPLITS)
+    assert out.shape == (2, 16, 512) and lse.shape == (2, 16)
+
+
+def test_extra_cache_of_another_page_size_and_format(device):
+    """Another page size works; another format has another head dim (512 vs 576), which one q cannot serve."""
+    bt = _batch("fp8_model1", 2, device)
+    other = make_batch(Workload("fp8_model1", 16, 24, page_size=8, context=50), 2, device=device, seed=3)
+    _check(bt, MANY_SPLITS, extra_kv_cache=other.kv_cache, extra_indices=other.indices, extra_kv_format="fp8_model1")
+    v32 = make_batch(Workload("fp8_v32", 16, 24, page_size=8, context=50), 2, device=device, seed=3)
+    with pytest.raises(ValueError, match="both caches must share q's head dim"):
+        sparse_mla_decode(*bt.args(), kv_format="fp8_model1", extra_kv_cache=v32.kv_cache,
+                          extra_indices=v32.indices, extra_kv_format="fp8_v32")  # fmt: skip
+
+
+def test_bad_call_arguments_raise_value_error(device):
+    bt = _batch("fp8_model1", 2, device, q_tokens=2, extra=True)
+    kw = bt.kwargs()
+    with pytest.raises(ValueError, match=r"attn_sink must be a \[16\] float32"):
+        sparse_mla_decode(*bt.args(), **{**kw, "attn_sink": torch.zeros(8, device=device)})
+    with pytest.raises(ValueError, match=r"extra_indices must be a contiguous \[2, 2, topk\] int32"):
+        sparse_mla_decode(*bt.args(), **{**kw, "extra_indices": bt.extra_indices[:, 0]})
+    with pytest.raises(ValueError, match=r"extra_topk_length must be a \[2\] int32"):
+        sparse_mla_decode(*bt.args(), **{**kw, "extra_topk_length": torch.ones(3, dtype=torch.int32)})
+    with pytest.raises(ValueError, match="must be given together"):
+        sparse_mla_decode(*bt.args(), **{**kw, "extra_indices": None})
+
+
+_COMPILE_SCRIPT = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernels.config import KernelConfig
+from kernels.decode import compile_spec
+from kernels.workload import Workload
+
+main = Workload("fp8_model1", 16, 128, page_size=256, context=4096)
+extra = Workload("fp8_model1", 16, 512, page_size=64, context=2048)
+rows = []
+for spec in compile_spec(KernelConfig(), main, "sm_120", extra=extra, attn_sink=True, q_tokens=2,
+                         topk_length=True, extra_topk_length=True):
+    k = triton.compile(ASTSource(spec.kernel, spec.signature, spec.constexprs, spec.attrs),
+                       target=GPUTarget("cuda", 120, 32), options=spec.options)
+    c = spec.constexprs
+    rows.append([spec.name, c.get("PAGE_SIZE"), c.get("WRITE_FINAL"), c.get("HAS_SINK"), k.metadata.shared])
+plain = compile_spec(KernelConfig(), main, "sm_120")
+sq2 = compile_spec(KernelConfig(), main, "sm_120", q_tokens=2)
+json.dump({"rows": rows, "sq_same_binaries": [s.key() for s in plain] == [s.key() for s in sq2]}, sys.stdout)
+"""
+
+
+def test_compile_spec_lists_the_new_variants_and_they_compile_for_sm120():
+    """compile_spec on meta tensors for a call with an extra cache, a sink and s_q = 2 (compiled, not run)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run(
+        [sys.executable, "-c", _COMPILE_SCRIPT], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = json.loads(res.stdout)
+    variants = {tuple(r[:4]) for r in got["rows"]}
+    # one split launch per cache (its own page size), partials only; the combine applies the sink
+    assert ("split", 256, False, False) in variants and ("split", 64, False, False) in variants
+    assert {r[3] for r in got["rows"] if r[0] == "combine"} == {True}
+    assert all(r[4] <= 101_376 for r in got["rows"]), got["rows"]
+    assert got["sq_same_binaries"]  # s_q changes the grid, not the binary
