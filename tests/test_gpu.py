@@ -24,7 +24,8 @@ def test_full_size_matches_reference(fmt, topk, batch):
     assert ok, reason
 
 
-def test_config_none_uses_the_exported_table_on_this_gpu():
+def test_config_none_uses_the_exported_table_on_this_gpu(monkeypatch):
+    monkeypatch.delenv("SPARSE_MLA_CONFIG_DIR", raising=False)  # the package's own tables
     name = device_name(torch.device("cuda"))
     cfg = lookup_config(name, "fp8_model1", 16, 512, 96)
     if name != "NVIDIA H200":

@@ -257,19 +257,19 @@ def test_export_writes_the_table_the_kernel_reads(smoke_db, tmp_path):
     out = tmp_path / "configs"
     proc = tuner("export", "--db", smoke_db["url"], "--out", str(out))
     assert proc.returncode == 0, proc.stderr
-    (path,) = out.glob("*.json")
-    assert path.name == "cpu_interpreter__fp8_model1_h16_topk64.json"
-    table = json.loads(path.read_text())
-    assert set(table["configs"]) == {"1", "4"}
-    for entry in table["configs"].values():
-        assert {"BLOCK_T", "num_warps", "num_stages", "TARGET_CTAS", "median_us", "ratio_ci", "noise_band"} <= set(
-            entry
-        )
+    name = "kv_format=fp8_model1,heads=16,topk=64,device_name=cpu-interpreter"
+    assert sorted(p.name for p in out.glob("*.json")) == [f"{name}.json", f"{name}.provenance.json"]
+    table = json.loads((out / f"{name}.json").read_text())
+    assert set(table) == {"1", "4"}
+    for entry in table.values():
+        assert set(entry) == {"BLOCK_T", "num_warps", "num_stages", "TARGET_CTAS", "maxnreg"}
         assert entry["BLOCK_T"] * entry["num_stages"] < 64  # never the infeasible T32-s2
+    side = json.loads((out / f"{name}.provenance.json").read_text())
+    assert {e["verdict"] for e in side["entries"].values()} == {"ok"}
     from kernels.table import lookup_config
 
-    cfg = lookup_config("cpu-interpreter", "fp8_model1", 16, 64, 3, config_dir=out)
-    assert cfg.as_dict() == {k: table["configs"]["1"][k] for k in cfg.as_dict()}
+    cfg = lookup_config("cpu-interpreter", "fp8_model1", 16, 64, 3, config_dir=out)  # nearest key: 4
+    assert cfg.as_dict() == table["4"]
     assert _rows(smoke_db["path"], "SELECT COUNT(*) FROM tuner_exports")[0][0] >= 1
     triton_fmt = tuner("export", "--db", smoke_db["url"], "--format", "triton")
     assert triton_fmt.returncode == 0 and "triton.Config(" in triton_fmt.stdout
@@ -282,7 +282,9 @@ def test_stale_table_warns_with_both_hashes(tmp_path):
 
     name = kc.table_name("dev", "fp8_v32", 16, 64)
     entry = {"BLOCK_T": 16, "num_warps": 4, "num_stages": 1, "TARGET_CTAS": 8}
-    (tmp_path / name).write_text(json.dumps({"kernel_hash": "000000000000", "configs": {"1": entry}}))
+    (tmp_path / name).write_text(json.dumps({"1": entry}))
+    side = {"kernel_hash": "000000000000", "entries": {"1": {"verdict": "ok"}}}
+    kc.sidecar_path(tmp_path / name).write_text(json.dumps(side))
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         cfg = kc.lookup_config("dev", "fp8_v32", 16, 64, 1, config_dir=tmp_path)

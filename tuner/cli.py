@@ -290,32 +290,43 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
 @click.option(
     "--out",
     "out_dir",
-    type=click.Path(file_okay=False),
+    type=click.Path(),
     default=None,
-    help="Directory for the JSON tables (default: kernels/configs/ of the package).",
+    help="engine/sglang: directory for the tables (default: kernels/configs/ of the package); "
+    "triton: the .py file to write (default stdout).",
 )
 @click.option(
     "--format",
     "export_format",
-    type=click.Choice(["json", "triton"]),
-    default="json",
-    help="json: the kernel's autotune table files; triton: print a triton.Config list.",
+    type=click.Choice(["engine", "sglang", "triton"]),
+    default="engine",
+    help="engine: flat JSON tables {batch: config} the kernel reads, with a provenance sidecar; "
+    "sglang: the same in a triton_<version>/ folder; triton: an importable list of triton.Config.",
 )
 @click.option("--backend", type=click.Choice(["cuda", "interpreter"]), default=None)
 @db_option
 @expected_errors
 def export(out_dir, export_format, backend, db_url):
-    """Write the kernel's autotune table: the best ok config per concurrency, per device and workload."""
+    """Write the kernel's autotune tables: the best ok config per concurrency, per device and workload."""
     from db.store import Store
     from tuner.export import export_tables
-    from tuner.export import triton_configs
+    from tuner.export import triton_module
 
     store = Store(db_url, create=False)
     if export_format == "triton":
-        click.echo(triton_configs(store, backend))
+        text = triton_module(store, backend)
+        if out_dir is None:
+            click.echo(text, nl=False)
+            return
+        try:
+            with open(out_dir, "w") as f:
+                f.write(text)
+        except OSError as e:
+            raise TunerError(f"cannot write {out_dir}: {e.strerror}") from None
+        click.echo(out_dir)
         return
     try:
-        paths = export_tables(store, out_dir, backend)
+        paths = export_tables(store, out_dir, backend, export_format)
     except OSError as e:
         raise TunerError(f"cannot write {e.filename or out_dir}: {e.strerror}") from None
     for path in paths:

@@ -1,14 +1,21 @@
-"""``tuner export``: the kernel's autotune table, from the database.
+"""``tuner export``: the kernel's autotune tables, from the database.
 
-One JSON file per (device name, workload shape) in ``kernels/configs/`` (the kernel reads it when
-called with ``config=None``), keyed by concurrency. Each entry holds the four parameters and its
-provenance. Only ``ok`` trials, which passed the correctness gate, are ever exported.
+Formats (only ``ok`` trials, which passed the correctness gate, are ever exported):
+
+- ``engine`` (default): one flat JSON file per (device, workload) in the layout serving engines
+  use, ``kv_format=…,heads=…,topk=…,device_name=NVIDIA_H200.json`` holding
+  ``{"<batch>": {parameter: value}}``, plus a ``….provenance.json`` sidecar (kernel hash, Triton
+  version, date, redacted source URL, each entry's median, CI and verdict). The kernel reads these
+  files itself (:mod:`kernels.table`).
+- ``sglang``: the same files in a ``triton_<version>/`` folder (``triton_3_6_0/``), as SGLang keeps them.
+- ``triton``: an importable Python module with a ``triton.Config`` list per (device, workload).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -18,87 +25,180 @@ from db import queries
 from db.models import ExportModel
 from db.models import TrialModel
 from db.store import Store
+from db.store import redact_url
 from db.verdicts import Verdict
 from kernels.table import CONFIG_DIR
+from kernels.table import sidecar_path
 from kernels.table import table_name
 from tuner.errors import TunerError
 
+FORMATS = ("engine", "sglang", "triton")
+
 
 def winners(s: Session, backend: str | None = None) -> dict[tuple, dict[int, TrialModel]]:
-    """{(device, kv_format, heads, topk, page_size): {concurrency: best ok trial}} over every space."""
+    """{(device, kv_format, heads, topk): {concurrency: best ok trial}} over every space.
+
+    The table name does not carry the page size, so workloads that differ only there share a table
+    and the better trial (:func:`db.queries.best_of`) wins each concurrency.
+    """
     out: dict[tuple, dict[int, TrialModel]] = defaultdict(dict)
     levels = sorted({t.concurrency for t in queries.trials(s, verdict=Verdict.OK, backend=backend)})
     for c in levels:
         for t in queries.best(s, c, backend=backend):
             w = t.workload
-            key = (t.environment.gpu_name, w.kv_format, w.heads, w.topk, w.page_size)
+            key = (t.environment.gpu_name, w.kv_format, w.heads, w.topk)
             cur = out[key].get(c)
             out[key][c] = t if cur is None else queries.best_of([cur, t])
-    return out
+    return dict(out)
 
 
-def _entry(t: TrialModel) -> dict:
+def _nothing(store: Store) -> TunerError:
+    return TunerError(f"nothing to export: {redact_url(store.url)} has no ok trial (run `tuner search` first)")
+
+
+def _provenance_entry(t: TrialModel) -> dict:
     st = t.statistic()
     return {
-        **t.config().as_dict(),
+        "config": t.config_key,
+        "verdict": str(t.verdict),
+        "effect": str(st.classification),
+        "phase": str(st.phase),
+        "rounds": st.n,
         "median_us": round(st.median_us, 3),
+        "ci_us": [round(st.ci_low_us, 3), round(st.ci_high_us, 3)],
+        "baseline_median_us": round(st.baseline_median_us, 3),
         "ratio_vs_baseline": round(st.ratio, 4),
         "ratio_ci": [round(st.ratio_ci_low, 4), round(st.ratio_ci_high, 4)],
         "noise_band": round(st.noise_band, 4),
-        "verdict": st.classification,
         "trial": t.id,
         "space": t.study.space.name,
+        "page_size": t.workload.page_size,
+        "kernel_hash": t.study.kernel.source_hash,
+        "triton": t.environment.triton,
     }
 
 
-def export_tables(store: Store, out_dir: Path | None = None, backend: str | None = None) -> list[Path]:
+def _one(values: set[str]) -> str:
+    return next(iter(values)) if len(values) == 1 else ",".join(sorted(values))
+
+
+def triton_folder(version: str) -> str:
+    """SGLang's folder for a Triton version: ``3.6.0`` -> ``triton_3_6_0``."""
+    return "triton_" + re.sub(r"[^0-9A-Za-z]+", "_", version).strip("_")
+
+
+def export_tables(
+    store: Store, out_dir: Path | None = None, backend: str | None = None, fmt: str = "engine"
+) -> list[Path]:
+    """Write each table and its provenance sidecar; returns the paths written (table, sidecar, ...)."""
+    if fmt not in ("engine", "sglang"):
+        raise TunerError(f"export format must be engine or sglang here, got {fmt!r}")
     out_dir = Path(out_dir or CONFIG_DIR)
+    source = redact_url(store.url)
+    date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     written = []
     with store.session() as s:
         groups = winners(s, backend)
         if not groups:
-            raise TunerError(f"nothing to export: {store.url} has no ok trial (run `tuner search` first)")
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise TunerError(f"cannot write to {out_dir}: {e.strerror}") from None
-        for (device, kv_format, heads, topk, page_size), trials in sorted(groups.items()):
-            any_t = next(iter(trials.values()))
-            kernel_hashes = sorted({t.study.kernel.source_hash for t in trials.values()})
-            table = {
+            raise _nothing(store)
+        for (device, kv_format, heads, topk), trials in sorted(groups.items()):
+            by_c = dict(sorted(trials.items()))
+            tritons = {t.environment.triton for t in by_c.values()}
+            folder = out_dir / triton_folder(_one(tritons)) if fmt == "sglang" else out_dir
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise TunerError(f"cannot write to {folder}: {e.strerror}") from None
+            table = {str(c): t.config().as_dict() for c, t in by_c.items()}
+            path = folder / table_name(device, kv_format, heads, topk)
+            provenance = {
+                "table": path.name,
                 "device": device,
-                "workload": {"kv_format": kv_format, "heads": heads, "topk": topk, "page_size": page_size},
-                "kernel_hash": kernel_hashes[-1] if len(kernel_hashes) == 1 else ",".join(kernel_hashes),
-                "triton": any_t.environment.triton,
-                "backend": any_t.backend,
-                "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                "source": store.url,
-                "configs": {str(c): _entry(trials[c]) for c in sorted(trials)},
+                "workload": {"kv_format": kv_format, "heads": heads, "topk": topk},
+                "kernel_hash": _one({t.study.kernel.source_hash for t in by_c.values()}),
+                "triton": _one(tritons),
+                "backend": _one({t.backend for t in by_c.values()}),
+                "date": date,
+                "source": source,
+                "lookup": "nearest batch key; a tie goes to the larger key",
+                "entries": {str(c): _provenance_entry(t) for c, t in by_c.items()},
             }
-            path = out_dir / table_name(device, kv_format, heads, topk)
             text = json.dumps(table, indent=1) + "\n"
-            path.write_text(text)
-            s.add(ExportModel(path=str(path), device=device, workload_id=any_t.workload_id, content=text))
-            written.append(path)
+            side = sidecar_path(path)
+            side_text = json.dumps(provenance, indent=1) + "\n"
+            try:
+                path.write_text(text)
+                side.write_text(side_text)
+            except OSError as e:
+                raise TunerError(f"cannot write {path}: {e.strerror}") from None
+            content = json.dumps({"format": fmt, "table": table, "provenance": provenance})
+            workload_id = next(iter(by_c.values())).workload_id
+            s.add(ExportModel(path=str(path), device=device, workload_id=workload_id, content=content))
+            written += [path, side]
     return written
 
 
-def triton_configs(store: Store, backend: str | None = None) -> str:
-    """The winners as ``triton.Config`` lists, one per (device, workload), for kernels that autotune."""
-    lines = []
+def _ident(*parts) -> str:
+    return re.sub(r"\W+", "_", "_".join(map(str, parts))).strip("_").upper()
+
+
+def triton_module(store: Store, backend: str | None = None) -> str:
+    """The winners as an importable module: per (device, workload) a ``list`` of ``triton.Config``.
+
+    A ``triton.Config`` holds only the kernel's meta-parameters (``KernelConfig.meta()``) and compile
+    options (``num_warps``, ``num_stages``, ``maxnreg``): the JIT rejects any other keyword. The
+    launch-side ``TARGET_CTAS`` shapes the grid, so it travels beside the list, per batch.
+    """
     with store.session() as s:
         groups = winners(s, backend)
-    for (device, kv_format, heads, topk, _), by_c in sorted(groups.items()):
-        lines.append(f"# {device}, {kv_format}, {heads} heads, topk {topk} (key: concurrency)")
-        lines.append(f"CONFIGS_{kv_format.upper()}_H{heads}_TOPK{topk} = {{")
-        for c, t in sorted(by_c.items()):
-            cfg = t.config()
-            kw = cfg.triton_config_kwargs()
-            options = "".join(f", {k}={v}" for k, v in kw.items() if k != "kwargs")
-            lines.append(
-                f"    {c}: triton.Config({kw['kwargs']}{options}),  # {cfg.launch()}, {t.statistic().median_us:.2f} us"
-            )
-        lines.append("}")
-    if not lines:
-        raise TunerError(f"nothing to export: {store.url} has no ok trial (run `tuner search` first)")
-    return "\n".join(lines)
+        if not groups:
+            raise _nothing(store)
+        body = []
+        names = []
+        for (device, kv_format, heads, topk), trials in sorted(groups.items()):
+            by_c = dict(sorted(trials.items()))
+            name = _ident(kv_format, f"H{heads}", f"TOPK{topk}", device)
+            names.append(name)
+            compiled: dict[tuple, list[int]] = {}
+            for c, t in by_c.items():
+                compiled.setdefault(t.config().compile_key(), []).append(c)
+            index = {c: i for i, cs in enumerate(compiled.values()) for c in cs}
+            kernels_ = sorted({t.study.kernel.source_hash for t in by_c.values()})
+            tritons = sorted({t.environment.triton for t in by_c.values()})
+            body += [
+                "",
+                f"# {device}, {kv_format}, {heads} local heads, topk {topk}; kernel {', '.join(kernels_)}, "
+                f"triton {', '.join(tritons)}",
+                f"CONFIGS_{name} = [",
+            ]
+            for cs in compiled.values():
+                t = by_c[cs[0]]
+                kw = t.config().triton_config_kwargs()
+                options = "".join(f", {k}={v!r}" for k, v in kw.items() if k != "kwargs")
+                medians = ", ".join(f"C={c} {by_c[c].statistic().median_us:.2f} us" for c in cs)
+                body.append(f"    triton.Config({kw['kwargs']!r}{options}),  # {medians}")
+            body += [
+                "]",
+                f"# batch -> index into CONFIGS_{name} (the tuned winner at that batch)",
+                f"CONFIG_INDEX_{name} = {index!r}",
+                "# batch -> TARGET_CTAS, read by the launcher (grid size), not a kernel argument",
+                f"TARGET_CTAS_{name} = { ({c: t.TARGET_CTAS for c, t in by_c.items()})!r}",
+            ]
+    head = [
+        '"""Tuned configs of the sparse-MLA decode kernel, written by `tuner export --format triton`.',
+        "",
+        "Per device and workload: CONFIGS_<NAME>, a list of triton.Config for",
+        "@triton.autotune(configs=CONFIGS_<NAME>, key=[...]) holding the kernel's meta-parameters",
+        "(BLOCK_T) and compile options (num_warps, num_stages); CONFIG_INDEX_<NAME>, the winner per",
+        "batch size; TARGET_CTAS_<NAME>, the launch-side split target per batch size (it sizes the grid,",
+        "so the launcher reads it for the nearest batch key; it is not a kernel argument).",
+        f"Source: {redact_url(store.url)}; only configs that passed the correctness gate.",
+        '"""',
+        "",
+        "import triton",
+        "",
+        "__all__ = [",
+        *(f'    "{p}_{n}",' for n in names for p in ("CONFIGS", "CONFIG_INDEX", "TARGET_CTAS")),
+        "]",
+    ]
+    return "\n".join(head + body) + "\n"
