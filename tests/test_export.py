@@ -295,3 +295,27 @@ def test_committed_tables_are_valid_and_fresh_enough_to_load():
         assert kt.sidecar_path(path).is_file()
         t = kt.load_table(str(path), kt._stamp(path), kt._stamp(kt.sidecar_path(path)))
         assert t.problem is None and t.configs, (path.name, t.problem)
+
+
+def test_report_on_the_h200_results(h200, tmp_path):
+    from db.store import Store
+    from tuner.report import render_report
+
+    store = Store(h200["url"])
+    store.url = "postgresql://tuner:s3cr3t-pw@db-host/tuner"
+    text = render_report(store, tmp_path / "plots", "plots/")
+    assert "s3cr3t-pw" not in text and "postgresql://tuner:***@db-host/tuner" in text
+    assert "**Target sm_120, measured on sm_90.**" in text
+    assert "% copy BW" in text
+    # T32 with 2 stages is infeasible on sm_120: the lever shows the nearest variant that ran
+    assert "| BLOCK_T = 32 via `T32-w4-s1-c256` (num_stages 2 → 1) | win" in text
+    v32 = text.split("## v32_tp8")[1].split("## v4_flash")[0]
+    dead = v32.split("### Dead ends")[1].split("###")[0]
+    assert "num_warps = 8" not in dead  # 8 warps never win alone but are in the best config at C=1
+    assert "**num_warps = 8**: regression as a single change; in the best config at C=1" in v32
+    assert sorted(p.name for p in (tmp_path / "plots").glob("*.png")) == [
+        "v32_tp8_v32_NVIDIA_H200_cuda_levers.png",
+        "v32_tp8_v32_NVIDIA_H200_cuda_median.png",
+        "v4_flash_tp4_v4_flash_NVIDIA_H200_cuda_levers.png",
+        "v4_flash_tp4_v4_flash_NVIDIA_H200_cuda_median.png",
+    ]
