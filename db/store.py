@@ -105,6 +105,12 @@ def _check_url(url: str, create: bool) -> None:
                 raise DatabaseError(f"cannot read {path}: {e.strerror}") from None
             if path.stat().st_size and head != b"SQLite format 3\x00":
                 raise DatabaseError(f"{path} is not a SQLite database")
+            parent = path.parent if str(path.parent) else Path(".")
+            if create and not (os.access(path, os.W_OK) and os.access(parent, os.W_OK)):
+                raise DatabaseError(
+                    f"cannot write {path}: it or its directory is read-only (SQLite writes its -wal and -shm "
+                    "files there); the query commands can still read it"
+                )
         elif not create:
             raise DatabaseError(f"no database at {path}; run `tuner search` first")
         else:

@@ -526,4 +526,13 @@ def upgrade(db_url):
 
 
 def main() -> None:
-    cli.main(standalone_mode=True)
+    """Usage errors too are one line (click's default prints the usage block first)."""
+    try:
+        rv = cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        click.echo(f"error: {e.format_message()} (see `tuner --help`)".replace("\n", " "), err=True)
+        sys.exit(e.exit_code)
+    sys.exit(rv if isinstance(rv, int) else 0)

@@ -51,7 +51,7 @@ TOP_KEYS = {
     "parameters": f"a mapping of {list(PARAM_NAMES)} to distributions",
     "constraints": "a list of expressions over the parameters",
     "baseline": "a config inside the space",
-    "measurement": "rounds, finalists, finalist_rounds, trial_timeout_s",
+    "measurement": "rounds, finalists, finalist_rounds, trial_timeout_s, min_effect",
     "sampler": "name (grid | tpe), seed, n_trials",
     "max_spill_bytes": "a non-negative integer; configs that spill more are infeasible",
 }
@@ -108,7 +108,7 @@ class SearchSpace:
     parameters: dict[str, list[int]]  # expanded choices per parameter (one value when the file omits it)
     constraints: list[str]
     baseline: KernelConfig
-    measurement: dict[str, int]
+    measurement: dict[str, int | float]
     sampler: dict
     max_spill_bytes: int | None = None
     _compiled: list = field(default_factory=list, repr=False)
@@ -432,11 +432,16 @@ def load_space(path: str | Path) -> SearchSpace:
             )
 
     meas = doc.get("measurement") or {}
-    _check_keys(path, "measurement", meas, MEASUREMENT_DEFAULTS)
+    _check_keys(path, "measurement", meas, (*MEASUREMENT_DEFAULTS, "min_effect"))
     measurement = {
         k: _pos_int(path, f"measurement.{k}", meas.get(k, d), maximum=MEASUREMENT_MAX[k])
         for k, d in MEASUREMENT_DEFAULTS.items()
     }
+    if "min_effect" in meas:  # the smallest effect worth deploying, a fraction (0.01 = 1 %)
+        v = meas["min_effect"]
+        if not isinstance(v, int | float) or isinstance(v, bool) or not 0 <= v < 1:
+            raise _err(path, "measurement.min_effect", f"must be a number >= 0 and < 1 (0.01 = 1 %), got {_show(v)}")
+        measurement["min_effect"] = float(v)
     if measurement["rounds"] < 3:
         raise _err(path, "measurement.rounds", f"must be >= 3 for a confidence interval, got {measurement['rounds']}")
 

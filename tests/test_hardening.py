@@ -1,0 +1,302 @@
+"""Bad input of every kind gets one sentence on stderr and exit status 2, never a traceback; no
+database password is ever shown; read-only commands never create or write a database."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from tests.test_space import GOOD
+from tuner.cli import cli
+
+SMOKE = "search_spaces/smoke.yaml"
+
+
+def _set(key, value):
+    """GOOD with top-level ``key`` set to ``value``."""
+    import yaml
+
+    return yaml.safe_dump({**yaml.safe_load(GOOD), key: value})
+
+
+def _sub(old, new):
+    assert old in GOOD, old
+    return GOOD.replace(old, new)
+
+
+# (id, file content (str or bytes), a fragment the message must contain)
+SPACES = [
+    ("empty-file", "", "must be a YAML mapping"),
+    ("only-comment", "# nothing\n", "must be a YAML mapping"),
+    ("top-level-list", "- a\n- b\n", "must be a YAML mapping"),
+    ("top-level-scalar", "42\n", "must be a YAML mapping"),
+    ("binary", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe", "is not UTF-8 text"),
+    ("latin-1", GOOD.replace("name: t", "name: caf\xe9").encode("latin-1"), "is not UTF-8 text"),
+    ("nul-char", GOOD.replace("name: t", "name: t\x00"), "not valid YAML"),
+    ("two-documents", GOOD + "---\n" + GOOD, "not valid YAML"),
+    ("python-tag", GOOD.replace("name: t", "name: !!python/object:os.system x"), "not valid YAML"),
+    ("deep-nesting", "a: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+    ("huge-file", "# " + "x" * 1_100_000 + "\n", "at most 1000000"),
+    ("duplicate-top-key", GOOD + "name: u\n", "duplicate key `name` (first at line 1)"),
+    ("duplicate-nested-key", _sub("num_warps: [4]", "num_warps: [4]\n  num_warps: [8]"), "duplicate key `num_warps`"),
+    ("unhashable-key", "? [a, b]\n: 1\n", "a mapping key must be a plain value"),
+    ("target-list", _sub("target: sm_120", "target: [sm_120]"), "`target`: must be one of"),
+    ("target-null", _sub("target: sm_120", "target: null"), "`target`: must be one of"),
+    ("target-int", _sub("target: sm_120", "target: 120"), "`target`: must be one of"),
+    ("kv-format-list", _sub("kv_format: fp8_model1", "kv_format: [fp8_model1]"), "`workloads[0].kv_format`"),
+    ("kv-format-map", _sub("kv_format: fp8_model1", "kv_format: {a: 1}"), "`workloads[0].kv_format`"),
+    ("name-list", _sub("name: t\n", "name: [t]\n"), "`name`: must be letters"),
+    ("name-long", _sub("name: t\n", "name: " + "t" * 5000 + "\n"), "`name`: must be letters"),
+    ("name-date", _sub("name: t\n", "name: 2024-01-01\n"), "`name`: must be letters"),
+    ("workload-name-list", _sub("{name: w,", "{name: [w],"), "`workloads[0].name`"),
+    ("workload-name-newline", _sub("{name: w,", '{name: "a\\nb",'), "`workloads[0].name`"),
+    ("workloads-null", _set("workloads", None), "`workloads`"),
+    ("workloads-string", _set("workloads", "w"), "`workloads`"),
+    ("workload-null", _sub("  - {name: w,", "  - null\n  - {name: w,"), "`workloads[0]`: must be a mapping"),
+    ("heads-bool", _sub("heads: 64", "heads: true"), "`workloads[0].heads`: must be an integer"),
+    ("heads-float", _sub("heads: 64", "heads: 64.0"), "`workloads[0].heads`: must be an integer"),
+    ("heads-string", _sub("heads: 64", "heads: '64'"), "`workloads[0].heads`: must be an integer"),
+    ("heads-null", _sub("heads: 64", "heads: null"), "`workloads[0].heads`: must be an integer"),
+    ("topk-negative", _sub("topk: 64", "topk: -64"), "`workloads[0].topk`: must be an integer >= 1"),
+    ("context-huge", _sub("context: 256", "context: 99999999999999999999999"), "`workloads[0].context`"),
+    ("tp-zero", _sub("tp: 4", "tp: 0"), "`workloads[0].tp`"),
+    ("concurrency-map", _sub("concurrency: [1, 4]", "concurrency: {a: 1}"), "`concurrency`"),
+    ("concurrency-nested", _sub("concurrency: [1, 4]", "concurrency: [[1], 4]"), "`concurrency[0]`"),
+    ("concurrency-float", _sub("concurrency: [1, 4]", "concurrency: [1, 4.5]"), "`concurrency[1]`"),
+    ("concurrency-inf", _sub("concurrency: [1, 4]", "concurrency: [1, .inf]"), "`concurrency[1]`"),
+    ("parameters-list", _set("parameters", []), "`parameters`: must be a mapping"),
+    ("choices-nested", _sub("choices: [16, 32]", "choices: [[16], 32]"), "`parameters.BLOCK_T.choices[0]`"),
+    ("choices-map", _sub("choices: [16, 32]", "choices: {16: 32}"), "`parameters.BLOCK_T.choices`"),
+    ("choices-null", _sub("num_warps: [4]", "num_warps: [null]"), "`parameters.num_warps.choices[0]`"),
+    ("choices-bool", _sub("num_warps: [4]", "num_warps: [true]"), "`parameters.num_warps.choices[0]`"),
+    ("choices-huge", _sub("TARGET_CTAS: [4]", "TARGET_CTAS: [4, 10000000000000000000000]"), "choices[1]"),
+    ("type-list", _sub("{type: categorical,", "{type: [categorical],"), "`parameters.BLOCK_T.type`"),
+    ("int-range-huge", _sub("TARGET_CTAS: [4]", "TARGET_CTAS: {type: int, low: 1, high: 1000000000}"), "at most"),
+    ("int-range-float", _sub("low: 1, high: 2", "low: 1.5, high: 2"), "`parameters.num_stages.low`"),
+    ("int-step-zero", _sub("low: 1, high: 2", "low: 1, high: 2, step: 0"), "`parameters.num_stages.step`"),
+    ("int-low-null", _sub("low: 1, high: 2", "low: null, high: 2"), "`parameters.num_stages.low`"),
+    ("product-too-large", _sub("TARGET_CTAS: [4]", "TARGET_CTAS: {type: int, low: 1, high: 60000}"), "240000"),
+    ("constraint-div-zero", _sub('"BLOCK_T * num_stages <= 32"', '"BLOCK_T / (num_stages - 1) < 99"'), "Zero"),
+    ("constraint-mod-zero", _sub('"BLOCK_T * num_stages <= 32"', '"BLOCK_T % (num_warps - 4) < 9"'), "Zero"),
+    ("constraint-overflow", _sub('"BLOCK_T * num_stages <= 32"', '"1e300 * 1e300 * BLOCK_T > 0"'), "constraint"),
+    ("constraint-pow-var", _sub('"BLOCK_T * num_stages <= 32"', '"BLOCK_T ** TARGET_CTAS > 0"'), "`**` needs"),
+    ("constraint-pow-big", _sub('"BLOCK_T * num_stages <= 32"', '"2 ** 99999999 > BLOCK_T"'), "`**` needs"),
+    ("constraint-pow-nested", _sub('"BLOCK_T * num_stages <= 32"', '"(BLOCK_T ** 16) ** 16 > 0"'), "nested"),
+    ("constraint-float-pow", _sub('"BLOCK_T * num_stages <= 32"', '"10.0 ** 16 ** 1 > 0"'), "`**` needs"),
+    ("constraint-big-const", _sub('"BLOCK_T * num_stages <= 32"', '"BLOCK_T < 1' + "0" * 40 + '"'), "1e18"),
+    ("constraint-long", _sub('"BLOCK_T * num_stages <= 32"', '"' + "BLOCK_T + " * 100 + '1 > 0"'), "at most 500"),
+    ("constraint-parens", _sub('"BLOCK_T * num_stages <= 32"', '"' + "(" * 240 + "1" + ")" * 240 + '"'), "`constr"),
+    ("constraint-call", _sub('"BLOCK_T * num_stages <= 32"', '"abs(BLOCK_T) > 0"'), "may use only"),
+    ("constraint-attr", _sub('"BLOCK_T * num_stages <= 32"', '"BLOCK_T.real > 0"'), "may use only"),
+    ("constraint-string", _sub('"BLOCK_T * num_stages <= 32"', "\"BLOCK_T > 'a'\""), "only numeric constants"),
+    ("constraint-int", _sub('"BLOCK_T * num_stages <= 32"', "42"), "`constraints[0]`: must be an expression"),
+    ("constraint-null-byte", _sub('"BLOCK_T * num_stages <= 32"', '"BLOCK_T\\0 > 1"'), "`constraints[0]`"),
+    ("constraints-map", _sub('constraints: ["BLOCK_T * num_stages <= 32"]', "constraints: {a: 1}"), "`constraints`"),
+    ("baseline-list", _set("baseline", [16, 4, 2, 4]), "`baseline`"),
+    ("baseline-value-list", _sub("baseline: {BLOCK_T: 16,", "baseline: {BLOCK_T: [16],"), "`baseline.BLOCK_T`"),
+    ("baseline-value-float", _sub("baseline: {BLOCK_T: 16,", "baseline: {BLOCK_T: 16.0,"), "`baseline.BLOCK_T`"),
+    ("baseline-null", _sub("baseline: {BLOCK_T: 16,", "baseline: {BLOCK_T: null,"), "`baseline.BLOCK_T`"),
+    ("baseline-unknown", _sub("baseline: {BLOCK_T: 16,", "baseline: {7: 1, BLOCK_T: 16,"), "`baseline.7`"),
+    ("measurement-list", _set("measurement", [5]), "`measurement`"),
+    ("rounds-string", _sub("rounds: 5", "rounds: five"), "`measurement.rounds`"),
+    ("rounds-huge", _sub("rounds: 5", "rounds: 100000000"), "`measurement.rounds`"),
+    ("timeout-float", _sub("trial_timeout_s: 60", "trial_timeout_s: 1e9"), "`measurement.trial_timeout_s`"),
+    ("min-effect-negative", _sub("rounds: 5", "rounds: 5, min_effect: -0.1"), "`measurement.min_effect`"),
+    ("min-effect-string", _sub("rounds: 5", "rounds: 5, min_effect: lots"), "`measurement.min_effect`"),
+    ("sampler-name-list", _sub("name: grid", "name: [grid]"), "`sampler.name`"),
+    ("sampler-seed-negative", _sub("seed: 0", "seed: -1"), "`sampler.seed`"),
+    ("sampler-seed-float", _sub("seed: 0", "seed: 0.5"), "`sampler.seed`"),
+    ("spill-bool", GOOD + "max_spill_bytes: false\n", "`max_spill_bytes`"),
+    ("unknown-key-newline", GOOD + '"a\\nb": 1\n', "unknown key"),
+    ("unknown-key-int", GOOD + "1: 1\n", "`1`: unknown key"),
+]
+
+
+def _one_sentence(result, fragment=None):
+    """Exit 2, one stderr line that starts with `error:`, no traceback."""
+    err = result.stderr
+    assert result.exit_code == 2, (result.exit_code, err, result.exception)
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    if fragment:
+        assert fragment in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("text, fragment", [c[1:] for c in SPACES], ids=[c[0] for c in SPACES])
+def test_bad_space_is_one_sentence(tmp_path, text, fragment):
+    path = tmp_path / "space.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    result = CliRunner().invoke(cli, ["check", str(path), "--db", f"sqlite:///{tmp_path / 'x.db'}"])
+    _one_sentence(result, fragment)
+    assert str(path) in result.stderr
+    assert not (tmp_path / "x.db").exists()  # rejected before anything is opened
+
+
+def test_unreadable_space_is_one_sentence(tmp_path):
+    _one_sentence(CliRunner().invoke(cli, ["check", str(tmp_path / "nope.yaml")]), "cannot read the search space")
+
+
+class _Proc:
+    def __init__(self, proc):
+        self.exit_code, self.stdout, self.stderr, self.exception = proc.returncode, proc.stdout, proc.stderr, None
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["check", "{tmp}"], "is a directory"),
+        (["best", "--concurrency", "x"], "'x' is not a valid integer"),
+        (["trials", "--verdict", "great"], "'great' is not one of"),
+        (["nosuch"], "No such command 'nosuch'"),
+    ],
+    ids=["space-is-dir", "bad-int", "bad-choice", "bad-command"],
+)
+def test_usage_errors_of_the_executable_are_one_line(tmp_path, args, fragment):
+    exe = shutil.which("tuner")
+    cmd = [exe] if exe else [sys.executable, "-m", "tuner"]
+    proc = subprocess.run(cmd + [a.format(tmp=tmp_path) for a in args], capture_output=True, text=True, timeout=120)
+    _one_sentence(_Proc(proc), fragment)
+
+
+def test_int_range_is_counted_not_built():
+    """A billion-value range is refused from its size; building the list would take minutes and GBs."""
+    import time
+
+    from tests.test_space import _write
+    from tuner.errors import SpaceError
+    from tuner.space import load_space
+
+    path = _write(_sub("TARGET_CTAS: [4]", "TARGET_CTAS: {type: int, low: 1, high: 1000000000}"))
+    t0 = time.monotonic()
+    with pytest.raises(SpaceError, match="span 4000000000 configs"):
+        load_space(path)
+    assert time.monotonic() - t0 < 5
+
+
+PASSWORDS = ("SECRET", "hunter2", "pa55word")
+URLS = [
+    "postgresql+psycopg://u:SECRET@127.0.0.1:1/db",  # refused connection
+    "mysql://bob:hunter2@x/db",  # unsupported scheme
+    "postgresql+asyncpg://u:SECRET@127.0.0.1:1/db",  # driver not installed
+    "postgresql+nodriver://u:SECRET@127.0.0.1:1/db",  # no such dialect
+    "postgresql://u@127.0.0.1:1/db?password=pa55word",  # password as a query argument
+    "garbage u:SECRET@x",  # not a URL at all
+]
+COMMANDS = [
+    ["check", SMOKE],
+    ["search", SMOKE, "--backend", "interpreter", "-q"],
+    ["best", "--concurrency", "1"],
+    ["trials"],
+    ["show", "1"],
+    ["compare", "T16-w4-s2-c4", "T32-w4-s1-c4"],
+    ["studies"],
+    ["report"],
+    ["export"],
+    ["db", "upgrade"],
+]
+
+
+@pytest.mark.parametrize("url", URLS, ids=["pg-refused", "mysql", "asyncpg", "no-dialect", "query", "garbage"])
+@pytest.mark.parametrize("via", ["--db", "TUNER_DB"])
+def test_no_command_shows_a_password(url, via):
+    runner = CliRunner()
+    for args in COMMANDS:
+        if via == "--db":
+            result = runner.invoke(cli, [*args, "--db", url])
+        else:
+            result = runner.invoke(cli, args, env={"TUNER_DB": url})
+        _one_sentence(result)
+        for secret in PASSWORDS:
+            assert secret not in result.stdout + result.stderr, (args, result.stderr)
+
+
+@pytest.mark.parametrize(
+    "url, fragment",
+    [
+        ("postgresql+asyncpg://u:SECRET@h/db", "pip install 'asyncpg'"),
+        ("postgresql+psycopg2://u:SECRET@h/db", "pip install 'psycopg2-binary'"),
+        ("postgresql+nodriver://u:SECRET@h/db", "no dialect or driver 'postgresql+nodriver'"),
+    ],
+)
+def test_missing_driver_names_the_package(url, fragment):
+    _one_sentence(CliRunner().invoke(cli, ["trials", "--db", url]), fragment)
+
+
+def test_redact_url():
+    from db.store import redact_url
+
+    assert redact_url("postgresql+psycopg://u:SECRET@h:5/db") == "postgresql+psycopg://u:***@h:5/db"
+    assert redact_url("postgresql://u:p@ss@h/db") == "postgresql://u:***@h/db"
+    assert redact_url("postgresql://u@h/db?sslmode=x&password=SECRET") == "postgresql://u@h/db?sslmode=x&password=***"
+    assert redact_url("no url u:SECRET@x") == "no url u:***@x"
+    assert redact_url("sqlite:////tmp/a.db") == "sqlite:////tmp/a.db"
+
+
+@pytest.mark.parametrize("cmd", [c for c in COMMANDS if c[0] not in ("check", "search")], ids=lambda c: c[0])
+def test_read_only_commands_never_create_a_database(tmp_path, cmd):
+    path = tmp_path / "none.db"
+    result = CliRunner().invoke(cli, [*cmd, "--db", f"sqlite:///{path}"])
+    _one_sentence(result, f"no database at {path}; run `tuner search` first")
+    assert not path.exists()
+
+
+def test_write_failures_are_one_sentence(tmp_path):
+    """`report -o`, `report --plots` and `export --out` into places that cannot be written."""
+    from db.store import Store
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    Store(url)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for args in (
+        ["report", "-o", str(tmp_path / "no" / "dir" / "R.md")],
+        ["export", "--out", str(blocker / "sub")],
+        ["export", "--format", "triton", "--out", str(tmp_path / "no" / "t.py")],
+    ):
+        result = CliRunner().invoke(cli, [*args, "--db", url])
+        _one_sentence(result)  # an empty database: "nothing to ..." or "cannot write ..."
+
+
+def _ro_run(directory, args):
+    """Run the CLI where ``directory`` is read-only, also as root: a read-only bind mount in a private
+    mount namespace (root ignores permission bits), else permission bits for other users."""
+    exe = [shutil.which("tuner") or sys.executable, *([] if shutil.which("tuner") else ["-m", "tuner"])]
+    if os.geteuid() == 0:
+        if not shutil.which("unshare"):
+            pytest.skip("needs unshare(1) to make a read-only mount as root")
+        script = 'mount --bind -o ro "$0" "$0" && exec "$@"'
+        cmd = ["unshare", "-m", "sh", "-c", script, str(directory), *exe, *args]
+    else:
+        cmd = [*exe, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def test_database_on_a_read_only_directory_is_readable(tmp_path):
+    from db.store import Store
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    url = f"sqlite:///{ro / 'tuner.db'}"
+    Store(url).engine.dispose()  # a WAL database whose -wal and -shm files are gone: they cannot be made here
+    assert sorted(p.name for p in ro.iterdir()) == ["tuner.db"]
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True) if os.geteuid() == 0 else None
+    if probe is not None and probe.returncode != 0:
+        pytest.skip("cannot make a private mount namespace here")
+    if os.geteuid() != 0:
+        ro.chmod(0o555)
+    try:
+        for cmd in (["studies"], ["trials", "-f", "json"]):
+            proc = _ro_run(ro, [*cmd, "--db", url])
+            assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        proc = _ro_run(ro, ["check", SMOKE, "--db", url])  # a writer: one sentence
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert "is read-only" in proc.stderr
+        proc = _ro_run(ro, ["studies", "--db", f"sqlite:///{ro / 'other.db'}"])
+        assert proc.returncode == 2 and "no database at" in proc.stderr
+    finally:
+        ro.chmod(0o755)
+    assert sorted(p.name for p in ro.iterdir()) == ["tuner.db"]
