@@ -9,10 +9,10 @@ from kernels import Workload
 from kernels import make_batch
 from kernels import sparse_mla_decode
 from kernels.config import num_splits_for
-from kernels.table import lookup_config
-from kernels.table import table_name
 from kernels.reference import compare
 from kernels.reference import sparse_mla_decode_ref
+from kernels.table import lookup_config
+from kernels.table import table_name
 
 ONE_SPLIT = KernelConfig(BLOCK_T=16, num_warps=4, num_stages=2, TARGET_CTAS=1)
 MANY_SPLITS = KernelConfig(BLOCK_T=16, num_warps=4, num_stages=2, TARGET_CTAS=64)
