@@ -131,6 +131,9 @@ class StudyModel(Base):
     backend: Mapped[str] = mapped_column(String(16))
     noise_band: Mapped[float | None] = mapped_column(Float, nullable=True)  # relative, e.g. 0.012
     noise_n: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    min_effect: Mapped[float | None] = mapped_column(Float, nullable=True)  # the space's floor under the band
+    spread: Mapped[float | None] = mapped_column(Float, nullable=True)  # capture-to-capture spread (A/A)
+    baseline_multimodal: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
 
     space: Mapped[SpaceModel] = relationship()
@@ -169,6 +172,8 @@ class TrialModel(_ConfigColumns, Base):
     backend: Mapped[str] = mapped_column(String(16))
     config_key: Mapped[str] = mapped_column(String(64))  # str(KernelConfig), e.g. T16-w4-s2-c256
     num_splits: Mapped[int] = mapped_column(Integer)
+    launch_key: Mapped[str | None] = mapped_column(String(128), nullable=True)  # kernels.config.launch_identity
+    duplicate_of: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the trial that measured this launch
     is_baseline: Mapped[bool] = mapped_column(Boolean, default=False)
     verdict: Mapped[str] = mapped_column(String(16))  # a db.verdicts.Verdict
     reason: Mapped[str] = mapped_column(Text, default="")
@@ -189,9 +194,16 @@ class TrialModel(_ConfigColumns, Base):
     environment: Mapped[EnvironmentModel] = relationship()
     samples: Mapped[list[SampleModel]] = relationship(back_populates="trial", order_by="SampleModel.id")
     statistics: Mapped[list[StatisticModel]] = relationship(back_populates="trial")
+    original: Mapped[TrialModel | None] = relationship(
+        primaryjoin="foreign(TrialModel.duplicate_of) == TrialModel.id", remote_side="TrialModel.id", viewonly=True
+    )
 
     def config(self) -> KernelConfig:
         return KernelConfig(**{p.name: getattr(self, p.name) for p in PARAMS})
+
+    def evidence(self) -> TrialModel:
+        """The trial whose measurement stands for this one: its original when it is a duplicate."""
+        return self.original if self.duplicate_of is not None and self.original is not None else self
 
     def statistic(self, phase: str | None = None) -> StatisticModel | None:
         """The finalist statistic when there is one (more rounds), else the screening one."""
@@ -232,6 +244,7 @@ class StatisticModel(Base):
     ratio_ci_high: Mapped[float] = mapped_column(Float)
     noise_band: Mapped[float] = mapped_column(Float)
     classification: Mapped[str] = mapped_column(String(16))  # a db.verdicts.Effect
+    p_value: Mapped[float | None] = mapped_column(Float, nullable=True)  # of the paired test, before BH
 
     trial: Mapped[TrialModel] = relationship(back_populates="statistics")
 
@@ -249,6 +262,32 @@ class NoiseModel(Base):
     n: Mapped[int] = mapped_column(Integer)
     samples: Mapped[str] = mapped_column(Text)  # JSON [[a_us, a2_us], ...], one pair per round
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class CalibrationModel(Base):
+    """One ``tuner calibrate`` (or a study's own A/A): independent captures of one config against itself."""
+
+    __tablename__ = "tuner_calibrations"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    environment_id: Mapped[int] = mapped_column(ForeignKey("tuner_environments.id"))
+    workload_id: Mapped[int] = mapped_column(ForeignKey("tuner_workloads.id"))
+    kernel_id: Mapped[int] = mapped_column(ForeignKey("tuner_kernels.id"))
+    concurrency: Mapped[int] = mapped_column(Integer)
+    backend: Mapped[str] = mapped_column(String(16))
+    config_key: Mapped[str] = mapped_column(String(64))
+    pairs: Mapped[int] = mapped_column(Integer)  # independent capture pairs
+    rounds: Mapped[int] = mapped_column(Integer)  # the search's rounds the false rate was computed for
+    spread: Mapped[float] = mapped_column(Float)  # sd of log(A/A') over pairs
+    min_effect: Mapped[float] = mapped_column(Float)
+    band: Mapped[float] = mapped_column(Float)  # max(spread, min_effect)
+    mde: Mapped[float] = mapped_column(Float)  # smallest effect the configured rounds detect
+    false_rate: Mapped[float] = mapped_column(Float)  # non-flat calls of the policy on A/A trials
+    multimodal: Mapped[bool] = mapped_column(Boolean)
+    samples: Mapped[str] = mapped_column(Text)  # JSON [[[a_us, a2_us], ...] per pair]
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+
+    environment: Mapped[EnvironmentModel] = relationship()
+    workload: Mapped[WorkloadModel] = relationship()
 
 
 class FeasibilityModel(Base):

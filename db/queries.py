@@ -9,6 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from sqlalchemy.orm import selectinload
 
+from db.models import CalibrationModel
 from db.models import EnvironmentModel
 from db.models import FeasibilityModel
 from db.models import KernelModel
@@ -47,8 +48,16 @@ def ensure_space(session: Session, name: str, text_hash: str, text: str, path: s
 
 
 def done_configs(session: Session, study_id: int) -> dict[str, TrialModel]:
-    rows = session.scalars(select(TrialModel).where(TrialModel.study_id == study_id))
+    """Every recorded trial of a study by config key, statistics loaded."""
+    rows = session.scalars(
+        select(TrialModel).where(TrialModel.study_id == study_id).options(selectinload(TrialModel.statistics))
+    )
     return {t.config_key: t for t in rows}
+
+
+def done_keys(session: Session, study_id: int) -> set[str]:
+    """The config keys a study has recorded (cheap: one column)."""
+    return set(session.scalars(select(TrialModel.config_key).where(TrialModel.study_id == study_id)))
 
 
 def _trial_query(concurrency=None, space=None, workload=None, device=None, backend=None, verdict=None):
@@ -80,12 +89,33 @@ def trials(session: Session, **filters) -> list[TrialModel]:
 
 
 def rank_key(t: TrialModel) -> tuple:
-    """The one ranking of ``ok`` trials: a finalist statistic (more rounds) beats a screening one,
-    then the lower median. Trials without a statistic rank last."""
+    """The one ranking of ``ok`` trials, by the estimator that also judges them: a finalist statistic
+    (more rounds) beats a screening one, then the lower ratio to the baseline (geometric mean of the
+    paired rounds). Trials without a statistic rank last."""
     st = t.statistic()
     if t.verdict != Verdict.OK or st is None:
         return (2, float("inf"))
-    return (0 if st.phase == Phase.FINALIST else 1, st.median_us)
+    return (0 if st.phase == Phase.FINALIST else 1, st.ratio)
+
+
+def ties(trials_: list[TrialModel]) -> list[TrialModel]:
+    """The best ``ok`` trial and every other whose ratio lies within the band of it (same phase), best first."""
+    b = best_of(trials_)
+    if b is None:
+        return []
+    st = b.statistic()
+    limit = st.ratio * (1.0 + (st.noise_band or 0.0))
+    tied = [t for t in trials_ if rank_key(t)[0] == rank_key(b)[0] and t.statistic().ratio <= limit]
+    return sorted(tied, key=rank_key)
+
+
+def pick(trials_: list[TrialModel]) -> TrialModel | None:
+    """What export deploys: among the configs tied with the best, the baseline when it is one of them
+    (a change must beat the noise to be deployed), else the best."""
+    tied = ties(trials_)
+    if not tied:
+        return None
+    return next((t for t in tied if t.is_baseline), tied[0])
 
 
 def best_of(trials_: list[TrialModel]) -> TrialModel | None:
@@ -118,3 +148,26 @@ def feasibility_get(session: Session, keys: list[str]) -> dict[str, dict]:
 def feasibility_put(session: Session, items: dict[str, dict]) -> None:
     for k, v in items.items():
         session.merge(FeasibilityModel(key=k, value=json.dumps(v)))
+
+
+def latest_calibration(
+    session: Session, environment_id: int, workload_id: int, concurrency: int, backend: str
+) -> CalibrationModel | None:
+    """The newest calibration for this environment, workload and concurrency."""
+    return session.scalar(
+        select(CalibrationModel)
+        .filter_by(environment_id=environment_id, workload_id=workload_id, concurrency=concurrency, backend=backend)
+        .order_by(CalibrationModel.id.desc())
+        .limit(1)
+    )
+
+
+def measured_launch(session: Session, study_id: int, launch_key: str) -> int | None:
+    """The trial of the study that measured this launch (not itself a duplicate), if any."""
+    return session.scalar(
+        select(TrialModel.id)
+        .where(TrialModel.study_id == study_id, TrialModel.launch_key == launch_key)
+        .where(TrialModel.verdict != Verdict.DUPLICATE)
+        .order_by(TrialModel.id)
+        .limit(1)
+    )

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from db.models import CalibrationModel
 from db.models import NoiseModel
 from db.models import SampleModel
 from db.models import StatisticModel
@@ -35,6 +36,7 @@ class Summary:
     ratio_ci_high: float
     noise_band: float
     effect: Effect
+    p_value: float | None = None
 
 
 def add_trial(session: Session, **fields) -> TrialModel | None:
@@ -84,22 +86,23 @@ def add_samples(
         ratio_ci_high=summary.ratio_ci_high,
         noise_band=summary.noise_band,
         classification=summary.effect,
+        p_value=summary.p_value,
     )
     session.add(stat)
     session.flush()
     return stat
 
 
-def noise_band(session: Session, study_id: int, host: str, gpu_index: int) -> float | None:
-    """The A/A band already measured for this study on this GPU, if any."""
+def noise_band(session: Session, study_id: int, host: str, gpu_index: int) -> tuple[float, list] | None:
+    """The band this study already uses on this GPU, with its A/A samples, if any."""
     row = session.query(NoiseModel).filter_by(study_id=study_id, host=host, gpu_index=gpu_index).one_or_none()
-    return None if row is None else row.band
+    return None if row is None else (row.band, json.loads(row.samples))
 
 
 def add_noise(
     session: Session, study_id: int, host: str, gpu_index: int, band: float, samples: list[tuple[float, float]]
 ) -> None:
-    """Record one GPU's A/A band (a concurrent duplicate is ignored); the study keeps its widest band."""
+    """Record the band one GPU uses in a study (a concurrent duplicate is ignored)."""
     try:
         with session.begin_nested():
             session.add(
@@ -114,6 +117,28 @@ def add_noise(
             )
     except IntegrityError:
         pass
+
+
+def add_calibration(session: Session, samples: list[tuple[float, float]], **fields) -> CalibrationModel:
+    """Record one A/A calibration with its raw samples."""
+    row = CalibrationModel(samples=json.dumps(samples), **fields)
+    session.add(row)
+    session.flush()
+    return row
+
+
+def set_study_noise(
+    session: Session, study_id: int, band: float, spread: float, min_effect: float, multimodal: bool, n: int
+) -> None:
     study = session.get(StudyModel, study_id)
-    study.noise_band = max(band, study.noise_band or 0.0)
-    study.noise_n = len(samples)
+    study.noise_band = max(band, study.noise_band or 0.0)  # the study reports its widest GPU
+    study.spread = max(spread, study.spread or 0.0)
+    study.min_effect = min_effect
+    study.baseline_multimodal = bool(multimodal or study.baseline_multimodal)
+    study.noise_n = n
+
+
+def set_effects(session: Session, effects: dict[int, Effect]) -> None:
+    """The study-wide calls (after the false-discovery correction), by statistic id."""
+    for stat_id, effect in effects.items():
+        session.get(StatisticModel, stat_id).classification = effect

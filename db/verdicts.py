@@ -13,6 +13,8 @@ class Verdict(enum.StrEnum):
     WRONG = "wrong"  # failed the correctness gate; never eligible for best or export
     CRASHED = "crashed"  # the measurement process died or raised
     TIMEOUT = "timeout"  # no answer within the trial timeout
+    DUPLICATE = "duplicate"  # launches exactly what another trial of the study measured (same numbers)
+    MISSING = "missing"  # replay backend: no recorded samples for this config; never picked
 
 
 class Effect(enum.StrEnum):

@@ -115,10 +115,12 @@ def _backend(requested: str | None) -> str:
 @click.argument("space_file", type=click.Path(dir_okay=False))
 @click.option(
     "--backend",
-    type=click.Choice(["cuda", "interpreter"]),
+    type=click.Choice(["cuda", "interpreter", "replay"]),
     default=None,
-    help="Default: cuda when a GPU is present, else the interpreter.",
+    help="Default: cuda when a GPU is present, else the interpreter. replay: draw from --replay-db's samples.",
 )
+@click.option("--replay-db", default=None, help="replay backend: the database whose recorded samples are replayed.")
+@click.option("--replay-device", default=None, help="replay backend: the GPU name to replay when it holds several.")
 @click.option(
     "--sampler",
     type=click.Choice(["grid", "tpe"]),
@@ -141,7 +143,21 @@ def _backend(requested: str | None) -> str:
 @format_option
 @db_option
 @expected_errors
-def search(space_file, backend, sampler, n_trials, timeout_s, concurrency, workers, remeasure, quiet, fmt, db_url):
+def search(
+    space_file,
+    backend,
+    replay_db,
+    replay_device,
+    sampler,
+    n_trials,
+    timeout_s,
+    concurrency,
+    workers,
+    remeasure,
+    quiet,
+    fmt,
+    db_url,
+):
     """Tune every workload x concurrency level of SPACE_FILE; every sample goes to the database.
 
     Re-running resumes: configs already measured for this kernel and environment are skipped.
@@ -153,12 +169,9 @@ def search(space_file, backend, sampler, n_trials, timeout_s, concurrency, worke
     from tuner.space import load_space
 
     space = load_space(space_file)
-    levels = None
-    if concurrency:
-        try:
-            levels = [int(c) for c in concurrency.split(",")]
-        except ValueError:
-            raise TunerError(f"--concurrency must be a comma list of integers, got {concurrency!r}") from None
+    levels = _levels(concurrency)
+    if replay_db and backend != "replay":
+        raise TunerError("--replay-db needs --backend replay")
     store = Store(db_url)
     opts = Options(
         backend=_backend(backend),
@@ -169,6 +182,8 @@ def search(space_file, backend, sampler, n_trials, timeout_s, concurrency, worke
         workers=workers,
         remeasure=remeasure,
         quiet=quiet,
+        replay_db=replay_db,
+        replay_device=replay_device,
     )
     rows = run_search(space, store, opts)
     if fmt == "table":
@@ -176,6 +191,55 @@ def search(space_file, backend, sampler, n_trials, timeout_s, concurrency, worke
     click.echo(render(rows, fmt))
     if opts.interrupted:
         sys.exit(130)  # Ctrl-C: every finished trial is recorded; re-running resumes
+
+
+def _levels(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(c) for c in text.split(",")]
+    except ValueError:
+        raise TunerError(f"--concurrency must be a comma list of integers, got {text!r}") from None
+
+
+@cli.command()
+@click.argument("space_file", type=click.Path(dir_okay=False))
+@click.option("--workload", "workload_name", default=None, help="Only this workload of the space.")
+@click.option("--concurrency", default=None, help="Levels to calibrate, e.g. 1,96 (default: every level).")
+@click.option("--pairs", type=click.IntRange(min=3), default=30, show_default=True, help="Independent capture pairs.")
+@click.option("--backend", type=click.Choice(["cuda", "interpreter"]), default=None)
+@format_option
+@db_option
+@expected_errors
+def calibrate(space_file, workload_name, concurrency, pairs, backend, fmt, db_url):
+    """Measure this GPU's A/A noise: the baseline against itself, independent captures and inputs.
+
+    Prints the spread between captures, the band verdicts use (the larger of the spread and the
+    space's min_effect), the smallest effect the configured rounds detect, and how often the current
+    policy calls an A/A trial non-flat. `tuner search` uses the latest calibration of the same
+    environment, workload and concurrency.
+    """
+    from db.store import Store
+    from tuner import calibrate as cal
+    from tuner.search import Options
+    from tuner.search import start_processes
+    from tuner.space import load_space
+
+    space = load_space(space_file)
+    workloads = [w for w in space.workloads if workload_name in (None, w.name)]
+    if not workloads:
+        raise TunerError(
+            f"--workload {workload_name!r} is not in {space.path}; it has {[w.name for w in space.workloads]}"
+        )
+    levels = _levels(concurrency) or space.concurrency
+    store = Store(db_url)
+    processes = start_processes(Options(backend=_backend(backend)))
+    try:
+        rows = cal.run(space, store, _backend(backend), workloads, levels, pairs, processes)
+    finally:
+        for p in processes:
+            p.close()
+    click.echo(render(rows, fmt))
 
 
 def _best_row(t) -> dict:

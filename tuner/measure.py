@@ -11,6 +11,7 @@ import time
 
 from db.verdicts import Verdict
 from tuner.errors import TunerError
+from tuner.protocol import CalibrateRequest
 from tuner.protocol import Exit
 from tuner.protocol import MeasureReply
 from tuner.protocol import MeasureRequest
@@ -89,13 +90,13 @@ class MeasurementProcess:
         finally:
             sel.close()
 
-    def measure(self, req: MeasureRequest, timeout_s: float) -> MeasureReply:
+    def measure(self, req: MeasureRequest | CalibrateRequest, timeout_s: float) -> MeasureReply:
         try:
             return self._request(req, timeout_s)
         except ProcessDied as e:
             return MeasureReply(e.verdict, e.reason[-2000:])
 
-    def _request(self, req: MeasureRequest, timeout_s: float) -> MeasureReply:
+    def _request(self, req, timeout_s: float) -> MeasureReply:
         if self.proc is None or self.proc.poll() is not None:
             self.start()
         assert self.proc is not None and self.proc.stdin is not None

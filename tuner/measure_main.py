@@ -35,6 +35,7 @@ from kernels.reference import compare  # noqa: E402
 from kernels.reference import sparse_mla_decode_ref  # noqa: E402
 from kernels.workload import Workload  # noqa: E402
 from kernels.workload import make_batch  # noqa: E402
+from tuner.protocol import CalibrateRequest  # noqa: E402
 from tuner.protocol import Exit  # noqa: E402
 from tuner.protocol import Hello  # noqa: E402
 from tuner.protocol import MeasureReply  # noqa: E402
@@ -108,7 +109,7 @@ def _driver() -> str:
 class Inputs:
     """Request sets for one (workload, batch): ``sets`` disjoint slices of one shared cache."""
 
-    def __init__(self, wl: Workload, batch: int, l2_bytes: int, device: str) -> None:
+    def __init__(self, wl: Workload, batch: int, l2_bytes: int, device: str, seed: int = 12345) -> None:
         per_request = wl.kv_bytes_per_request()
         if device == "cuda":
             want = max(2 * batch, -(-4 * l2_bytes // per_request))  # touched rows >= 4x L2, >= 2 sets
@@ -116,7 +117,7 @@ class Inputs:
         else:
             pool = batch
         self.sets = max(1, pool // batch)
-        self.batch = make_batch(wl, self.sets * batch, device=device, seed=12345)
+        self.batch = make_batch(wl, self.sets * batch, device=device, seed=seed)
         self.qs = [self.batch.q[i * batch : (i + 1) * batch] for i in range(self.sets)]
         self.idx = [self.batch.indices[i * batch : (i + 1) * batch] for i in range(self.sets)]
 
@@ -126,16 +127,16 @@ class Runner:
         self.env = environment()
         self.device = "cuda" if BACKEND == "cuda" else "cpu"
         self.inputs: dict = {}
-        self.graphs: dict = {}
 
-    def _inputs(self, wl: Workload, batch: int) -> Inputs:
-        key = (wl, batch)
+    def _inputs(self, wl: Workload, batch: int, seed: int = 12345) -> Inputs:
+        """The input pool of (workload, batch); ``seed`` builds an independent one (the A/A)."""
+        key = (wl, batch, seed)
         if key not in self.inputs:
-            self.inputs.clear()
-            self.graphs.clear()
-            if self.device == "cuda":
-                torch.cuda.empty_cache()
-            self.inputs[key] = Inputs(wl, batch, self.env["l2_bytes"], self.device)
+            if not any(k[:2] == (wl, batch) for k in self.inputs):
+                self.inputs.clear()
+                if self.device == "cuda":
+                    torch.cuda.empty_cache()
+            self.inputs[key] = Inputs(wl, batch, self.env["l2_bytes"], self.device, seed)
         return self.inputs[key]
 
     def gate(self, wl: Workload, batch: int, cfg: KernelConfig, seed: int) -> dict:
@@ -151,11 +152,9 @@ class Runner:
         ok, rel, lse_err, reason = compare(out, lse, *sparse_mla_decode_ref(*bt.args(), **bt.kwargs()))
         return {"ok": ok, "out_rel_err": rel, "lse_abs_err": lse_err, "reason": reason}
 
-    def _timer(self, wl: Workload, batch: int, cfg: KernelConfig, cache: bool):
-        """A function returning one sample (µs per call) for ``cfg``."""
-        inp = self._inputs(wl, batch)
-        fmt = wl.kv_format
-        kv = inp.batch.kv_cache
+    def _capture(self, inp: Inputs, wl: Workload, cfg: KernelConfig):
+        """A fresh capture of ``cfg`` on ``inp``: a function returning one sample (µs per call, calls)."""
+        kv, fmt = inp.batch.kv_cache, wl.kv_format
 
         def step(i):
             return decode.sparse_mla_decode(inp.qs[i], kv, inp.idx[i], kv_format=fmt, config=cfg)
@@ -169,13 +168,22 @@ class Runner:
 
             step(0)  # compile/warm
             return wall
-        key = (str(cfg), wl, batch)
-        graph = self.graphs.get(key)
-        if graph is None:
-            graph = timing.capture(step, inp.sets)
-            if cache:
-                self.graphs[key] = graph
-        return timing.sampler(graph, inp.sets, SAMPLE_MS)
+        return timing.sampler(timing.capture(step, inp.sets), inp.sets, SAMPLE_MS)
+
+    def _pairs(self, first, second, rounds: int) -> tuple[list[tuple[float, float]], int]:
+        """``rounds`` rounds, each with fresh captures (``first()``/``second()`` make one) timed back to back,
+        the order alternating so that neither always runs second."""
+        samples, reps = [], 1
+        for r in range(rounds):
+            a, b = first(), second()
+            if r % 2 == 0:
+                x, reps = a()
+                y, _ = b()
+            else:
+                y, _ = b()
+                x, reps = a()
+            samples.append((x, y))
+        return samples, reps
 
     def measure(self, req: MeasureRequest) -> MeasureReply:
         wl, batch, cand, base = req.workload, req.batch, req.candidate, req.baseline
@@ -187,18 +195,22 @@ class Runner:
             errs = {"out_rel_err": g["out_rel_err"], "lse_abs_err": g["lse_abs_err"]}
             if not g["ok"]:
                 return MeasureReply(Verdict.WRONG, g["reason"], num_splits=num_splits, **errs)
-        t_base = self._timer(wl, batch, base, cache=True)
-        t_cand = t_base if cand == base else self._timer(wl, batch, cand, cache=False)
-        samples = []
-        for r in range(req.rounds):
-            if r % 2 == 0:  # A B, then B A: neither config always runs second
-                c, reps = t_cand()
-                b, _ = t_base()
-            else:
-                b, _ = t_base()
-                c, reps = t_cand()
-            samples.append((c, b))
+        inp = self._inputs(wl, batch)
+        samples, reps = self._pairs(
+            lambda: self._capture(inp, wl, cand), lambda: self._capture(inp, wl, base), req.rounds
+        )
         return MeasureReply(Verdict.OK, "", samples, reps, num_splits, **errs)
+
+    def calibrate(self, req: CalibrateRequest) -> MeasureReply:
+        """A/A: ``pairs`` independent captures of one config on two independently built input pools."""
+        wl, batch, cfg = req.workload, req.batch, req.config
+        pools = [self._inputs(wl, batch, seed) for seed in (12345, 54321)]
+        for inp in pools:  # warm-up: compile, allocate, settle clocks
+            self._capture(inp, wl, cfg)()
+        samples, reps = self._pairs(
+            lambda: self._capture(pools[0], wl, cfg), lambda: self._capture(pools[1], wl, cfg), req.pairs
+        )
+        return MeasureReply(Verdict.OK, "", samples, reps, num_splits_for(cfg, batch, wl.heads, wl.topk)[0])
 
 
 def _inject_fault(cfg: KernelConfig) -> None:
@@ -231,7 +243,7 @@ def main() -> int:
         if isinstance(req, Exit):
             return 0
         try:
-            reply = runner.measure(req)
+            reply = runner.calibrate(req) if isinstance(req, CalibrateRequest) else runner.measure(req)
         except Exception as e:  # noqa: BLE001 - a failing config is a verdict; the process lives on
             name = type(e).__name__
             tail = traceback.format_exc().strip().splitlines()[-1]

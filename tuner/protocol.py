@@ -1,7 +1,7 @@
 """Typed messages between the search and a measurement process (one JSON object per line).
 
-The parent sends :class:`MeasureRequest` or :class:`Exit`; the child answers :class:`Hello` once at
-start and one :class:`MeasureReply` per request.
+The parent sends :class:`MeasureRequest`, :class:`CalibrateRequest` or :class:`Exit`; the child
+answers :class:`Hello` once at start and one :class:`MeasureReply` per request.
 """
 
 from __future__ import annotations
@@ -30,6 +30,16 @@ class MeasureRequest:
 
 
 @dataclass(frozen=True)
+class CalibrateRequest:
+    """A/A: ``pairs`` rounds of two independent captures of ``config`` on two independently built inputs."""
+
+    workload: Workload
+    batch: int
+    config: KernelConfig
+    pairs: int
+
+
+@dataclass(frozen=True)
 class Exit:
     """Close the measurement process."""
 
@@ -52,7 +62,7 @@ class MeasureReply:
     lse_abs_err: float | None = None
 
 
-_TYPES = {cls.__name__: cls for cls in (MeasureRequest, Exit, Hello, MeasureReply)}
+_TYPES = {cls.__name__: cls for cls in (MeasureRequest, CalibrateRequest, Exit, Hello, MeasureReply)}
 
 
 def encode(msg) -> str:
@@ -72,6 +82,8 @@ def decode(line: str):
             candidate=KernelConfig.from_dict(d["candidate"]),
             baseline=KernelConfig.from_dict(d["baseline"]),
         )
+    elif cls is CalibrateRequest:
+        d.update(workload=Workload(**d["workload"]), config=KernelConfig.from_dict(d["config"]))
     elif cls is MeasureReply:
         d.update(verdict=Verdict(d["verdict"]), samples=[tuple(s) for s in d["samples"]])
     return cls(**d)

@@ -41,6 +41,8 @@ class Options:
     remeasure: bool = False
     quiet: bool = False
     workers: int | None = None  # measurement processes
+    replay_db: str | None = None  # the replay backend's source database
+    replay_device: str | None = None
     interrupted: bool = False  # set by run_search: Ctrl-C stopped it (the CLI then exits with 130)
 
 
@@ -93,7 +95,14 @@ def run_search(space: SearchSpace, store, opts: Options) -> list[dict]:
     if unknown:
         raise TunerError(f"--concurrency {unknown} not in {space.path}'s concurrency list {space.concurrency}")
     storage = _storage(store.url)
-    processes = _start_processes(opts)
+    source = None
+    if opts.backend == "replay":
+        from tuner.replay import ReplaySource
+
+        if not opts.replay_db:
+            raise TunerError("--backend replay needs --replay-db URL (the database whose samples are replayed)")
+        source = ReplaySource(opts.replay_db, opts.replay_device)
+    processes = start_processes(opts, source)
     if opts.backend == "interpreter":
         click.echo(
             "no CUDA GPU: using the interpreter backend (kernel under TRITON_INTERPRET=1, wall-clock "
@@ -107,14 +116,17 @@ def run_search(space: SearchSpace, store, opts: Options) -> list[dict]:
         with Stop() as stop:
             for spec in space.workloads:
                 wl = spec.workload()
-                checked = check_many(
-                    configs,
-                    wl,
-                    space.target,
-                    max_spill_bytes=space.max_spill_bytes,
-                    enforce_device=opts.backend == "cuda",
-                    store=store,
-                )
+                if source is not None:  # the verdicts recorded with the samples
+                    checked = source.feasibility(configs, wl, levels)
+                else:
+                    checked = check_many(
+                        configs,
+                        wl,
+                        space.target,
+                        max_spill_bytes=space.max_spill_bytes,
+                        enforce_device=opts.backend == "cuda",
+                        store=store,
+                    )
                 verdicts = dict(zip(configs, checked, strict=True))
                 feasible = [c for c, v in verdicts.items() if v.feasible]
                 sampler = opts.sampler or ("grid" if len(feasible) <= GRID_MAX else "tpe")
@@ -134,9 +146,14 @@ def run_search(space: SearchSpace, store, opts: Options) -> list[dict]:
     return summary
 
 
-def _start_processes(opts: Options) -> list[MeasurementProcess]:
-    """One measurement process per GPU (pinned with CUDA_VISIBLE_DEVICES), or N interpreter processes."""
+def start_processes(opts: Options, source=None) -> list:
+    """One measurement process per GPU (pinned with CUDA_VISIBLE_DEVICES), N interpreter processes, or
+    the replay backend's stand-in."""
     n = opts.workers
+    if source is not None:
+        from tuner.replay import ReplayProcess
+
+        return [ReplayProcess(source)]
     if opts.backend == "cuda":
         import torch
 

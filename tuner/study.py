@@ -9,6 +9,7 @@ instead when the space is large.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import threading
@@ -16,6 +17,7 @@ import time
 from dataclasses import dataclass
 from dataclasses import field
 
+import numpy as np
 import optuna
 from tqdm import tqdm
 
@@ -24,14 +26,16 @@ from db import record
 from db.errors import DatabaseError
 from db.models import StudyModel
 from db.models import get_or_create
+from db.verdicts import Effect
 from db.verdicts import Phase
 from db.verdicts import Verdict
 from kernels.config import PARAM_NAMES
 from kernels.config import KernelConfig
 from kernels.config import kernel_source_hash
+from kernels.config import launch_identity
 from kernels.workload import Workload
+from tuner import calibrate
 from tuner import stats
-from tuner.errors import TunerError
 from tuner.feasibility import Verdict as Feasibility
 from tuner.heartbeat import Heartbeat
 from tuner.measure import MeasurementProcess
@@ -84,11 +88,13 @@ class _Progress:
     lock: threading.Lock = field(default_factory=threading.Lock)
     n_new: int = 0
     error: BaseException | None = None
+    best: tuple[str, float, float] | None = None  # (config, ratio, median µs) of this run's screening
 
 
 class StudyRun:
     def __init__(self, plan: StudyPlan, store, storage, processes: list[MeasurementProcess], opts, stop, t_start):
         self.plan, self.store, self.storage, self.processes = plan, store, storage, processes
+        self.reference_us = 1.0  # the baseline's median (A/A); Optuna's value is ratio x reference_us
         self.opts, self.stop, self.t_start = opts, stop, t_start
         self.dists = {p: optuna.distributions.CategoricalDistribution(plan.space.parameters[p]) for p in PARAM_NAMES}
 
@@ -178,6 +184,7 @@ class StudyRun:
             raise self.progress.error
         if not self.stop.requested and len(self.progress.done) >= total:
             self._finalists(self.processes[0])
+        self._decide()
         with self.store.session() as s:
             return summary_row(s, self.study_id, self.plan.spec.name, self.plan.concurrency)
 
@@ -228,7 +235,7 @@ class StudyRun:
 
     def _done_keys(self) -> set[str]:
         with self.store.session() as s:
-            return set(queries.done_configs(s, self.study_id))
+            return queries.done_keys(s, self.study_id)
 
     def _run_trial(self, proc: MeasurementProcess, trial: optuna.Trial, env_id: int, band: float) -> None:
         cfg = KernelConfig.from_dict(trial.params)
@@ -238,13 +245,17 @@ class StudyRun:
         if seen or not self.plan.space.satisfies(cfg):
             self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             return
+        key, original = self._duplicate_of(cfg) if self.plan.verdicts[cfg].feasible else (None, None)
         beat = Heartbeat(self.storage, self._trial_id(trial))
         t0 = time.monotonic()
         try:
-            reply = self._measure(proc, cfg, trial.number, self.plan.space.measurement["rounds"], check=True)
+            if original is not None:  # one measurement per distinct launch
+                reply = MeasureReply(Verdict.DUPLICATE, f"launches exactly what trial {original} measured")
+            else:
+                reply = self._measure(proc, cfg, trial.number, self.plan.space.measurement["rounds"], check=True)
         finally:
             beat.stop()
-        stat = self._record(proc, env_id, cfg, reply, band, trial.number, time.monotonic() - t0)
+        stat = self._record(proc, env_id, cfg, reply, band, trial.number, time.monotonic() - t0, key, original)
         with pg.lock:
             pg.done.add(str(cfg))
             if stat is False:  # another process or host recorded this config first
@@ -252,10 +263,11 @@ class StudyRun:
                 return
             pg.n_new += 1
             pg.bar.update(1)
-            with self.store.session() as s:
-                pg.bar.set_postfix_str(postfix(s, self.study_id), refresh=False)
+            if stat and (pg.best is None or stat.ratio < pg.best[1]):
+                pg.best = (str(cfg), stat.ratio, stat.median_us)
+            pg.bar.set_postfix_str(postfix(pg.best, band), refresh=False)
         if reply.verdict == Verdict.OK:
-            self.study.tell(trial, stat.median_us)
+            self.study.tell(trial, stat.ratio * self.reference_us)
         else:
             trial.set_user_attr("verdict", reply.verdict.value)
             self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
@@ -270,28 +282,56 @@ class StudyRun:
     # --- noise, recording, finalists -------------------------------------------------------------
 
     def _noise_band(self, proc: MeasurementProcess) -> tuple[int, float]:
-        """This GPU's A/A band for the study (measured once per study, host and GPU; the gate runs too)."""
-        host, gpu = proc.info["host"], proc.gpu_index
+        """The band this GPU's verdicts use in the study: ``max(spread, min_effect)``, the spread from the
+        latest calibration of this environment, workload and concurrency, else from a short A/A now."""
+        plan, host, gpu = self.plan, proc.info["host"], proc.gpu_index
+        min_effect = plan.space.measurement.get("min_effect", stats.DEFAULT_MIN_EFFECT)
         with self.store.session() as s:
             env_id = queries.ensure_environment(s, proc.info).id
-            band = record.noise_band(s, self.study_id, host, gpu)
-        if band is not None:
+            known = record.noise_band(s, self.study_id, host, gpu)
+            cal = queries.latest_calibration(s, env_id, self.workload_id, plan.concurrency, self.opts.backend)
+            if known is None and cal is not None:
+                spread, multimodal, samples = cal.spread, cal.multimodal, json.loads(cal.samples)
+        if known is not None:
+            band, samples = known
+            self.reference_us = float(np.median([a for a, _ in samples]))
             return env_id, band
-        base = self.plan.space.baseline
-        reply = self._measure(proc, base, 0, self.plan.space.measurement["rounds"], check=True)
-        if reply.verdict != Verdict.OK:
-            raise TunerError(
-                f"the baseline {base} is {reply.verdict} on {host} GPU {gpu}: {reply.reason}; "
-                "candidates cannot be compared with it - pick another `baseline` in the search space"
-            )
-        a, b = zip(*reply.samples, strict=True)
-        band = stats.noise_band(a, b, seed=gpu)
+        if cal is None:
+            base = plan.space.baseline
+            c = calibrate.measure(proc, plan.space, plan.workload, plan.concurrency, base, calibrate.STUDY_PAIRS)
+            with self.store.session() as s:
+                calibrate.store_calibration(s, c, proc.info, plan.spec, plan.concurrency, self.opts.backend, base)
+            spread, multimodal, samples = c.spread, c.multimodal, c.samples
+        self.reference_us = float(np.median([a for a, _ in samples]))
+        band = stats.band(spread, min_effect)
         with self.store.session() as s:
-            record.add_noise(s, self.study_id, host, gpu, band, reply.samples)
+            record.add_noise(s, self.study_id, host, gpu, band, samples)
+            record.set_study_noise(s, self.study_id, band, spread, min_effect, multimodal, len(samples))
+        if multimodal:
+            tqdm.write(
+                f"warning: the baseline's A/A samples look multimodal (two speeds) at C={plan.concurrency}; "
+                "treat close calls with care",
+                file=sys.stderr,
+            )
         return env_id, band
 
+    def _duplicate_of(self, cfg: KernelConfig) -> tuple[str, int | None]:
+        """The config's launch key, and the trial of this study that already measured that launch."""
+        key = launch_key(cfg, self.plan.workload, self.plan.concurrency)
+        with self.store.session() as s:
+            return key, queries.measured_launch(s, self.study_id, key)
+
     def _record(
-        self, proc, env_id: int, cfg: KernelConfig, reply: MeasureReply, band: float, number: int, wall_s: float
+        self,
+        proc,
+        env_id: int,
+        cfg: KernelConfig,
+        reply: MeasureReply,
+        band: float,
+        number: int,
+        wall_s: float,
+        key: str | None = None,
+        original: int | None = None,
     ):
         """Write the trial, its raw samples and its statistic in one transaction.
 
@@ -310,6 +350,8 @@ class StudyRun:
                 config_key=str(cfg),
                 **cfg.as_dict(),
                 num_splits=reply.num_splits,
+                launch_key=key,
+                duplicate_of=original,
                 is_baseline=cfg == self.plan.space.baseline,
                 verdict=reply.verdict,
                 reason=reply.reason or (feas.reason if feas.feasible else ""),
@@ -330,6 +372,15 @@ class StudyRun:
                 return None
             return _add_samples(s, t.id, Phase.SCREEN, reply, proc.gpu_index, band, seed=number)
 
+    def _decide(self) -> None:
+        """The study-wide calls: Benjamini-Hochberg over the per-trial p-values of each phase."""
+        with self.store.session() as s:
+            trials = [t for t in queries.done_configs(s, self.study_id).values() if t.verdict == Verdict.OK]
+            for phase in Phase:
+                rows = [st for t in trials if (st := t.statistic(phase)) is not None and st.p_value is not None]
+                effects = stats.decide([(st.p_value, _direction(st)) for st in rows])
+                record.set_effects(s, {st.id: e for st, e in zip(rows, effects, strict=True)})
+
     def _finalists(self, proc: MeasurementProcess) -> None:
         """Re-measure the top ``finalists`` with ``finalist_rounds`` (on one GPU, against its own band)."""
         k, rounds = self.plan.space.measurement["finalists"], self.plan.space.measurement["finalist_rounds"]
@@ -341,9 +392,8 @@ class StudyRun:
             ]
             ok.sort(key=lambda t: t.statistic(Phase.SCREEN).median_us)
             todo = [(t.id, t.config()) for t in ok[:k] if not t.statistic(Phase.FINALIST)]
-            band = record.noise_band(s, self.study_id, proc.info["host"], proc.gpu_index)
-            if band is None:
-                band = s.get(StudyModel, self.study_id).noise_band or 0.0
+            known = record.noise_band(s, self.study_id, proc.info["host"], proc.gpu_index)
+            band = known[0] if known else (s.get(StudyModel, self.study_id).noise_band or 0.0)
         for trial_id, cfg in todo:
             reply = self._measure(proc, cfg, trial_id, rounds, check=False)
             if reply.verdict != Verdict.OK:
@@ -355,9 +405,15 @@ class StudyRun:
                 continue  # another host re-measured this finalist first
 
 
+def launch_key(cfg: KernelConfig, workload: Workload, concurrency: int) -> str:
+    """The launch identity (compiled binary + split geometry) as a string the database can index."""
+    return json.dumps(launch_identity(cfg, workload.heads, workload.topk, concurrency))
+
+
 def _add_samples(s, trial_id: int, phase: Phase, reply: MeasureReply, gpu_index: int, band: float, seed: int):
     c, b = zip(*reply.samples, strict=True)
     ps = stats.paired(c, b, seed=seed)
+    p, _ = ps.p_value(band)
     summary = record.Summary(
         ps.n,
         ps.median_us,
@@ -369,8 +425,13 @@ def _add_samples(s, trial_id: int, phase: Phase, reply: MeasureReply, gpu_index:
         ps.ratio_ci_high,
         band,
         ps.classify(band),
+        p,
     )
     return record.add_samples(s, trial_id, phase, reply.samples, reply.replays, gpu_index, summary)
+
+
+def _direction(st) -> Effect:
+    return Effect.WIN if st.ratio < 1.0 else Effect.REGRESSION
 
 
 def _key(params: dict) -> str:

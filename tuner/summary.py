@@ -36,9 +36,8 @@ def summary_row(session: Session, study_id: int, workload: str, concurrency: int
     return row
 
 
-def postfix(session: Session, study_id: int) -> str:
-    band = session.get(StudyModel, study_id).noise_band or 0.0
-    b = queries.best_of(list(queries.done_configs(session, study_id).values()))
-    if b is None:
+def postfix(best: tuple[str, float, float] | None, band: float) -> str:
+    """``best (config, ratio, median µs)`` of the screening so far, and the band."""
+    if best is None:
         return f"band ±{band * 100:.1f}%"
-    return f"best {b.config_key} {b.statistic().median_us:.1f}µs, band ±{band * 100:.1f}%"
+    return f"best {best[0]} {best[2]:.1f}µs ({best[1]:.3f}x), band ±{band * 100:.1f}%"

@@ -1,0 +1,242 @@
+"""The ``replay`` backend: re-run a search on a CPU from the samples recorded in another database.
+
+This is Kernel Tuner's simulation mode for this tuner: try a new policy, sampler or subset of a space
+without a GPU. Each measurement draws ``rounds`` rounds from the samples recorded for the same
+(workload, concurrency, config, device), with replacement, keeping each round's (candidate, baseline)
+pairing. A config with no recorded samples is ``missing`` and never picked; a recorded ``infeasible``,
+``wrong``, ``crashed`` or ``timeout`` verdict is replayed as it was. The A/A comes from the source's
+calibration (or, in databases older than calibrations, its per-study A/A samples).
+
+The source is read with plain SQL on columns every schema version has, opened read-only, so any
+results database, old or new, can be replayed without being migrated.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+from sqlalchemy import create_engine
+from sqlalchemy import inspect
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
+
+from db.verdicts import Verdict
+from kernels.config import KernelConfig
+from kernels.workload import Workload
+from tuner.errors import TunerError
+from tuner.feasibility import Verdict as Feasibility
+from tuner.protocol import CalibrateRequest
+from tuner.protocol import MeasureReply
+from tuner.protocol import MeasureRequest
+
+
+@dataclass
+class _Recorded:
+    verdict: str
+    reason: str
+    num_splits: int
+    shared_bytes: int | None
+    limit_bytes: int | None
+    registers: int | None
+    spill_bytes: int | None
+    estimate_bytes: int | None
+    duplicate_of: int | None
+    samples: list[tuple[float, float]]
+
+
+def _engine(url: str):
+    u = make_url(url)
+    if u.get_backend_name() == "sqlite":
+        path = u.database
+        return create_engine(
+            "sqlite://", creator=lambda: sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+        )
+    return create_engine(url)
+
+
+def _shape(kv_format, heads, topk, page_size, context) -> tuple:
+    return (kv_format, int(heads), int(topk), int(page_size), int(context))
+
+
+class ReplaySource:
+    """Every trial and sample of one device in another results database, in memory."""
+
+    def __init__(self, url: str, device: str | None = None) -> None:
+        try:
+            engine = _engine(url)
+            with engine.connect() as con:
+                self._load(con, inspect(con).get_table_names(), url, device)
+        except SQLAlchemyError as e:
+            raise TunerError(f"cannot read the replay database: {str(getattr(e, 'orig', e)).splitlines()[0]}") from None
+
+    def _load(self, con, tables: list[str], url: str, device: str | None) -> None:
+        if "tuner_trials" not in tables:
+            raise TunerError("the replay database has no tuner results (run `tuner search` on a GPU first)")
+        devices = [r[0] for r in con.execute(text("SELECT DISTINCT gpu_name FROM tuner_environments"))]
+        devices = [d for d in devices if d != "cpu-interpreter"] or devices
+        if device is None:
+            if len(devices) != 1:
+                raise TunerError(f"the replay database holds several devices {devices}; pick one with --replay-device")
+            device = devices[0]
+        elif device not in devices:
+            raise TunerError(f"--replay-device {device!r} is not in the replay database; it has {devices}")
+        self.device = device
+        env = (
+            con.execute(text("SELECT * FROM tuner_environments WHERE gpu_name = :d ORDER BY id LIMIT 1"), {"d": device})
+            .mappings()
+            .one()
+        )
+        self.info = {
+            "backend": "replay",
+            "gpu_name": device,
+            "compute_capability": env["compute_capability"],
+            "sm_count": env["sm_count"],
+            "cuda": env["cuda"],
+            "driver": env["driver"],
+            "torch": env["torch"],
+            "triton": env["triton"],
+            "host": f"replay of {env['host']}",
+            "copy_gbps": env.get("copy_gbps"),
+            "l2_bytes": 0,
+        }
+        cols = set(c["name"] for c in inspect(con).get_columns("tuner_trials"))
+        dup = "t.duplicate_of" if "duplicate_of" in cols else "NULL"
+        rows = con.execute(
+            text(
+                f"SELECT t.id, t.concurrency, t.config_key, t.verdict, t.reason, t.num_splits, t.shared_bytes, "
+                f"t.limit_bytes, t.registers, t.spill_bytes, t.estimate_bytes, {dup} AS duplicate_of, "
+                "w.kv_format, w.heads, w.topk, w.page_size, w.context "
+                "FROM tuner_trials t JOIN tuner_workloads w ON t.workload_id = w.id "
+                "JOIN tuner_environments e ON t.environment_id = e.id WHERE e.gpu_name = :d ORDER BY t.id"
+            ),
+            {"d": device},
+        ).mappings()
+        by_id: dict[int, _Recorded] = {}
+        self.trials: dict[tuple, _Recorded] = {}
+        for r in rows:
+            rec = _Recorded(
+                r["verdict"],
+                r["reason"] or "",
+                r["num_splits"] or 0,
+                r["shared_bytes"],
+                r["limit_bytes"],
+                r["registers"],
+                r["spill_bytes"],
+                r["estimate_bytes"],
+                r["duplicate_of"],
+                [],
+            )
+            by_id[r["id"]] = rec
+            key = (_shape(r["kv_format"], r["heads"], r["topk"], r["page_size"], r["context"]), r["concurrency"])
+            # a config measured in several studies (re-runs, newer kernels): the latest recording stands
+            self.trials[(*key, str(KernelConfig.parse(r["config_key"])))] = rec
+        for trial_id, c, b in con.execute(text("SELECT trial_id, candidate_us, baseline_us FROM tuner_samples")):
+            if trial_id in by_id:
+                by_id[trial_id].samples.append((c, b))
+        for rec in by_id.values():
+            if rec.duplicate_of is not None and rec.duplicate_of in by_id:
+                rec.samples = by_id[rec.duplicate_of].samples
+                rec.verdict = by_id[rec.duplicate_of].verdict
+        self.noise = self._noise(con, tables, device)
+
+    def _noise(self, con, tables, device) -> dict[tuple, list]:
+        """A/A samples per (workload shape, concurrency): calibrations when there are any, else the studies'."""
+        out: dict[tuple, list] = defaultdict(list)
+        if "tuner_calibrations" in tables:
+            q = (
+                "SELECT c.samples, c.concurrency, w.kv_format, w.heads, w.topk, w.page_size, w.context "
+                "FROM tuner_calibrations c JOIN tuner_workloads w ON c.workload_id = w.id "
+                "JOIN tuner_environments e ON c.environment_id = e.id WHERE e.gpu_name = :d"
+            )
+            for r in con.execute(text(q), {"d": device}).mappings():
+                key = (_shape(r["kv_format"], r["heads"], r["topk"], r["page_size"], r["context"]), r["concurrency"])
+                out[key] += [tuple(x) for x in json.loads(r["samples"])]
+        if not out and "tuner_noise" in tables:
+            q = (
+                "SELECT n.samples, s.concurrency, w.kv_format, w.heads, w.topk, w.page_size, w.context "
+                "FROM tuner_noise n JOIN tuner_studies s ON n.study_id = s.id "
+                "JOIN tuner_workloads w ON s.workload_id = w.id "
+                "JOIN tuner_environments e ON s.environment_id = e.id WHERE e.gpu_name = :d"
+            )
+            for r in con.execute(text(q), {"d": device}).mappings():
+                key = (_shape(r["kv_format"], r["heads"], r["topk"], r["page_size"], r["context"]), r["concurrency"])
+                out[key] += [tuple(x) for x in json.loads(r["samples"])]
+        if not out:  # the oldest databases: the baseline trials' own rounds against themselves
+            q = (
+                "SELECT x.candidate_us, x.baseline_us, t.concurrency, w.kv_format, w.heads, w.topk, w.page_size, "
+                "w.context FROM tuner_samples x JOIN tuner_trials t ON x.trial_id = t.id "
+                "JOIN tuner_workloads w ON t.workload_id = w.id "
+                "JOIN tuner_environments e ON t.environment_id = e.id "
+                "WHERE e.gpu_name = :d AND t.is_baseline AND x.phase = 'screen'"
+            )
+            for r in con.execute(text(q), {"d": device}).mappings():
+                key = (_shape(r["kv_format"], r["heads"], r["topk"], r["page_size"], r["context"]), r["concurrency"])
+                out[key].append((r["candidate_us"], r["baseline_us"]))
+        return out
+
+    def lookup(self, wl: Workload, batch: int, cfg: KernelConfig) -> _Recorded | None:
+        shape = _shape(wl.kv_format, wl.heads, wl.topk, wl.page_size, wl.context)
+        return self.trials.get((shape, batch, str(cfg)))
+
+    def feasibility(self, configs: list[KernelConfig], wl: Workload, levels: list[int]) -> list[Feasibility]:
+        """The recorded compile-only verdicts: a config recorded infeasible at any level stays infeasible."""
+        out = []
+        for cfg in configs:
+            recs = [r for c in levels if (r := self.lookup(wl, c, cfg)) is not None]
+            bad = next((r for r in recs if r.verdict == Verdict.INFEASIBLE), None)
+            any_r = bad or (recs[0] if recs else None)
+            nums = [getattr(any_r, f) or 0 if any_r else 0 for f in ("shared_bytes", "limit_bytes", "registers")]
+            spill = (any_r.spill_bytes or 0) if any_r else 0
+            est = (any_r.estimate_bytes or 0) if any_r else 0
+            out.append(Feasibility(bad is None, nums[0], nums[1], nums[2], spill, est, bad.reason if bad else ""))
+        return out
+
+
+class ReplayProcess:
+    """Stands in for a :class:`tuner.measure.MeasurementProcess`: answers from recorded samples."""
+
+    gpu_index = 0
+
+    def __init__(self, source: ReplaySource) -> None:
+        self.source = source
+        self.info = source.info
+
+    def start(self) -> dict:
+        return self.info
+
+    def close(self) -> None:
+        pass
+
+    def measure(self, req: MeasureRequest | CalibrateRequest, timeout_s: float) -> MeasureReply:
+        if isinstance(req, CalibrateRequest):
+            shape = _shape(
+                req.workload.kv_format,
+                req.workload.heads,
+                req.workload.topk,
+                req.workload.page_size,
+                req.workload.context,
+            )
+            pool = self.source.noise.get((shape, req.batch), [])
+            if len(pool) < 2:
+                return MeasureReply(Verdict.MISSING, "no recorded A/A samples for this workload and concurrency")
+            return MeasureReply(Verdict.OK, "", _draw(pool, req.pairs, seed=req.batch))
+        rec = self.source.lookup(req.workload, req.batch, req.candidate)
+        if rec is None:
+            return MeasureReply(Verdict.MISSING, f"no recorded samples for {req.candidate} at C={req.batch}")
+        if rec.verdict != Verdict.OK or not rec.samples:
+            verdict = Verdict(rec.verdict) if rec.verdict in set(Verdict) else Verdict.MISSING
+            if verdict == Verdict.OK:
+                verdict = Verdict.MISSING
+            return MeasureReply(verdict, rec.reason or "recorded without samples", num_splits=rec.num_splits)
+        return MeasureReply(Verdict.OK, "", _draw(rec.samples, req.rounds, req.seed), 1, rec.num_splits)
+
+
+def _draw(samples: list[tuple[float, float]], n: int, seed: int) -> list[tuple[float, float]]:
+    """``n`` rounds drawn with replacement, each keeping its (candidate, baseline) pairing."""
+    idx = np.random.default_rng(seed).integers(0, len(samples), n)
+    return [tuple(samples[i]) for i in idx]
