@@ -24,8 +24,8 @@ def _rates(effect, drift, jitter, seed=0):
             b = 100.0 * d * rng.normal(1.0, jitter, ROUNDS)
             return a, b
 
-        band = stats.noise_band(*run(100.0), seed=i)  # A/A at the start of the study
-        verdict = stats.paired(*run(100.0 * (1 - effect)), seed=i).classify(band)
+        band = stats.band(stats.spread(list(zip(*run(100.0), strict=True))))  # A/A at the start of the study
+        verdict = stats.paired(*run(100.0 * (1 - effect)), seed=i, bootstrap=False).classify(band)
         wins += verdict == "win"
         regs += verdict == "regression"
     return wins / REPS, regs / REPS

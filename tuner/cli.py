@@ -323,7 +323,7 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
     with store.session() as s:
         rows = []
         for t in queries.trials(s, concurrency=concurrency, verdict=verdict, space=space):
-            st = t.statistic()
+            st = t.evidence().statistic()  # a duplicate shows its original's numbers
             rows.append(
                 {
                     "trial": t.id,
@@ -331,6 +331,7 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
                     "C": t.concurrency,
                     **t.config().as_dict(),
                     "verdict": t.verdict,
+                    "duplicate_of": t.duplicate_of,
                     "median_us": round(st.median_us, 3) if st else None,
                     "ratio": round(st.ratio, 4) if st else None,
                     "effect": st.classification if st else None,

@@ -90,7 +90,8 @@ class PairedStats:
         return direction if p <= alpha else Effect.FLAT
 
 
-def paired(candidate_us, baseline_us, seed: int = 0) -> PairedStats:
+def paired(candidate_us, baseline_us, seed: int = 0, *, bootstrap: bool = True) -> PairedStats:
+    """The paired statistics of one measurement; ``bootstrap=False`` skips the median's CI (simulations)."""
     c = np.asarray(candidate_us, dtype=float)
     b = np.asarray(baseline_us, dtype=float)
     if c.shape != b.shape or c.ndim != 1 or len(c) == 0:
@@ -100,7 +101,7 @@ def paired(candidate_us, baseline_us, seed: int = 0) -> PairedStats:
     mean = float(d.mean())
     se = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0
     half = float(sps.t.ppf(0.975, n - 1)) * se if n > 1 else 0.0
-    lo, hi = median_ci(c, seed)
+    lo, hi = median_ci(c, seed) if bootstrap else (float(np.min(c)), float(np.max(c)))
     return PairedStats(
         n,
         float(np.median(c)),

@@ -73,6 +73,19 @@ class StudyPlan:
         base = self.space.baseline
         return [base] + [c for c in self.verdicts if c != base]
 
+    def launches(self) -> dict[str, list[KernelConfig]]:
+        """Feasible configs grouped by launch identity, in :meth:`order`; the first of a group is measured,
+        the others launch exactly the same kernels on the same grid and are recorded as its duplicates."""
+        groups: dict[str, list[KernelConfig]] = {}
+        for cfg in self.order():
+            if self.verdicts[cfg].feasible:
+                groups.setdefault(launch_key(cfg, self.workload, self.concurrency), []).append(cfg)
+        return groups
+
+    def to_measure(self) -> list[KernelConfig]:
+        """One config per distinct launch (the baseline's group is represented by the baseline)."""
+        return [group[0] for group in self.launches().values()]
+
     def request(self, cfg: KernelConfig, seed: int, rounds: int, check: bool) -> MeasureRequest:
         return MeasureRequest(self.workload, self.concurrency, cfg, self.space.baseline, rounds, seed, check)
 
@@ -88,6 +101,7 @@ class _Progress:
     lock: threading.Lock = field(default_factory=threading.Lock)
     n_new: int = 0
     error: BaseException | None = None
+    targets: set[str] = field(default_factory=set)  # grid: the configs to measure (one per launch)
     best: tuple[str, float, float] | None = None  # (config, ratio, median µs) of this run's screening
 
 
@@ -144,8 +158,9 @@ class StudyRun:
         self.optuna_study_id = self.storage.get_study_id_from_name(self.name)
         optuna.storages.fail_stale_trials(self.study)
         if plan.sampler == "grid":
+            self._record_infeasible(done)
             self._enqueue_missing(done)
-            return len(plan.order())
+            return len(plan.to_measure())
         if str(plan.space.baseline) not in done:
             self.study.enqueue_trial(plan.space.baseline.as_dict(), skip_if_exists=True)
         return self.opts.n_trials or plan.space.sampler.get("n_trials") or 100
@@ -153,9 +168,31 @@ class StudyRun:
     def _enqueue_missing(self, done: set[str]) -> None:
         """Queue every config that is neither measured, nor queued, nor running (by any process or host)."""
         pending = {_key(t.params) for t in self.study.get_trials(deepcopy=False, states=(WAITING, RUNNING))}
-        for cfg in self.plan.order():
+        for cfg in self.plan.to_measure():
             if str(cfg) not in done and str(cfg) not in pending:
                 self.study.enqueue_trial(cfg.as_dict(), skip_if_exists=False)
+
+    def _record_infeasible(self, done: set[str]) -> None:
+        """Configs that do not fit the target are recorded at once, with their numbers; nothing launches."""
+        with self.store.session() as s:
+            env_id = queries.ensure_environment(s, self.processes[0].info).id
+        for cfg, feas in self.plan.verdicts.items():
+            if not feas.feasible and str(cfg) not in done:
+                self._record(None, env_id, cfg, MeasureReply(Verdict.INFEASIBLE, feas.reason), 0.0, None, 0.0)
+                done.add(str(cfg))
+
+    def _record_duplicates(self) -> None:
+        """Every config whose launch was measured by another trial of the study, recorded as its duplicate."""
+        with self.store.session() as s:
+            done = queries.done_configs(s, self.study_id)
+            env_id = queries.ensure_environment(s, self.processes[0].info).id
+        for key, (first, *twins) in self.plan.launches().items():
+            original = done.get(str(first))
+            for cfg in twins:
+                if original is None or str(cfg) in done:
+                    continue
+                reply = MeasureReply(Verdict.DUPLICATE, f"launches exactly what trial {original.id} ({first}) measured")
+                self._record(None, env_id, cfg, reply, 0.0, None, 0.0, key, original.id)
 
     # --- running -------------------------------------------------------------------------------
 
@@ -164,15 +201,16 @@ class StudyRun:
         done = self._open_rows()
         total = self._open_study(done)
         budget = self.opts.n_trials or total
+        targets = {str(c) for c in self.plan.to_measure()} if self.plan.sampler == "grid" else set()
         bar = tqdm(
             total=total,
-            initial=min(len(done), total),
+            initial=min(len(done & targets) if targets else len(done), total),
             desc=f"{self.plan.spec.name} C={self.plan.concurrency}",
             file=sys.stderr,
             disable=self.opts.quiet,
             dynamic_ncols=True,
         )
-        self.progress = _Progress(done, total, budget, bar)
+        self.progress = _Progress(done, total, budget, bar, targets=targets)
         threads = [threading.Thread(target=self._measurement_thread, args=(p,), daemon=True) for p in self.processes]
         for t in threads:
             t.start()
@@ -182,11 +220,17 @@ class StudyRun:
         bar.close()
         if self.progress.error is not None:
             raise self.progress.error
-        if not self.stop.requested and len(self.progress.done) >= total:
+        if not self.stop.requested and self._finished():
+            if self.plan.sampler == "grid":
+                self._record_duplicates()
             self._finalists(self.processes[0])
         self._decide()
         with self.store.session() as s:
             return summary_row(s, self.study_id, self.plan.spec.name, self.plan.concurrency)
+
+    def _finished(self) -> bool:
+        pg = self.progress
+        return pg.targets <= pg.done if pg.targets else len(pg.done) >= pg.total
 
     def _out_of_time(self) -> bool:
         return bool(self.opts.timeout_s and time.monotonic() - self.t_start > self.opts.timeout_s)
@@ -198,7 +242,7 @@ class StudyRun:
             env_id, band = self._noise_band(proc)
             while True:
                 with pg.lock:
-                    if self.stop.requested or pg.n_new >= pg.budget or len(pg.done) >= pg.total:
+                    if self.stop.requested or pg.n_new >= pg.budget or self._finished():
                         return
                     if self._out_of_time():
                         return
@@ -224,7 +268,7 @@ class StudyRun:
             pg.done |= self._done_keys()
             self._enqueue_missing(pg.done)
             if not study.get_trials(deepcopy=False, states=(WAITING,)):
-                pg.done |= {str(c) for c in self.plan.order()}  # nothing left anywhere
+                pg.done |= pg.targets  # nothing left anywhere
                 return None
         trial = study.ask(fixed_distributions=self.dists)
         queued = "fixed_params" in self.storage.get_trial(self._trial_id(trial)).system_attrs
