@@ -125,7 +125,8 @@ def best_of(trials_: list[TrialModel]) -> TrialModel | None:
 
 
 def best(session: Session, concurrency: int, **filters) -> list[TrialModel]:
-    """The best ``ok`` trial per (space, workload, device, backend) at this concurrency.
+    """The best ``ok`` trial per (space, workload, device, backend) at this concurrency, among the trials of
+    the newest kernel measured there (a kernel change makes older numbers history, not candidates).
 
     Trials that failed the correctness gate are ``wrong`` and never appear here.
     """
@@ -133,7 +134,18 @@ def best(session: Session, concurrency: int, **filters) -> list[TrialModel]:
     for t in trials(session, concurrency=concurrency, verdict=Verdict.OK, **filters):
         key = (t.study.space.name, t.workload.name, t.environment.gpu_name, t.backend)
         groups.setdefault(key, []).append(t)
-    return [b for b in map(best_of, groups.values()) if b is not None]
+    out = []
+    for ts in groups.values():
+        newest = max(t.kernel_id for t in ts)
+        b = best_of([t for t in ts if t.kernel_id == newest])
+        if b is not None:
+            out.append(b)
+    return out
+
+
+def tied(session: Session, t: TrialModel) -> list[TrialModel]:
+    """The trials of ``t``'s study tied with the study's best (within its band), best first."""
+    return ties(list(done_configs(session, t.study_id).values()))
 
 
 def feasibility_get(session: Session, keys: list[str]) -> dict[str, dict]:

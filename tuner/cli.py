@@ -294,7 +294,10 @@ def best(concurrency, space, workload, device, backend, fmt, db_url):
     store = Store(db_url, readonly=True)
     with store.session() as s:
         found = queries.best(s, concurrency, space=space, workload=workload, device=device, backend=backend)
-        rows = [_best_row(t) for t in found]
+        rows = [
+            {**_best_row(t), "tied_with": " ".join(x.config_key for x in queries.tied(s, t) if x.id != t.id)}
+            for t in found
+        ]
     if not rows:
         raise TunerError(f"no ok result at concurrency {concurrency} in {store.shown_url} (run `tuner search` first)")
     if len(rows) > 1:

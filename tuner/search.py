@@ -79,7 +79,7 @@ def _storage(url: str) -> optuna.storages.RDBStorage:
                 url,
                 heartbeat_interval=HEARTBEAT_S,
                 grace_period=GRACE_S,
-                failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=3),
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3),
             )
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError, optuna.exceptions.StorageInternalError):
             # another process created Optuna's tables at the same moment; they exist now
