@@ -7,10 +7,10 @@ from kernels import Workload
 from kernels import make_batch
 from kernels import sparse_mla_decode
 from kernels.config import DEFAULT_CONFIG
-from kernels.table import lookup_config
 from kernels.decode import device_name
 from kernels.reference import compare
 from kernels.reference import sparse_mla_decode_ref
+from kernels.table import lookup_config
 
 pytestmark = pytest.mark.gpu
 

@@ -44,7 +44,8 @@ def winners(s: Session, backend: str | None = None) -> dict[tuple, dict[int, Tri
     out: dict[tuple, dict[int, TrialModel]] = defaultdict(dict)
     levels = sorted({t.concurrency for t in queries.trials(s, verdict=Verdict.OK, backend=backend)})
     for c in levels:
-        for t in queries.best(s, c, backend=backend):
+        for best in queries.best(s, c, backend=backend):
+            t = queries.pick(list(queries.done_configs(s, best.study_id).values())) or best
             w = t.workload
             key = (t.environment.gpu_name, w.kv_format, w.heads, w.topk)
             cur = out[key].get(c)
@@ -58,8 +59,13 @@ def _nothing(store: Store) -> TunerError:
 
 def _provenance_entry(t: TrialModel) -> dict:
     st = t.statistic()
+    study = list(queries.done_configs(Session.object_session(t), t.study_id).values())
     return {
         "config": t.config_key,
+        # the export rule: among the configs tied with the best (within the band), the baseline if it is
+        # one of them, else the best; configs that launch exactly the same kernels are equivalent
+        "tied_with": [x.config_key for x in queries.ties(study) if x.id != t.id],
+        "equivalent": [x.config_key for x in study if x.duplicate_of == t.id],
         "verdict": str(t.verdict),
         "effect": str(st.classification),
         "phase": str(st.phase),
