@@ -156,6 +156,7 @@ class StudyRun:
             study_name=self.name, storage=self.storage, direction="minimize", load_if_exists=True, sampler=sampler
         )
         self.optuna_study_id = self.storage.get_study_id_from_name(self.name)
+        self._describe_study()
         optuna.storages.fail_stale_trials(self.study)
         if plan.sampler == "grid":
             self._record_infeasible(done)
@@ -164,6 +165,24 @@ class StudyRun:
         if str(plan.space.baseline) not in done:
             self.study.enqueue_trial(plan.space.baseline.as_dict(), skip_if_exists=True)
         return self.opts.n_trials or plan.space.sampler.get("n_trials") or 100
+
+    def _describe_study(self) -> None:
+        """Metric name and attributes, so the study reads on its own in Optuna's tools (optuna-dashboard)."""
+        plan, info = self.plan, self.processes[0].info
+        self.study.set_metric_names(["median_us"])
+        attrs = {
+            "objective": "median_us: the baseline's A/A median x the candidate's paired ratio (lower is better)",
+            "space": plan.space.name,
+            "workload": plan.spec.name,
+            "concurrency": plan.concurrency,
+            "device": info["gpu_name"],
+            "backend": self.opts.backend,
+            "target_arch": plan.space.target,
+            "baseline": str(plan.space.baseline),
+            "kernel_hash": kernel_source_hash(),
+        }
+        for k, v in attrs.items():
+            self.study.set_user_attr(k, v)
 
     def _enqueue_missing(self, done: set[str]) -> None:
         """Queue every config that is neither measured, nor queued, nor running (by any process or host)."""
@@ -299,21 +318,29 @@ class StudyRun:
                 reply = self._measure(proc, cfg, trial.number, self.plan.space.measurement["rounds"], check=True)
         finally:
             beat.stop()
-        stat = self._record(proc, env_id, cfg, reply, band, trial.number, time.monotonic() - t0, key, original)
+        recorded = self._record(proc, env_id, cfg, reply, band, trial.number, time.monotonic() - t0, key, original)
         with pg.lock:
             pg.done.add(str(cfg))
-            if stat is False:  # another process or host recorded this config first
+            if recorded is False:  # another process or host recorded this config first
+                trial.set_user_attr("reason", "recorded by another process first")
                 self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
                 return
+            trial_id, stat = recorded
             pg.n_new += 1
             pg.bar.update(1)
             if stat and (pg.best is None or stat.ratio < pg.best[1]):
                 pg.best = (str(cfg), stat.ratio, stat.median_us)
             pg.bar.set_postfix_str(postfix(pg.best, band), refresh=False)
+        trial.set_user_attr("tuner_trial_id", trial_id)
+        trial.set_user_attr("verdict", reply.verdict.value)
         if reply.verdict == Verdict.OK:
+            trial.set_user_attr("ratio", stat.ratio)
+            trial.set_user_attr("ratio_ci", [stat.ratio_ci_low, stat.ratio_ci_high])
+            trial.set_user_attr("median_us_measured", stat.median_us)
+            trial.set_user_attr("effect", stat.classification)
             self.study.tell(trial, stat.ratio * self.reference_us)
         else:
-            trial.set_user_attr("verdict", reply.verdict.value)
+            trial.set_user_attr("reason", reply.reason[:500])
             self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
 
     def _measure(self, proc: MeasurementProcess, cfg: KernelConfig, seed: int, rounds: int, check: bool):
@@ -348,6 +375,7 @@ class StudyRun:
             spread, multimodal, samples = c.spread, c.multimodal, c.samples
         self.reference_us = float(np.median([a for a, _ in samples]))
         band = stats.band(spread, min_effect)
+        self.study.set_user_attr("noise_band", band)
         with self.store.session() as s:
             record.add_noise(s, self.study_id, host, gpu, band, samples)
             record.set_study_noise(s, self.study_id, band, spread, min_effect, multimodal, len(samples))
@@ -379,7 +407,7 @@ class StudyRun:
     ):
         """Write the trial, its raw samples and its statistic in one transaction.
 
-        Returns the statistic (None when not ok), or False when another process already recorded this config.
+        Returns ``(trial id, statistic or None)``, or False when another process already recorded this config.
         """
         feas = self.plan.verdicts[cfg]
         with self.store.session() as s:
@@ -413,8 +441,8 @@ class StudyRun:
             if t is None:
                 return False
             if not reply.samples:  # only an ok measurement has samples
-                return None
-            return _add_samples(s, t.id, Phase.SCREEN, reply, proc.gpu_index, band, seed=number)
+                return t.id, None
+            return t.id, _add_samples(s, t.id, Phase.SCREEN, reply, proc.gpu_index, band, seed=number)
 
     def _decide(self) -> None:
         """The study-wide calls: Benjamini-Hochberg over the per-trial p-values of each phase."""

@@ -1,0 +1,196 @@
+"""The structure the code promises: the kernel's parameter declaration, compile_spec agreeing with the
+launcher, typed messages, and layers that import only downward."""
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernels.decode as decode
+from kernels import Workload
+from kernels import make_batch
+from kernels import sparse_mla_decode
+from kernels.config import PARAM_NAMES
+from kernels.config import PARAMS
+from kernels.config import KernelConfig
+from kernels.config import Role
+from kernels.config import launch_identity
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- the declaration -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text", ["T16-w4-s2-c256", "T64-w8-s4-c1024", "T32-w2-s1-c7", "T16-w4-s2-c256-r128", "c256-T16-w4-s2"]
+)
+def test_key_round_trips(text):
+    cfg = KernelConfig.parse(text)
+    assert KernelConfig.parse(str(cfg)) == cfg
+    assert set(cfg.as_dict()) == set(PARAM_NAMES)
+
+
+@pytest.mark.parametrize(
+    "bad", ["T16-w4-s2", "T17-w4-s2-c256", "T16-w4-s2-c256-x1", "T16-w4-s2-c0", "", "T16-T16-w4-s2-c1"]
+)
+def test_bad_keys_are_refused_in_one_sentence(bad):
+    with pytest.raises(ValueError) as e:
+        KernelConfig.parse(bad)
+    assert "\n" not in str(e.value)
+
+
+def test_roles_decide_compile_key_options_and_triton_config():
+    cfg = KernelConfig(BLOCK_T=32, num_warps=8, num_stages=3, TARGET_CTAS=512)
+    assert dict(cfg.compile_key()) == {p.name: getattr(cfg, p.name) for p in PARAMS if p.role is not Role.LAUNCH}
+    assert cfg.compile_key() == cfg.replace(TARGET_CTAS=1).compile_key()  # the grid is not the binary
+    assert cfg.compile_key() != cfg.replace(maxnreg=128).compile_key()
+    kw = cfg.triton_config_kwargs()
+    assert kw == {"kwargs": {"BLOCK_T": 32}, "num_warps": 8, "num_stages": 3}  # maxnreg 0 = no option
+    assert cfg.replace(maxnreg=128).options()["maxnreg"] == 128
+    assert str(cfg) == "T32-w8-s3-c512" and str(cfg.replace(maxnreg=128)) == "T32-w8-s3-c512-r128"
+    assert cfg.compile_label() == "T32-w8-s3"
+
+
+def test_launch_identity_merges_clamped_target_ctas():
+    # 16 heads, topk 512, BLOCK_T 32: 16 tiles; at C=8 any TARGET_CTAS >= 128 asks for the 16-split maximum
+    a, b = KernelConfig(32, 4, 1, 128), KernelConfig(32, 4, 1, 1024)
+    assert launch_identity(a, 16, 512, 8) == launch_identity(b, 16, 512, 8)
+    assert launch_identity(a, 16, 512, 96) != launch_identity(b, 16, 512, 96)  # 2 vs 11 splits at C=96
+    assert launch_identity(a, 16, 512, 8) != launch_identity(a.replace(num_warps=8), 16, 512, 8)
+
+
+def test_database_columns_come_from_the_declaration():
+    from db.models import TrialModel
+
+    cols = set(TrialModel.__table__.columns.keys())
+    assert set(PARAM_NAMES) <= cols
+    t = TrialModel(**KernelConfig(32, 8, 3, 512).as_dict())
+    assert t.config() == KernelConfig(32, 8, 3, 512)
+
+
+# --- compile_spec is what the launcher launches ------------------------------------------------------
+
+SPEC_PROGRAM = """
+import json, sys
+from kernels.config import KernelConfig
+from kernels.decode import compile_spec
+from kernels.workload import Workload
+cfg, wl, batch = KernelConfig.parse(sys.argv[1]), Workload(**json.loads(sys.argv[2])), int(sys.argv[3])
+print(json.dumps([{"name": s.name, "signature": s.signature, "constexprs": s.constexprs, "options": s.options}
+                  for s in compile_spec(cfg, wl, 120, batch)]))
+"""
+
+TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.uint8: "*u8", torch.int32: "*i32"}
+
+
+@pytest.mark.parametrize(
+    "key, fmt, batch",
+    [("T16-w4-s2-c256", "fp8_model1", 3), ("T32-w8-s1-c1", "fp8_v32", 2), ("T16-w4-s1-c2", "fp8_model1", 1)],
+)
+def test_compile_spec_matches_what_the_launcher_runs(key, fmt, batch, monkeypatch):
+    wl = Workload(fmt, 16, 64, 64, 128)
+    cfg = KernelConfig.parse(key)
+    seen = []
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda **kw: seen.append((self.name, kw))
+
+    monkeypatch.setattr(decode, "_split_kernel", Recorder("split"))
+    monkeypatch.setattr(decode, "_combine_kernel", Recorder("combine"))
+    bt = make_batch(wl, batch, device="cpu")
+    sparse_mla_decode(*bt.args(), kv_format=fmt, config=cfg)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", SPEC_PROGRAM, key, json.dumps(wl.__dict__), str(batch)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    specs = json.loads(proc.stdout)
+    assert [s["name"] for s in specs] == [name for name, _ in seen]
+    for spec, (_, kw) in zip(specs, seen, strict=True):
+        arch_only = {"DOT_F32", "NATIVE_FP8"}  # the interpreter's fp32 dots; sm_120's fp8 conversion
+        launched_const = {k: v for k, v in kw.items() if spec["signature"].get(k) == "constexpr" and k not in arch_only}
+        assert launched_const == {k: v for k, v in spec["constexprs"].items() if k not in arch_only}
+        for name, ty in spec["signature"].items():
+            v = kw[name]
+            if isinstance(v, torch.Tensor):
+                assert ty == TYPES[v.dtype], name
+        launched_options = {k: kw[k] for k in ("num_warps", "num_stages", "maxnreg") if k in kw}
+        assert launched_options in ({}, spec["options"])  # the interpreter launch drops compile options
+    assert specs[0]["options"] == cfg.options()
+
+
+# --- messages ------------------------------------------------------------------------------------------
+
+
+def test_protocol_messages_round_trip():
+    from db.verdicts import Verdict
+    from tuner import protocol
+
+    req = protocol.MeasureRequest(Workload("fp8_v32", 16, 64), 4, KernelConfig(), KernelConfig(32), 5, 7, False)
+    assert protocol.decode(protocol.encode(req)) == req
+    cal = protocol.CalibrateRequest(Workload("fp8_model1", 16, 512), 96, KernelConfig(), 30)
+    assert protocol.decode(protocol.encode(cal)) == cal
+    reply = protocol.MeasureReply(Verdict.OK, "", [(1.0, 2.0)], 3, 2, 0.001, 0.0)
+    assert protocol.decode(protocol.encode(reply)) == reply
+    with pytest.raises(ValueError, match="not a protocol message"):
+        protocol.decode('{"op": "measure"}')
+
+
+# --- layers --------------------------------------------------------------------------------------------
+
+
+def _imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+    return out
+
+
+@pytest.mark.parametrize("package, forbidden", [("kernels", ("tuner", "db")), ("db", ("tuner",))])
+def test_layers_import_only_downward(package, forbidden):
+    for path in sorted((ROOT / package).rglob("*.py")):
+        bad = [m for m in _imports(path) if m.split(".")[0] in forbidden]
+        assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+def test_no_import_cycles():
+    modules = {}
+    for pkg in ("kernels", "db", "tuner"):
+        for path in (ROOT / pkg).rglob("*.py"):
+            if "migrations" in path.parts:
+                continue
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+            modules[name] = path
+    graph = {m: {i for i in _imports(p) if i in modules and i != m} for m, p in modules.items()}
+    state: dict[str, int] = {}
+
+    def visit(m, stack):
+        state[m] = 1
+        for n in graph[m]:
+            if state.get(n) == 1:
+                raise AssertionError(" -> ".join([*stack, m, n]))
+            if n not in state:
+                visit(n, [*stack, m])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [])
