@@ -65,17 +65,25 @@ def cli() -> None:
 @click.argument("space_file", type=click.Path(dir_okay=False))
 @click.option("--target", default=None, help="Arch whose limits apply (default: the space's `target`).")
 @click.option("--workload", "workload_name", default=None, help="Only this workload of the space.")
+@click.option("--all", "show_all", is_flag=True, help="One row per config, not one per compiled binary.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @format_option
 @db_option
 @expected_errors
-def check(space_file: str, target: str | None, workload_name: str | None, fmt: str, db_url: str) -> None:
+def check(
+    space_file: str, target: str | None, workload_name: str | None, show_all: bool, quiet: bool, fmt: str, db_url: str
+) -> None:
     """Which configs of SPACE_FILE fit the target arch, and why not. Compiles only; needs no GPU.
 
-    One row per config x workload. Verdicts are cached, so a second check is fast. With
-    several workloads, json/csv rows also carry a `workload` field.
+    One row per compiled binary x workload: configs that differ only in launch-only parameters
+    (TARGET_CTAS) compile to the same binary and share a row, whose launch-only columns list their
+    values (json: a list). --all: one row per config. Verdicts are cached, so a second check is
+    fast. With several workloads, json/csv rows also carry a `workload` field.
     """
     from db.store import Store
+    from kernels.config import PARAMS
     from tuner.feasibility import check_many
+    from tuner.progress import Progress
     from tuner.space import TARGETS
     from tuner.space import load_space
 
@@ -90,16 +98,36 @@ def check(space_file: str, target: str | None, workload_name: str | None, fmt: s
             f"--workload {workload_name!r} is not in {space.path}; it has {[w.name for w in space.workloads]}"
         )
     configs = space.configs()
+    launch_only = [p.name for p in PARAMS if not p.compiled]
+    fields = (("workload",) if len(workloads) > 1 else ()) + CHECK_FIELDS
     rows, n_ok = [], 0
+    progress = Progress(quiet)
     for w in workloads:
-        click.echo(f"checking {len(configs)} configs of {space.name}/{w.name} for {target} ...", err=True)
-        verdicts = check_many(configs, w.workload(), target, max_spill_bytes=space.max_spill_bytes, store=store)
+        name = f"{space.name}/{w.name}"
+        progress.message(f"{name}: checking {len(configs)} configs for {target}")
+        with progress.compiling(name) as task:
+            verdicts = check_many(
+                configs, w.workload(), target, max_spill_bytes=space.max_spill_bytes, store=store, on_progress=task
+            )
+        groups: dict[tuple, list] = {}  # compile key -> [(config, verdict)]; one config each with --all
         for cfg, v in zip(configs, verdicts, strict=True):
-            row = {**({"workload": w.name} if len(workloads) > 1 else {}), **cfg.as_dict(), **v.as_dict()}
-            rows.append({k: row[k] for k in (("workload",) if len(workloads) > 1 else ()) + CHECK_FIELDS})
+            groups.setdefault(cfg if show_all else cfg.compile_key(), []).append((cfg, v))
             n_ok += v.feasible
+        for members in groups.values():
+            cfg, v = members[0]  # one binary: the same numbers for every member
+            row = {"workload": w.name, **cfg.as_dict(), **v.as_dict()}
+            if not show_all:
+                for p in launch_only:
+                    values = list(dict.fromkeys(getattr(c, p) for c, _ in members))
+                    row[p] = values if fmt == "json" else ",".join(map(str, values))
+            rows.append({k: row[k] for k in fields})
+    if not show_all and len(rows) < len(configs) * len(workloads):
+        progress.message(
+            f"{len(configs) * len(workloads)} configs in {len(rows)} rows, one per compiled binary "
+            f"(launch only: {', '.join(launch_only)}); --all lists every config"
+        )
     click.echo(render(rows, fmt))
-    summary = f"{n_ok} feasible / {len(rows) - n_ok} infeasible for {target}"
+    summary = f"{n_ok} feasible / {len(configs) * len(workloads) - n_ok} infeasible for {target}"
     click.echo(summary, err=fmt != "table")
 
 

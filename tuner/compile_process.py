@@ -5,6 +5,10 @@ Started by :func:`tuner.feasibility.compile_numbers` without ``TRITON_INTERPRET`
 :func:`kernels.decode.compile_spec`, for the job's arch: on a machine without a GPU this is a
 cross-compile (the feasibility check); for the GPU's own arch it fills Triton's on-disk cache
 before a search (the warm-up), so the measurement process does not compile inside a trial.
+
+Each finished job is reported at once on stderr as one line, ``compiled <done>/<total> <label>``
+(:data:`PROGRESS_FORMAT`, in completion order), which ``compile_numbers`` reads while the process
+runs; the results come in job order on stdout at the end.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import as_completed
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -25,6 +30,9 @@ from kernels.decode import compile_spec
 from kernels.workload import Workload
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+# one stderr line per finished job; tuner.feasibility.PROGRESS_LINE parses it (kept apart: importing this
+# module imports the kernel, which the parent may have under TRITON_INTERPRET)
+PROGRESS_FORMAT = "compiled {done}/{total} {label}"
 
 
 def _resources(cubin: bytes) -> tuple[int, int]:
@@ -62,14 +70,26 @@ def compile_one(job: dict) -> dict:
     return {"shared": shared, "registers": regs, "stack": stack}
 
 
+def _report(done: int, total: int, job: dict) -> None:
+    label = KernelConfig.from_dict(job["config"]).compile_label()
+    print(PROGRESS_FORMAT.format(done=done, total=total, label=label), file=sys.stderr, flush=True)
+
+
 def main() -> int:
     jobs = json.load(sys.stdin)
     n = min(len(jobs), int(os.environ.get("TUNER_COMPILE_JOBS") or os.cpu_count() or 1))
+    results: list[dict | None] = [None] * len(jobs)
     if n <= 1:
-        results = [compile_one(j) for j in jobs]
+        for i, job in enumerate(jobs):
+            results[i] = compile_one(job)
+            _report(i + 1, len(jobs), job)
     else:
         with ProcessPoolExecutor(max_workers=n) as pool:
-            results = list(pool.map(compile_one, jobs))
+            futures = {pool.submit(compile_one, job): i for i, job in enumerate(jobs)}
+            for done, fut in enumerate(as_completed(futures), 1):
+                i = futures[fut]
+                results[i] = fut.result()
+                _report(done, len(jobs), jobs[i])
     json.dump(results, sys.stdout)
     return 0
 

@@ -17,8 +17,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from dataclasses import asdict
 from dataclasses import dataclass
 
@@ -93,22 +96,59 @@ def cache_key(config: KernelConfig, workload: Workload, target: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
-def compile_numbers(configs: list[KernelConfig], workload: Workload, cc: int) -> list[dict]:
+PROGRESS_LINE = re.compile(r"^compiled (\d+)/(\d+)\b")  # the compile process's PROGRESS_FORMAT
+
+
+def compile_numbers(
+    configs: list[KernelConfig],
+    workload: Workload,
+    cc: int,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> list[dict]:
     """Compile each config's kernels for ``sm_<cc>`` in the compile process: ``{shared, registers, stack}``
-    or ``{error}`` per config."""
+    or ``{error}`` per config.
+
+    ``on_progress(done, total)`` is called with ``(0, total)`` before the first compile, then once per
+    finished compile as the process reports it (from this thread, in completion order).
+    """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     jobs = [{"config": c.as_dict(), "workload": asdict(workload), "cc": cc} for c in configs]
-    proc = subprocess.run(
+    if on_progress is not None:
+        on_progress(0, len(jobs))
+    proc = subprocess.Popen(
         [sys.executable, "-m", "tuner.compile_process"],
-        input=json.dumps(jobs),
-        capture_output=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         env=env,
     )
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)  # a full pipe blocks
+    reader.start()
+    other: list[str] = []  # anything else on stderr: the last line explains a failure
+    try:
+        try:
+            proc.stdin.write(json.dumps(jobs))
+            proc.stdin.close()
+        except BrokenPipeError:  # it died before reading its jobs: its stderr says why
+            pass
+        for line in proc.stderr:
+            m = PROGRESS_LINE.match(line)
+            if m is None:
+                other.append(line)
+            elif on_progress is not None:
+                on_progress(int(m.group(1)), int(m.group(2)))
+        proc.wait()
+        reader.join()
+    except BaseException:  # Ctrl-C or a failing callback: no compile process left behind
+        proc.kill()
+        proc.wait()
+        raise
     if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
+        tail = "".join(other).strip().splitlines()[-1:] or ["no output"]
         raise FeasibilityError(f"the compile-only check failed: {tail[0]}")
-    return json.loads(proc.stdout)
+    return json.loads(out[0])
 
 
 def warm(configs: list[KernelConfig], workload: Workload, cc: int) -> list[str]:
@@ -158,10 +198,13 @@ def check_many(
     max_spill_bytes: int | None = None,
     enforce_device: bool = False,
     store=None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> list[Verdict]:
     """Verdicts for many configs of one workload; uncached ones compile in one compile process.
 
     With a results database (``store``) verdicts are cached there; without one every check compiles.
+    ``on_progress(done, total)`` counts the compiles (one per uncached compile key, see
+    :func:`compile_numbers`); it is not called when everything is cached.
     """
     cc = target_cc(target)
     limit = TARGETS[target]
@@ -174,9 +217,8 @@ def check_many(
             known = queries.feasibility_get(s, keys)
     todo = list({k: i for i, k in enumerate(keys) if k not in known}.values())  # one compile per key
     if todo:
-        fresh = dict(
-            zip([keys[i] for i in todo], compile_numbers([configs[i] for i in todo], workload, cc), strict=True)
-        )
+        numbers = compile_numbers([configs[i] for i in todo], workload, cc, on_progress)
+        fresh = dict(zip([keys[i] for i in todo], numbers, strict=True))
         if store is not None:
             with store.session() as s:
                 queries.feasibility_put(s, fresh)

@@ -1,0 +1,238 @@
+"""Progress on stderr (tuner/progress.py): plain bounded lines without a TTY, bars with one, nothing when quiet;
+and ``tuner check`` showing its compiles, one row per compiled binary."""
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tuner.progress import Progress
+from tuner.progress import duration
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def lines_progress(**kw):
+    out, clock = io.StringIO(), Clock()
+    return Progress(file=out, tty=False, interval_s=10.0, clock=clock, **kw), out, clock
+
+
+def test_lines_mode_thousands_of_items_make_at_most_ten_lines():
+    progress, out, clock = lines_progress(total_studies=1)
+    st = progress.study("v4_flash C=96", total=5000)
+    st.phase("A/A 12 pairs")
+    st.phase("screening 5000 launches")
+    for i in range(1, 5001):
+        clock.t = i / 50  # 100 s in all
+        st.advance(1, postfix="best T32-w4-s1-c512 48.4 µs")
+    st.phase("finalists 3 x 30 rounds")
+    st.close("best T32-w4-s1-c512 48.35 µs")
+    text = out.getvalue()
+    assert "\r" not in text
+    lines = text.splitlines()
+    assert lines[:2] == ["v4_flash C=96: A/A 12 pairs", "v4_flash C=96: screening 5000 launches"]
+    counts = [ln for ln in lines if "/5000" in ln]
+    assert 1 <= len(counts) <= 10
+    assert counts[0] == "v4_flash C=96: 500/5000 (10 %), best T32-w4-s1-c512 48.4 µs"
+    assert lines[-2:] == [
+        "v4_flash C=96: finalists 3 x 30 rounds",
+        "v4_flash C=96: done in 100 s (best T32-w4-s1-c512 48.35 µs)",
+    ]
+
+
+def test_lines_mode_waits_the_interval_between_progress_lines():
+    progress, out, clock = lines_progress()
+    st = progress.study("C=1", total=100)
+    for _ in range(100):  # all within 5 s: every 10 % step comes before the interval is up
+        clock.t += 0.05
+        st.advance()
+    st.close()
+    assert out.getvalue().splitlines() == ["C=1: done in 5 s"]
+
+
+def test_compile_task_is_a_callback_and_silent_when_nothing_compiles():
+    progress, out, clock = lines_progress()
+    with progress.compiling("smoke/v4_tiny"):
+        pass  # every verdict cached: the callback is never called
+    assert out.getvalue() == ""
+    with progress.compiling("smoke/v4_tiny") as task:
+        task(0, 3)
+        for done in (1, 2, 3):
+            clock.t += 20
+            task(done, 3)
+    assert out.getvalue().splitlines() == [
+        "smoke/v4_tiny: compile 3 configs ...",
+        "smoke/v4_tiny: compiled 1/3 (33 %)",
+        "smoke/v4_tiny: compiled 2/3 (66 %)",
+        "smoke/v4_tiny: compiled 3/3 (100 %)",
+        "smoke/v4_tiny: compiled 3 in 60 s",
+    ]
+
+
+def test_quiet_prints_nothing_but_warnings():
+    out = io.StringIO()
+    progress = Progress(quiet=True, total_studies=2, file=out, tty=True)
+    with progress.compiling("x") as task:
+        task(0, 1)
+        task(1, 1)
+    st = progress.study("C=1", total=3)
+    st.phase("screening")
+    st.advance(3)
+    st.close("best")
+    progress.close()
+    assert out.getvalue() == ""
+    progress.warn("warning: multimodal")
+    assert out.getvalue() == "warning: multimodal\n"
+
+
+def test_bars_mode_keeps_phase_and_summary_lines():
+    out = io.StringIO()
+    with Progress(total_studies=2, file=out, tty=True) as progress:
+        for c in (1, 96):
+            st = progress.study(f"v4 C={c}", total=4, initial=1)
+            st.phase("screening 3 launches")
+            st.advance(3, postfix="best T16-w4-s1-c4 1.0 µs")
+            st.close("best T16-w4-s1-c4 1.00 µs")
+    text = out.getvalue()
+    assert "v4 C=1: screening 3 launches\n" in text and "v4 C=96: done in 0 s (best T16-w4-s1-c4 1.00 µs)\n" in text
+    assert "studies" in text  # the overall bar
+
+
+def test_duration():
+    assert [duration(s) for s in (23.4, 840, 7500)] == ["23 s", "14 min", "2 h 05 min"]
+
+
+# --- the compile process reports each finished compile ---------------------------------------------
+
+
+def test_check_many_reports_each_compile_and_nothing_when_cached(tmp_path):
+    from db.store import Store
+    from kernels import KernelConfig
+    from kernels import Workload
+    from tuner.feasibility import check_many
+
+    store = Store(f"sqlite:///{tmp_path / 'v.db'}")
+    wl = Workload("fp8_model1", heads=16, topk=64, page_size=64, context=256)
+    configs = [KernelConfig(16, 4, 1, c) for c in (4, 8)]  # one binary
+    calls = []
+    first = check_many(configs, wl, "sm_120", store=store, on_progress=lambda d, t: calls.append((d, t)))
+    assert calls == [(0, 1), (1, 1)]
+    calls.clear()
+    assert check_many(configs, wl, "sm_120", store=store, on_progress=lambda d, t: calls.append((d, t))) == first
+    assert calls == []
+
+
+FAKE_COMPILER = """#!/bin/sh
+cat > /dev/null
+echo "compiled 1/2 T16-w4-s2" >&2
+echo "a compiler warning" >&2
+echo "compiled 2/2 T16-w4-s1" >&2
+echo '[{"shared": 1, "registers": 2, "stack": 0}, {"error": "E"}]'
+exit $FAKE_RC
+"""
+
+
+@pytest.mark.parametrize("rc", [0, 1])
+def test_compile_numbers_reads_progress_while_running_and_keeps_the_error_tail(rc, tmp_path, monkeypatch):
+    from kernels import KernelConfig
+    from kernels import Workload
+    from tuner.errors import FeasibilityError
+    from tuner.feasibility import compile_numbers
+
+    fake = tmp_path / "fake"
+    fake.write_text(FAKE_COMPILER)
+    fake.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(fake))
+    monkeypatch.setenv("FAKE_RC", str(rc))
+    wl = Workload("fp8_model1", heads=16, topk=64, page_size=64, context=256)
+    calls = []
+
+    def run():
+        return compile_numbers([KernelConfig(16, 4, s, 4) for s in (1, 2)], wl, 120, lambda d, t: calls.append((d, t)))
+
+    if rc:
+        with pytest.raises(FeasibilityError, match="the compile-only check failed: a compiler warning"):
+            run()
+    else:
+        assert run() == [{"shared": 1, "registers": 2, "stack": 0}, {"error": "E"}]
+    assert calls == [(0, 2), (1, 2), (2, 2)]
+
+
+# --- tuner check ------------------------------------------------------------------------------------
+
+TINY = """\
+name: tiny
+target: sm_120
+workloads:
+  - {name: v4_tiny, kv_format: fp8_model1, heads: 64, tp: 4, topk: 64, page_size: 64, context: 256}
+concurrency: [1]
+parameters: {BLOCK_T: [16], num_warps: [4], num_stages: [1, 2], TARGET_CTAS: [4, 8, 16]}
+constraints: []
+baseline: {BLOCK_T: 16, num_warps: 4, num_stages: 2, TARGET_CTAS: 4}
+measurement: {rounds: 5, finalists: 2, finalist_rounds: 8, trial_timeout_s: 60}
+sampler: {name: grid, seed: 0}
+"""
+
+
+def tuner(*args):
+    exe = shutil.which("tuner")
+    cmd = [exe] if exe else [sys.executable, "-m", "tuner"]
+    # stderr is a pipe, not a TTY: the plain-lines mode; one compile at a time keeps a shared CPU usable
+    env = {**os.environ, "TUNER_COMPILE_JOBS": "1", "TUNER_PROGRESS_INTERVAL_S": "0"}
+    return subprocess.run(cmd + list(args), capture_output=True, text=True, env=env, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The tiny space, its database, and the first check (the one that compiles: 2 binaries, 6 configs)."""
+    d = tmp_path_factory.mktemp("tiny")
+    (d / "tiny.yaml").write_text(TINY)
+    space, db = str(d / "tiny.yaml"), f"sqlite:///{d / 'tiny.db'}"
+    return space, db, tuner("check", space, "-f", "json", "--db", db)
+
+
+def test_check_rows_per_compiled_binary_with_progress_lines(tiny):
+    *_, proc = tiny
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert [(r["num_stages"], r["TARGET_CTAS"]) for r in rows] == [(1, [4, 8, 16]), (2, [4, 8, 16])]
+    # progress while compiling: plain lines, bounded, never a carriage return
+    assert "\r" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    assert "tiny/v4_tiny: compile 2 configs ..." in lines
+    assert "tiny/v4_tiny: compiled 1/2 (50 %)" in lines  # read while the compile process runs
+    assert any(ln.startswith("tiny/v4_tiny: compiled 2 in ") for ln in lines)
+    assert len(lines) <= 8
+    assert lines[-1] == "6 feasible / 0 infeasible for sm_120"
+
+
+def test_check_all_lists_every_config_in_the_old_field_order(tiny):
+    from kernels.config import PARAM_NAMES
+    from tuner.cli import CHECK_FIELDS
+
+    space, db, _ = tiny
+    proc = tuner("check", space, "--all", "-f", "json", "--db", db)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert len(rows) == 6 and all(list(r) == list(CHECK_FIELDS) for r in rows)
+    assert list(CHECK_FIELDS[: len(PARAM_NAMES)]) == list(PARAM_NAMES)
+    assert [r["TARGET_CTAS"] for r in rows] == [4, 8, 16, 4, 8, 16]
+    assert "compile" not in proc.stderr  # cached by the first check
+
+
+def test_check_csv_joins_launch_values_and_quiet_is_silent(tiny):
+    space, db, _ = tiny
+    proc = tuner("check", space, "-f", "csv", "-q", "--db", db)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[1].startswith('16,4,1,"4,8,16",0,')
+    assert proc.stderr.splitlines() == ["6 feasible / 0 infeasible for sm_120"]
