@@ -56,7 +56,8 @@ def test_estimate_tracks_the_compiled_value(space, store):
     other layouts) and are only required to be within a factor of two."""
     sp = load_space(space)
     wl = sp.workloads[0].workload()
-    configs = [c for c in sp.configs() if c.TARGET_CTAS == sp.baseline.TARGET_CTAS]
+    # one launch setting, and stages 1, 2 and 4 (3 behaves as 4): every term of the estimate, half the compiles
+    configs = [c for c in sp.configs() if c.TARGET_CTAS == sp.baseline.TARGET_CTAS and c.num_stages != 3]
     worst = {}
     for cfg, v in zip(configs, check_many(configs, wl, sp.target, store=store), strict=True):
         assert v.estimate_bytes == estimate_shared(cfg, wl)

@@ -36,11 +36,12 @@ def test_shipped_spaces_load(path):
     assert sp.workloads[0].local_heads == 16
 
 
-def test_v4_space_is_the_issue_example():
+def test_v4_space_is_the_v4_flash_tp4_decode_layer():
     sp = load_space("search_spaces/v4_flash_tp4.yaml")
     w = sp.workloads[0]
     assert (w.kv_format, w.heads, w.tp, w.topk, w.page_size, w.context) == ("fp8_model1", 64, 4, 512, 64, 8192)
-    assert sp.concurrency == [1, 8, 48, 64, 80, 96] and len(sp.configs()) == 3 * 3 * 4 * 6
+    graph_sizes = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96]  # the engines' CUDA-graph batch sizes
+    assert sp.concurrency == graph_sizes and len(sp.configs()) == 3 * 3 * 4 * 6
     assert str(sp.baseline) == "T16-w4-s2-c256"
 
 

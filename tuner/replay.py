@@ -147,21 +147,17 @@ class ReplaySource:
     def _noise(self, con, tables, device) -> dict[tuple, list]:
         """A/A samples per (workload shape, concurrency): calibrations when there are any, else the studies'."""
         out: dict[tuple, list] = defaultdict(list)
-        if "tuner_calibrations" in tables:
+        sources = (
+            ("tuner_calibrations", "tuner_calibrations c", "c"),
+            ("tuner_noise", "tuner_noise n JOIN tuner_studies c ON n.study_id = c.id", "n"),
+        )
+        for table, joined, samples_of in sources:
+            if out or table not in tables:
+                continue
             q = (
-                "SELECT c.samples, c.concurrency, w.kv_format, w.heads, w.topk, w.page_size, w.context "
-                "FROM tuner_calibrations c JOIN tuner_workloads w ON c.workload_id = w.id "
+                f"SELECT {samples_of}.samples, c.concurrency, w.kv_format, w.heads, w.topk, w.page_size, w.context "
+                f"FROM {joined} JOIN tuner_workloads w ON c.workload_id = w.id "
                 "JOIN tuner_environments e ON c.environment_id = e.id WHERE e.gpu_name = :d"
-            )
-            for r in con.execute(text(q), {"d": device}).mappings():
-                key = (_shape(r["kv_format"], r["heads"], r["topk"], r["page_size"], r["context"]), r["concurrency"])
-                out[key] += [tuple(x) for x in json.loads(r["samples"])]
-        if not out and "tuner_noise" in tables:
-            q = (
-                "SELECT n.samples, s.concurrency, w.kv_format, w.heads, w.topk, w.page_size, w.context "
-                "FROM tuner_noise n JOIN tuner_studies s ON n.study_id = s.id "
-                "JOIN tuner_workloads w ON s.workload_id = w.id "
-                "JOIN tuner_environments e ON s.environment_id = e.id WHERE e.gpu_name = :d"
             )
             for r in con.execute(text(q), {"d": device}).mappings():
                 key = (_shape(r["kv_format"], r["heads"], r["topk"], r["page_size"], r["context"]), r["concurrency"])

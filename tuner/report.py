@@ -35,6 +35,8 @@ def _cell(t: TrialModel | None) -> str:
         return "not measured"
     if t.verdict == Verdict.INFEASIBLE:
         return str(t.verdict)  # the reason is listed once, under "Infeasible"
+    if t.verdict == Verdict.DUPLICATE and t.original is not None:  # the measurement that stands for it
+        return f"{_cell(t.original)} (same launch as `{t.original.config_key}`)"
     if t.verdict != Verdict.OK:
         return f"{t.verdict}: {t.reason}" if t.reason else str(t.verdict)
     st = t.statistic(Phase.SCREEN) or t.statistic()

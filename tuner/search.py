@@ -94,7 +94,6 @@ def run_search(space: SearchSpace, store, opts: Options) -> list[dict]:
     unknown = [c for c in levels if c not in space.concurrency]
     if unknown:
         raise TunerError(f"--concurrency {unknown} not in {space.path}'s concurrency list {space.concurrency}")
-    storage = _storage(store.url)
     source = None
     if opts.backend == "replay":
         from tuner.replay import ReplaySource
@@ -102,6 +101,10 @@ def run_search(space: SearchSpace, store, opts: Options) -> list[dict]:
         if not opts.replay_db:
             raise TunerError("--backend replay needs --replay-db URL (the database whose samples are replayed)")
         source = ReplaySource(opts.replay_db, opts.replay_device)
+        # one process replays alone: Optuna's queue lives in memory (the results go to the database)
+        storage = optuna.storages.InMemoryStorage()
+    else:
+        storage = _storage(store.url)
     processes = start_processes(opts, source)
     if opts.backend == "interpreter":
         click.echo(

@@ -109,6 +109,7 @@ class StudyRun:
     def __init__(self, plan: StudyPlan, store, storage, processes: list[MeasurementProcess], opts, stop, t_start):
         self.plan, self.store, self.storage, self.processes = plan, store, storage, processes
         self.reference_us = 1.0  # the baseline's median (A/A); Optuna's value is ratio x reference_us
+        self._beats = hasattr(storage, "record_heartbeat")  # the replay backend's in-memory queue has none
         self.opts, self.stop, self.t_start = opts, stop, t_start
         self.dists = {p: optuna.distributions.CategoricalDistribution(plan.space.parameters[p]) for p in PARAM_NAMES}
 
@@ -159,7 +160,6 @@ class StudyRun:
         self._describe_study()
         optuna.storages.fail_stale_trials(self.study)
         if plan.sampler == "grid":
-            self._record_infeasible(done)
             self._enqueue_missing(done)
             return len(plan.to_measure())
         if str(plan.space.baseline) not in done:
@@ -240,7 +240,8 @@ class StudyRun:
         if self.progress.error is not None:
             raise self.progress.error
         if not self.stop.requested and self._finished():
-            if self.plan.sampler == "grid":
+            if self.plan.sampler == "grid":  # recorded without launching anything
+                self._record_infeasible(set(self._done_keys()))
                 self._record_duplicates()
             self._finalists(self.processes[0])
         self._decide()
@@ -309,7 +310,7 @@ class StudyRun:
             self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             return
         key, original = self._duplicate_of(cfg) if self.plan.verdicts[cfg].feasible else (None, None)
-        beat = Heartbeat(self.storage, self._trial_id(trial))
+        beat = Heartbeat(self.storage, self._trial_id(trial)) if self._beats else None
         t0 = time.monotonic()
         try:
             if original is not None:  # one measurement per distinct launch
@@ -317,7 +318,8 @@ class StudyRun:
             else:
                 reply = self._measure(proc, cfg, trial.number, self.plan.space.measurement["rounds"], check=True)
         finally:
-            beat.stop()
+            if beat is not None:
+                beat.stop()
         recorded = self._record(proc, env_id, cfg, reply, band, trial.number, time.monotonic() - t0, key, original)
         with pg.lock:
             pg.done.add(str(cfg))
