@@ -53,9 +53,7 @@ def _engine(url: str):
     u = make_url(url)
     if u.get_backend_name() == "sqlite":
         path = u.database
-        return create_engine(
-            "sqlite://", creator=lambda: sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
-        )
+        return create_engine("sqlite://", creator=lambda: sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True))
     return create_engine(url)
 
 

@@ -24,6 +24,7 @@ from tuner.feasibility import warm
 from tuner.heartbeat import GRACE_S
 from tuner.heartbeat import HEARTBEAT_S
 from tuner.measure import MeasurementProcess
+from tuner.progress import Progress
 from tuner.space import SearchSpace
 from tuner.study import StudyPlan
 from tuner.study import StudyRun
@@ -116,32 +117,36 @@ def run_search(space: SearchSpace, store, opts: Options) -> list[dict]:
     summary = []
     t_start = time.monotonic()
     try:
-        with Stop() as stop:
+        with Stop() as stop, Progress(opts.quiet, total_studies=len(space.workloads) * len(levels)) as progress:
             for spec in space.workloads:
                 wl = spec.workload()
                 if source is not None:  # the verdicts recorded with the samples
                     checked = source.feasibility(configs, wl, levels)
                 else:
-                    checked = check_many(
-                        configs,
-                        wl,
-                        space.target,
-                        max_spill_bytes=space.max_spill_bytes,
-                        enforce_device=opts.backend == "cuda",
-                        store=store,
-                    )
+                    with progress.compiling(f"{spec.name}: feasibility for {space.target}") as task:
+                        checked = check_many(
+                            configs,
+                            wl,
+                            space.target,
+                            max_spill_bytes=space.max_spill_bytes,
+                            enforce_device=opts.backend == "cuda",
+                            store=store,
+                            on_progress=task,
+                        )
                 verdicts = dict(zip(configs, checked, strict=True))
                 feasible = [c for c, v in verdicts.items() if v.feasible]
                 sampler = opts.sampler or ("grid" if len(feasible) <= GRID_MAX else "tpe")
                 if opts.backend == "cuda":
                     t0 = time.monotonic()
                     warm(feasible, wl, int(processes[0].info["compute_capability"].replace(".", "")))
-                    click.echo(f"compiled {len(feasible)} feasible configs in {time.monotonic() - t0:.0f} s", err=True)
+                    took = time.monotonic() - t0
+                    progress.message(f"{spec.name}: compiled {len(feasible)} feasible configs in {took:.0f} s")
                 for conc in levels:
                     if stop.requested or (opts.timeout_s and time.monotonic() - t_start > opts.timeout_s):
                         break
                     plan = StudyPlan(space, spec, wl, conc, verdicts, sampler)
-                    summary.append(StudyRun(plan, store, storage, processes, opts, stop, t_start).run())
+                    run = StudyRun(plan, store, storage, processes, opts, stop, t_start, progress)
+                    summary.append(run.run())
             opts.interrupted = stop.signalled
     finally:
         for p in processes:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -19,7 +18,6 @@ from dataclasses import field
 
 import numpy as np
 import optuna
-from tqdm import tqdm
 
 from db import queries
 from db import record
@@ -39,6 +37,7 @@ from tuner import stats
 from tuner.feasibility import Verdict as Feasibility
 from tuner.heartbeat import Heartbeat
 from tuner.measure import MeasurementProcess
+from tuner.progress import Progress
 from tuner.protocol import MeasureReply
 from tuner.protocol import MeasureRequest
 from tuner.space import SearchSpace
@@ -97,7 +96,7 @@ class _Progress:
     done: set[str]
     total: int
     budget: int
-    bar: tqdm
+    bar: object  # tuner.progress's task of this study
     lock: threading.Lock = field(default_factory=threading.Lock)
     n_new: int = 0
     error: BaseException | None = None
@@ -106,8 +105,11 @@ class _Progress:
 
 
 class StudyRun:
-    def __init__(self, plan: StudyPlan, store, storage, processes: list[MeasurementProcess], opts, stop, t_start):
+    def __init__(
+        self, plan: StudyPlan, store, storage, processes: list[MeasurementProcess], opts, stop, t_start, ui=None
+    ):
         self.plan, self.store, self.storage, self.processes = plan, store, storage, processes
+        self.ui = ui or Progress(quiet=True, total_studies=1)  # tuner.progress: what the user sees
         self.reference_us = 1.0  # the baseline's median (A/A); Optuna's value is ratio x reference_us
         self._beats = hasattr(storage, "record_heartbeat")  # the replay backend's in-memory queue has none
         self.opts, self.stop, self.t_start = opts, stop, t_start
@@ -221,32 +223,33 @@ class StudyRun:
         total = self._open_study(done)
         budget = self.opts.n_trials or total
         targets = {str(c) for c in self.plan.to_measure()} if self.plan.sampler == "grid" else set()
-        bar = tqdm(
-            total=total,
-            initial=min(len(done & targets) if targets else len(done), total),
-            desc=f"{self.plan.spec.name} C={self.plan.concurrency}",
-            file=sys.stderr,
-            disable=self.opts.quiet,
-            dynamic_ncols=True,
-        )
-        self.progress = _Progress(done, total, budget, bar, targets=targets)
-        threads = [threading.Thread(target=self._measurement_thread, args=(p,), daemon=True) for p in self.processes]
-        for t in threads:
-            t.start()
-        for t in threads:
-            while t.is_alive():
-                t.join(timeout=0.5)  # keeps the main thread responsive to Ctrl-C
-        bar.close()
-        if self.progress.error is not None:
-            raise self.progress.error
-        if not self.stop.requested and self._finished():
-            if self.plan.sampler == "grid":  # recorded without launching anything
-                self._record_infeasible(set(self._done_keys()))
-                self._record_duplicates()
-            self._finalists(self.processes[0])
-        self._decide()
-        with self.store.session() as s:
-            return summary_row(s, self.study_id, self.plan.spec.name, self.plan.concurrency)
+        initial = min(len(done & targets) if targets else len(done), total)
+        name = f"{self.plan.spec.name} C={self.plan.concurrency}"
+        with self.ui.study(name, total=total, initial=initial) as bar:
+            self.bar = bar
+            self.progress = _Progress(done, total, budget, bar, targets=targets)
+            if initial < total:
+                bar.phase(f"screening {total - initial} launches")
+            threads = [
+                threading.Thread(target=self._measurement_thread, args=(p,), daemon=True) for p in self.processes
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                while t.is_alive():
+                    t.join(timeout=0.5)  # keeps the main thread responsive to Ctrl-C
+            if self.progress.error is not None:
+                raise self.progress.error
+            if not self.stop.requested and self._finished():
+                if self.plan.sampler == "grid":  # recorded without launching anything
+                    self._record_infeasible(set(self._done_keys()))
+                    self._record_duplicates()
+                self._finalists(self.processes[0])
+            self._decide()
+            with self.store.session() as s:
+                row = summary_row(s, self.study_id, self.plan.spec.name, self.plan.concurrency)
+            bar.close(f"best {row['best']} {row['median_us']} µs" if row["best"] != "-" else "no ok config")
+            return row
 
     def _finished(self) -> bool:
         pg = self.progress
@@ -329,10 +332,9 @@ class StudyRun:
                 return
             trial_id, stat = recorded
             pg.n_new += 1
-            pg.bar.update(1)
             if stat and (pg.best is None or stat.ratio < pg.best[1]):
                 pg.best = (str(cfg), stat.ratio, stat.median_us)
-            pg.bar.set_postfix_str(postfix(pg.best, band), refresh=False)
+            pg.bar.advance(1, postfix=postfix(pg.best, band))
         trial.set_user_attr("tuner_trial_id", trial_id)
         trial.set_user_attr("verdict", reply.verdict.value)
         if reply.verdict == Verdict.OK:
@@ -371,6 +373,7 @@ class StudyRun:
             return env_id, band
         if cal is None:
             base = plan.space.baseline
+            self.bar.phase(f"A/A of the baseline, {calibrate.STUDY_PAIRS} independent capture pairs")
             c = calibrate.measure(proc, plan.space, plan.workload, plan.concurrency, base, calibrate.STUDY_PAIRS)
             with self.store.session() as s:
                 calibrate.store_calibration(s, c, proc.info, plan.spec, plan.concurrency, self.opts.backend, base)
@@ -382,10 +385,9 @@ class StudyRun:
             record.add_noise(s, self.study_id, host, gpu, band, samples)
             record.set_study_noise(s, self.study_id, band, spread, min_effect, multimodal, len(samples))
         if multimodal:
-            tqdm.write(
+            self.ui.warn(
                 f"warning: the baseline's A/A samples look multimodal (two speeds) at C={plan.concurrency}; "
-                "treat close calls with care",
-                file=sys.stderr,
+                "treat close calls with care"
             )
         return env_id, band
 
@@ -468,6 +470,8 @@ class StudyRun:
             todo = [(t.id, t.config()) for t in ok[:k] if not t.statistic(Phase.FINALIST)]
             known = record.noise_band(s, self.study_id, proc.info["host"], proc.gpu_index)
             band = known[0] if known else (s.get(StudyModel, self.study_id).noise_band or 0.0)
+        if todo:
+            self.bar.phase(f"finalists: {len(todo)} x {rounds} rounds")
         for trial_id, cfg in todo:
             reply = self._measure(proc, cfg, trial_id, rounds, check=False)
             if reply.verdict != Verdict.OK:
