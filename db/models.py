@@ -104,6 +104,7 @@ class WorkloadModel(Base):
     context: Mapped[int] = mapped_column(Integer)
     d_qk: Mapped[int] = mapped_column(Integer)
     d_v: Mapped[int] = mapped_column(Integer)
+    call: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON: extra cache, sink, q_tokens (whole call)
 
 
 class SpaceModel(Base):

@@ -6,13 +6,19 @@ File roles (fla style): ``decode.py`` kernels + launcher + public function + ``c
 ``workload.py`` realistic random batches; ``bench.py`` the GPU benchmark.
 """
 
+import importlib
+
 from kernels.config import DEFAULT_CONFIG
 from kernels.config import KernelConfig
 from kernels.config import kernel_source_hash
-from kernels.decode import sparse_mla_decode
-from kernels.kv_format import FORMATS
-from kernels.workload import Workload
-from kernels.workload import make_batch
+
+# torch and triton load on first use: reading a config or the results database needs neither
+_LAZY = {
+    "sparse_mla_decode": "kernels.decode",
+    "FORMATS": "kernels.kv_format",
+    "Workload": "kernels.workload",
+    "make_batch": "kernels.workload",
+}
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -23,3 +29,9 @@ __all__ = [
     "make_batch",
     "sparse_mla_decode",
 ]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'kernels' has no attribute {name!r}")

@@ -12,30 +12,66 @@ from kernels.kv_format import quantize
 
 @dataclass(frozen=True)
 class Workload:
-    """Shape of one decode attention call on one GPU (``heads`` = local heads, after TP)."""
+    """Shape of one decode attention call on one GPU (``heads`` = local heads, after TP).
+
+    The whole call of a DeepSeek-V4 layer: ``extra`` is a second cache attended in the same softmax
+    (its own format, topk, page size and context; its heads are this workload's), ``attn_sink`` a
+    learned per-head sink, ``q_tokens`` the query tokens per request (s_q, with multi-token prediction).
+    """
 
     kv_format: str
     heads: int
     topk: int
     page_size: int = 64
     context: int = 8192
+    extra: Workload | None = None
+    attn_sink: bool = False
+    q_tokens: int = 1
 
     def __post_init__(self) -> None:
         get_format(self.kv_format)
-        for field in ("heads", "topk", "page_size", "context"):
+        for field in ("heads", "topk", "page_size", "context", "q_tokens"):
             v = getattr(self, field)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{field} must be a positive integer, got {v!r}")
+        if not isinstance(self.attn_sink, bool):
+            raise ValueError(f"attn_sink must be true or false, got {self.attn_sink!r}")
+        if isinstance(self.extra, dict):  # from JSON: the extra cache shares this workload's heads
+            object.__setattr__(self, "extra", Workload(**{**self.extra, "heads": self.heads}))
+        if self.extra is not None:
+            if self.extra.extra is not None or self.extra.heads != self.heads:
+                raise ValueError("the extra cache is one plain cache with the workload's heads")
+            if get_format(self.extra.kv_format).d_qk != get_format(self.kv_format).d_qk:
+                raise ValueError("the extra cache must have the main cache's head dim (one q serves both)")
+
+    def caches(self) -> list[Workload]:
+        """The caches the call attends: this one, then the extra one."""
+        return [self] + ([self.extra] if self.extra is not None else [])
+
+    def call(self) -> dict | None:
+        """What the call adds to a plain one-cache, one-token call (None for a plain call)."""
+        if self.extra is None and not self.attn_sink and self.q_tokens == 1:
+            return None
+        extra = self.extra
+        return {
+            "extra": None
+            if extra is None
+            else {k: getattr(extra, k) for k in ("kv_format", "topk", "page_size", "context")},
+            "attn_sink": self.attn_sink,
+            "q_tokens": self.q_tokens,
+        }
 
     def kv_bytes_per_request(self) -> int:
-        """Bytes the kernel must gather per request: topk cache rows (min with context)."""
-        return min(self.topk, self.context) * get_format(self.kv_format).bytes_per_token
+        """Bytes the kernel must gather per request: every token's topk rows of each cache (min with context)."""
+        return self.q_tokens * sum(
+            min(c.topk, c.context) * get_format(c.kv_format).bytes_per_token for c in self.caches()
+        )
 
     def min_bytes(self, batch: int) -> int:
         """Fewest bytes one call moves: gathered KV rows + q + out (bf16) + lse + indices."""
         fmt = get_format(self.kv_format)
-        per_req = self.kv_bytes_per_request() + 2 * self.heads * (fmt.d_qk + fmt.d_v) + 4 * self.heads + 4 * self.topk
-        return batch * per_req
+        per_token = 2 * self.heads * (fmt.d_qk + fmt.d_v) + 4 * self.heads + 4 * sum(c.topk for c in self.caches())
+        return batch * (self.kv_bytes_per_request() + self.q_tokens * per_token)
 
 
 @dataclass
@@ -53,6 +89,25 @@ class DecodeBatch:
 
     def args(self) -> tuple:
         return (self.q, self.kv_cache, self.indices)
+
+    def rows(self, lo: int, hi: int) -> DecodeBatch:
+        """Requests ``lo:hi`` of this batch (views; the caches and the sink are shared)."""
+
+        def cut(t):
+            return None if t is None else t[lo:hi]
+
+        return DecodeBatch(
+            cut(self.q),
+            self.kv_cache,
+            cut(self.indices),
+            cut(self.topk_length),
+            self.kv_format,
+            self.attn_sink,
+            self.extra_kv_cache,
+            cut(self.extra_indices),
+            cut(self.extra_topk_length),
+            self.extra_kv_format,
+        )
 
     def kwargs(self) -> dict:
         """Keyword arguments of the call; the sink and the extra cache only when the batch has them."""
@@ -102,7 +157,7 @@ def make_batch(
     invalid_fraction: float = 0.0,
     q_tokens: int | None = None,
     extra: Workload | None = None,
-    with_sink: bool = False,
+    with_sink: bool | None = None,
 ) -> DecodeBatch:
     """B requests, each on ``ceil(context / page_size)`` randomly placed pages of one shared cache.
 
@@ -111,8 +166,15 @@ def make_batch(
     uniform in ``[1, topk]``. ``q_tokens`` gives the 4-D form (``q [B, s_q, H, D_qk]``, indices
     ``[B, s_q, topk]``, each token with its own selection); ``extra`` adds a second cache of that
     workload's format, topk, page size and context (heads are ``workload``'s), selected the same way;
-    ``with_sink`` adds a random finite ``attn_sink [H]``.
+    ``with_sink`` adds a random finite ``attn_sink [H]``. Unset, the three follow the workload's own
+    call (``q_tokens`` > 1 gives the 4-D form).
     """
+    if extra is None:
+        extra = workload.extra
+    if with_sink is None:
+        with_sink = workload.attn_sink
+    if q_tokens is None and workload.q_tokens > 1:
+        q_tokens = workload.q_tokens
     fmt = get_format(workload.kv_format)
     dev = torch.device(device)
     g = torch.Generator(device=dev).manual_seed(seed)

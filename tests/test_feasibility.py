@@ -56,8 +56,9 @@ def test_estimate_tracks_the_compiled_value(space, store):
     other layouts) and are only required to be within a factor of two."""
     sp = load_space(space)
     wl = sp.workloads[0].workload()
-    # one launch setting, and stages 1, 2 and 4 (3 behaves as 4): every term of the estimate, half the compiles
-    configs = [c for c in sp.configs() if c.TARGET_CTAS == sp.baseline.TARGET_CTAS and c.num_stages != 3]
+    # one launch setting; stages 1, 2 and 4 (3 behaves as 4) on V4, 1 and 2 on V3.2: every term of the estimate
+    stages = (1, 2, 4) if sp.workloads[0].kv_format == "fp8_model1" else (1, 2)
+    configs = [c for c in sp.configs() if c.TARGET_CTAS == sp.baseline.TARGET_CTAS and c.num_stages in stages]
     worst = {}
     for cfg, v in zip(configs, check_many(configs, wl, sp.target, store=store), strict=True):
         assert v.estimate_bytes == estimate_shared(cfg, wl)

@@ -53,7 +53,7 @@ def compile_one(job: dict) -> dict:
     kernel's registers and stack frame (its worst variant); ``{error}`` when the compiler refuses."""
     cfg, wl, cc = KernelConfig.from_dict(job["config"]), Workload(**job["workload"]), job["cc"]
     shared, regs, stack = 0, 0, 0
-    for spec in compile_spec(cfg, wl, cc):
+    for spec in compile_spec(cfg, wl, cc, extra=wl.extra, attn_sink=wl.attn_sink, q_tokens=wl.q_tokens):
         try:
             k = triton.compile(
                 ASTSource(spec.kernel, spec.signature, spec.constexprs, spec.attrs),

@@ -92,6 +92,8 @@ def estimate_shared(config: KernelConfig, workload: Workload) -> int:
 def cache_key(config: KernelConfig, workload: Workload, target: str) -> str:
     """The compiled binary's identity: TARGET_CTAS only sets the grid, so it is not part of the key."""
     shape = (workload.kv_format, workload.heads, workload.topk, workload.page_size)
+    if workload.call() is not None:  # the whole call compiles more variants (extra cache, sink)
+        shape = (*shape, json.dumps(workload.call(), sort_keys=True))
     raw = json.dumps([kernel_source_hash(), triton.__version__, target, config.compile_key(), shape])
     return hashlib.sha256(raw.encode()).hexdigest()
 

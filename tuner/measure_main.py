@@ -118,8 +118,7 @@ class Inputs:
             pool = batch
         self.sets = max(1, pool // batch)
         self.batch = make_batch(wl, self.sets * batch, device=device, seed=seed)
-        self.qs = [self.batch.q[i * batch : (i + 1) * batch] for i in range(self.sets)]
-        self.idx = [self.batch.indices[i * batch : (i + 1) * batch] for i in range(self.sets)]
+        self.parts = [self.batch.rows(i * batch, (i + 1) * batch) for i in range(self.sets)]  # the whole call
 
 
 class Runner:
@@ -155,10 +154,10 @@ class Runner:
 
     def _capture(self, inp: Inputs, wl: Workload, cfg: KernelConfig):
         """A fresh capture of ``cfg`` on ``inp``: a function returning one sample (µs per call, calls)."""
-        kv, fmt = inp.batch.kv_cache, wl.kv_format
 
         def step(i):
-            return decode.sparse_mla_decode(inp.qs[i], kv, inp.idx[i], kv_format=fmt, config=cfg)
+            part = inp.parts[i]
+            return decode.sparse_mla_decode(*part.args(), **part.kwargs(), config=cfg)
 
         if self.device != "cuda":
 

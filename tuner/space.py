@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import itertools
+import json
 import math
 from dataclasses import dataclass
 from dataclasses import field
@@ -55,7 +56,9 @@ TOP_KEYS = {
     "sampler": "name (grid | tpe), seed, n_trials",
     "max_spill_bytes": "a non-negative integer; configs that spill more are infeasible",
 }
-WORKLOAD_KEYS = ("name", "kv_format", "heads", "tp", "topk", "page_size", "context")
+WORKLOAD_KEYS = ("name", "kv_format", "heads", "tp", "topk", "page_size", "context", "extra", "attn_sink", "q_tokens")
+EXTRA_KEYS = ("kv_format", "topk", "page_size", "context")  # the second cache of a whole V4 call
+MAX_Q_TOKENS = 16
 MEASUREMENT_DEFAULTS = {"rounds": 10, "finalists": 3, "finalist_rounds": 30, "trial_timeout_s": 60}
 MEASUREMENT_MAX = {"rounds": 10_000, "finalists": 1_000, "finalist_rounds": 10_000, "trial_timeout_s": 86_400}
 SAMPLER_KEYS = ("name", "seed", "n_trials")
@@ -73,13 +76,20 @@ class WorkloadSpec:
     topk: int
     page_size: int
     context: int
+    extra: tuple | None = None  # (kv_format, topk, page_size, context) of the extra cache
+    attn_sink: bool = False
+    q_tokens: int = 1
 
     @property
     def local_heads(self) -> int:
         return self.heads // self.tp
 
     def workload(self) -> Workload:
-        return Workload(self.kv_format, self.local_heads, self.topk, self.page_size, self.context)
+        heads = self.local_heads
+        extra = None if self.extra is None else Workload(self.extra[0], heads, *self.extra[1:])
+        return Workload(
+            self.kv_format, heads, self.topk, self.page_size, self.context, extra, self.attn_sink, self.q_tokens
+        )
 
     def fields(self) -> dict:
         """The database row of this workload (:func:`db.queries.ensure_workload`)."""
@@ -94,6 +104,7 @@ class WorkloadSpec:
             "context": self.context,
             "d_qk": fmt.d_qk,
             "d_v": fmt.d_v,
+            "call": None if (call := self.workload().call()) is None else json.dumps(call, sort_keys=True),
         }
 
 
@@ -187,6 +198,37 @@ def _choice(path, key, v, allowed) -> str:
     if not isinstance(v, str) or v not in allowed:
         raise _err(path, key, f"must be one of {sorted(allowed)}, got {_show(v)}")
     return v
+
+
+def _call(path, key, w, kv_format) -> dict:
+    """A workload's whole-call keys: ``extra: {kv_format, topk, page_size, context}``, ``attn_sink``, ``q_tokens``."""
+    out: dict = {}
+    if "extra" in w:
+        e = w["extra"]
+        _check_keys(path, f"{key}.extra", e, EXTRA_KEYS)
+        for req in ("kv_format", "topk"):
+            if req not in e:
+                raise _err(path, f"{key}.extra.{req}", "is required")
+        fmt = _choice(path, f"{key}.extra.kv_format", e["kv_format"], FORMATS)
+        if FORMATS[fmt].d_qk != FORMATS[kv_format].d_qk:
+            raise _err(
+                path,
+                f"{key}.extra.kv_format",
+                f"must have the main cache's head dim ({kv_format}: "
+                f"{FORMATS[kv_format].d_qk}); {fmt} has {FORMATS[fmt].d_qk}",
+            )
+        nums = [
+            _pos_int(path, f"{key}.extra.{k}", e.get(k, d))
+            for k, d in (("topk", None), ("page_size", 64), ("context", 8192))
+        ]
+        out["extra"] = (fmt, *nums)
+    if "attn_sink" in w:
+        if not isinstance(w["attn_sink"], bool):
+            raise _err(path, f"{key}.attn_sink", f"must be true or false, got {_show(w['attn_sink'])}")
+        out["attn_sink"] = w["attn_sink"]
+    if "q_tokens" in w:
+        out["q_tokens"] = _pos_int(path, f"{key}.q_tokens", w["q_tokens"], maximum=MAX_Q_TOKENS)
+    return out
 
 
 def _check_keys(path, where, d, allowed) -> None:
@@ -372,7 +414,8 @@ def load_space(path: str | Path) -> SearchSpace:
         }
         if vals["heads"] % vals["tp"]:
             raise _err(path, f"{key}.tp", f"must divide heads ({vals['heads']}), got {vals['tp']}")
-        workloads.append(WorkloadSpec(wname, kv_format, **vals))
+        call = _call(path, key, w, kv_format)
+        workloads.append(WorkloadSpec(wname, kv_format, **vals, **call))
     if len({w.name for w in workloads}) != len(workloads):
         raise _err(path, "workloads", "names must be unique")
 

@@ -485,7 +485,9 @@ class StudyRun:
 
 def launch_key(cfg: KernelConfig, workload: Workload, concurrency: int) -> str:
     """The launch identity (compiled binary + split geometry) as a string the database can index."""
-    return json.dumps(launch_identity(cfg, workload.heads, workload.topk, concurrency))
+    rows = concurrency * workload.q_tokens  # every query token is a row of the grid
+    ids = [launch_identity(cfg, workload.heads, c.topk, rows) for c in workload.caches()]
+    return json.dumps(ids[0] if len(ids) == 1 else ids)
 
 
 def _add_samples(s, trial_id: int, phase: Phase, reply: MeasureReply, gpu_index: int, band: float, seed: int):
