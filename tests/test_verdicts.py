@@ -194,6 +194,7 @@ def test_replay_of_the_h200_database_reproduces_its_picks(tmp_path):
         assert proc.returncode == 0, proc.stderr
     wall = time.monotonic() - t0
     got = _picks(f"sqlite:///{db}")
+    want = {k: v for k, v in want.items() if k[0] in ("v4_flash_tp4", "v32_tp8")}  # the spaces replayed
     assert set(got) == set(want)
     for key in want:
         assert got[key][0] == want[key][0], (key, got[key], want[key])  # the same launch
