@@ -403,7 +403,7 @@ def load_space(path: str | Path) -> SearchSpace:
     for i, w in enumerate(wls):
         key = f"workloads[{i}]"
         _check_keys(path, key, w, WORKLOAD_KEYS)
-        missing = [k for k in WORKLOAD_KEYS if k not in w and k not in ("tp", "page_size", "context")]
+        missing = [k for k in ("name", "kv_format", "heads", "topk") if k not in w]  # the rest have defaults
         if missing:
             raise _err(path, f"{key}.{missing[0]}", "is required")
         wname = _name(path, f"{key}.name", w["name"], strict=False)

@@ -466,7 +466,7 @@ class StudyRun:
                 for t in queries.done_configs(s, self.study_id).values()
                 if t.verdict == Verdict.OK and t.statistic(Phase.SCREEN)
             ]
-            ok.sort(key=lambda t: t.statistic(Phase.SCREEN).median_us)
+            ok.sort(key=lambda t: t.statistic(Phase.SCREEN).ratio)  # the estimator that ranks and judges
             todo = [(t.id, t.config()) for t in ok[:k] if not t.statistic(Phase.FINALIST)]
             known = record.noise_band(s, self.study_id, proc.info["host"], proc.gpu_index)
             band = known[0] if known else (s.get(StudyModel, self.study_id).noise_band or 0.0)
