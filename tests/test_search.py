@@ -339,3 +339,34 @@ def test_query_errors_are_one_sentence(smoke_db, tmp_path):
     ]:
         proc = tuner(*args, *([] if "--db" in args else ["--db", smoke_db["url"]]))
         assert proc.returncode == 2 and msg in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_the_optuna_study_explains_itself(smoke_db):
+    """Optuna's own API (and so optuna-dashboard) shows the metric, what was tuned, and why a trial ended."""
+    import optuna
+
+    names = optuna.study.get_all_study_names(storage=smoke_db["url"])
+    study = optuna.load_study(study_name=sorted(names)[0], storage=smoke_db["url"])
+    assert study.metric_names == ["median_us"]
+    attrs = study.user_attrs
+    for key in ("space", "workload", "concurrency", "device", "backend", "target_arch", "baseline", "noise_band"):
+        assert key in attrs, key
+    assert attrs["space"] == "smoke" and attrs["target_arch"] == "sm_120" and attrs["baseline"] == "T16-w4-s2-c4"
+    done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert done
+    for t in done:
+        ua = t.user_attrs
+        assert ua["verdict"] == "ok" and isinstance(ua["tuner_trial_id"], int)
+        assert ua["ratio_ci"][0] <= ua["ratio"] <= ua["ratio_ci"][1] and ua["effect"] in ("win", "flat", "regression")
+        assert t.value == pytest.approx(ua["ratio"] * attrs_reference(study))
+    # the value Optuna minimizes is the estimator the tuner ranks by: the same order
+    by_value = sorted(done, key=lambda t: t.value)
+    assert [t.user_attrs["tuner_trial_id"] for t in by_value] == [
+        t.user_attrs["tuner_trial_id"] for t in sorted(done, key=lambda t: t.user_attrs["ratio"])
+    ]
+
+
+def attrs_reference(study):
+    """The baseline's A/A median that scales Optuna's value (value = ratio x reference)."""
+    t = min(study.get_trials(states=(__import__("optuna").trial.TrialState.COMPLETE,)), key=lambda t: t.value)
+    return t.value / t.user_attrs["ratio"]

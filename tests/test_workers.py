@@ -103,3 +103,24 @@ def test_host_killed_mid_trial_is_detected_and_its_trial_retried(db_url):
     out, err = a.communicate(timeout=600)
     assert a.returncode == 0, err
     _check_exactly_once(db_url, [1])
+
+
+def test_four_first_starts_on_a_new_postgresql_database(db_url):
+    """Creating and stamping the schema is one step under PostgreSQL's advisory lock (SQLite's exclusive
+    lock is tested in test_db.py): four `tuner search` started at once on an empty database all succeed."""
+    if db_url.startswith("sqlite"):
+        pytest.skip("the SQLite case is tests/test_db.py::test_four_searches_start_at_once_on_a_new_file")
+    args = ["search", "search_spaces/smoke.yaml", "--concurrency", "1", "--n-trials", "1", "-q", "--db", db_url]
+    t0 = time.monotonic()
+    procs = [
+        subprocess.Popen(_cmd(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(4)
+    ]
+    errs = [p.communicate(timeout=1800)[1] for p in procs]
+    assert all(p.returncode == 0 for p in procs), errs
+    password = db_url.split("@")[0].rsplit(":", 1)[-1]
+    assert all(f":{password}@" not in e for e in errs)  # the password is never shown
+    eng = create_engine(db_url)
+    with eng.connect() as con:
+        assert con.execute(text("SELECT COUNT(*) FROM tuner_alembic_version")).scalar() == 1
+        assert con.execute(text("SELECT COUNT(*) FROM tuner_studies")).scalar() == 1
+    print(f"four first starts: {time.monotonic() - t0:.0f} s")

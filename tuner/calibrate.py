@@ -18,7 +18,11 @@ from tuner import stats
 from tuner.errors import TunerError
 from tuner.protocol import CalibrateRequest
 
-STUDY_PAIRS = 12  # pairs of a study's own A/A when no calibration exists
+
+def study_pairs(rounds: int) -> int:
+    """Pairs of a study's own A/A when no calibration exists: a few more than the rounds a trial gets
+    (12 for the shipped spaces' 10 rounds); `tuner calibrate` takes 30 by default."""
+    return max(rounds + 2, 6)
 
 
 @dataclass(frozen=True)

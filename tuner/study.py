@@ -373,8 +373,9 @@ class StudyRun:
             return env_id, band
         if cal is None:
             base = plan.space.baseline
-            self.bar.phase(f"A/A of the baseline, {calibrate.STUDY_PAIRS} independent capture pairs")
-            c = calibrate.measure(proc, plan.space, plan.workload, plan.concurrency, base, calibrate.STUDY_PAIRS)
+            pairs = calibrate.study_pairs(plan.space.measurement["rounds"])
+            self.bar.phase(f"A/A of the baseline, {pairs} independent capture pairs")
+            c = calibrate.measure(proc, plan.space, plan.workload, plan.concurrency, base, pairs)
             with self.store.session() as s:
                 calibrate.store_calibration(s, c, proc.info, plan.spec, plan.concurrency, self.opts.backend, base)
             spread, multimodal, samples = c.spread, c.multimodal, c.samples
