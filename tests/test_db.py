@@ -178,18 +178,14 @@ def test_four_searches_start_at_once_on_a_new_file(tmp_path):
         "--backend",
         "interpreter",
     ]
-    t0 = time.monotonic()
-    solo = subprocess.run([*cmd, "--db", f"sqlite:///{tmp_path / 'solo.db'}"], capture_output=True, text=True)
-    assert solo.returncode == 0, solo.stderr
-    normal_s = time.monotonic() - t0
     url = f"sqlite:///{tmp_path / 'new.db'}"
     procs = [
         subprocess.Popen([*cmd, "--db", url], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         for _ in range(4)
     ]
-    # four at once share the CPU (and one study): give them ten times the four runs one after another
+    # the limit only guards against a hang; a loaded machine is slow, never wrong
     for p in procs:
-        _, err = p.communicate(timeout=40 * normal_s)
+        _, err = p.communicate(timeout=3600)
         assert p.returncode == 0, err
     assert os.path.getsize(tmp_path / "new.db") > 0
     con = sqlite3.connect(tmp_path / "new.db")

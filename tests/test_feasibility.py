@@ -57,8 +57,13 @@ def test_estimate_tracks_the_compiled_value(space, store):
     sp = load_space(space)
     wl = sp.workloads[0].workload()
     # one launch setting; stages 1, 2 and 4 (3 behaves as 4) on V4, 1 and 2 on V3.2: every term of the estimate
-    stages = (1, 2, 4) if sp.workloads[0].kv_format == "fp8_model1" else (1, 2)
-    configs = [c for c in sp.configs() if c.TARGET_CTAS == sp.baseline.TARGET_CTAS and c.num_stages in stages]
+    v4 = sp.workloads[0].kv_format == "fp8_model1"
+    stages, warps = ((1, 2, 4), (2, 4, 8)) if v4 else ((1, 2), (4, 8))  # V3.2's 2 warps: as V4's
+    configs = [
+        c
+        for c in sp.configs()
+        if c.TARGET_CTAS == sp.baseline.TARGET_CTAS and c.num_stages in stages and c.num_warps in warps
+    ]
     worst = {}
     for cfg, v in zip(configs, check_many(configs, wl, sp.target, store=store), strict=True):
         assert v.estimate_bytes == estimate_shared(cfg, wl)
@@ -66,7 +71,7 @@ def test_estimate_tracks_the_compiled_value(space, store):
         key = "w2" if cfg.num_warps == 2 else "w4+"
         worst[key] = max(worst.get(key, 0.0), err)
     assert worst["w4+"] <= 0.02, worst
-    assert worst["w2"] <= 1.0, worst
+    assert worst.get("w2", 0.0) <= 1.0, worst
 
 
 def test_second_check_is_cached_and_fast(tmp_path, monkeypatch):
