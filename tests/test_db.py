@@ -164,7 +164,6 @@ def test_new_database_in_a_read_only_directory_is_one_sentence(tmp_path):
 def test_four_searches_start_at_once_on_a_new_file(tmp_path):
     """The schema is created and stamped in one step under a lock: every starter succeeds."""
     import os
-    import time
 
     exe = shutil.which("tuner")
     cmd = ([exe] if exe else [sys.executable, "-m", "tuner"]) + [
