@@ -190,3 +190,18 @@ def test_four_searches_start_at_once_on_a_new_file(tmp_path):
     con = sqlite3.connect(tmp_path / "new.db")
     assert con.execute("SELECT version_num FROM tuner_alembic_version").fetchall() == [(head_revision(),)]
     assert con.execute("SELECT COUNT(*) FROM tuner_studies").fetchone() == (1,)
+
+
+def test_fixture_of_schema_0004_upgrades_to_the_declared_parameters(tmp_path):
+    """0005 adds the declared maxnreg column (0 = no cap), 0006 launch identities and calibrations, 0007 calls."""
+    path = tmp_path / "old4.db"
+    shutil.copy("tests/fixtures/schema_0004.db", path)
+    url = f"sqlite:///{path}"
+    proc = subprocess.run([sys.executable, "-m", "tuner", "db", "upgrade", "--db", url], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    store = Store(url)
+    assert store.revision() == head_revision()
+    with store.session() as s:
+        trials = s.scalars(select(TrialModel)).all()
+        assert trials and all(t.maxnreg == 0 and t.duplicate_of is None for t in trials)
+        assert {str(t.config()) for t in trials} == {t.config_key for t in trials}  # old keys parse unchanged
