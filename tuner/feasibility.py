@@ -38,7 +38,9 @@ from tuner.space import TARGETS
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Feasibility:
+    """Whether a config fits the target, with the compiled numbers (a trial's outcome is a ``db.verdicts.Verdict``)."""
+
     feasible: bool
     shared_bytes: int  # compiled, the larger of the split and combine kernels
     limit_bytes: int
@@ -164,10 +166,10 @@ def warm(configs: list[KernelConfig], workload: Workload, cc: int) -> list[str]:
 
 def _verdict(
     numbers: dict, config: KernelConfig, workload: Workload, target: str, limit: int, max_spill_bytes: int | None
-) -> Verdict:
+) -> Feasibility:
     est = estimate_shared(config, workload)
     if "error" in numbers:
-        return Verdict(False, 0, limit, 0, 0, est, f"does not compile for {target}: {numbers['error']}")
+        return Feasibility(False, 0, limit, 0, 0, est, f"does not compile for {target}: {numbers['error']}")
     shared, regs, spill = numbers["shared"], numbers["registers"], numbers["stack"]
     reasons = []
     if shared > limit:
@@ -175,9 +177,9 @@ def _verdict(
     if max_spill_bytes is not None and spill > max_spill_bytes:
         reasons.append(f"spills {fmt_bytes(spill)} > max_spill_bytes {fmt_bytes(max_spill_bytes)}")
     if reasons:
-        return Verdict(False, shared, limit, regs, spill, est, "; ".join(reasons))
+        return Feasibility(False, shared, limit, regs, spill, est, "; ".join(reasons))
     note = f"spills {fmt_bytes(spill)} (stack frame)" if spill else ""
-    return Verdict(True, shared, limit, regs, spill, est, note)
+    return Feasibility(True, shared, limit, regs, spill, est, note)
 
 
 def device_limit() -> int | None:
@@ -201,7 +203,7 @@ def check_many(
     enforce_device: bool = False,
     store=None,
     on_progress: Callable[[int, int], None] | None = None,
-) -> list[Verdict]:
+) -> list[Feasibility]:
     """Verdicts for many configs of one workload; uncached ones compile in one compile process.
 
     With a results database (``store``) verdicts are cached there; without one every check compiles.
@@ -228,6 +230,6 @@ def check_many(
     return [_verdict(known[k], c, workload, target, limit, max_spill_bytes) for k, c in zip(keys, configs, strict=True)]
 
 
-def check(config: KernelConfig, workload: Workload, target: str = "sm_120", **kw) -> Verdict:
+def check(config: KernelConfig, workload: Workload, target: str = "sm_120", **kw) -> Feasibility:
     """Does ``config`` fit ``target`` for ``workload``? Compiles (or reads the cache), never launches."""
     return check_many([config], workload, target, **kw)[0]

@@ -29,7 +29,7 @@ from db.verdicts import Verdict
 from kernels.config import KernelConfig
 from kernels.workload import Workload
 from tuner.errors import TunerError
-from tuner.feasibility import Verdict as Feasibility
+from tuner.feasibility import Feasibility
 from tuner.protocol import CalibrateRequest
 from tuner.protocol import MeasureReply
 from tuner.protocol import MeasureRequest

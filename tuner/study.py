@@ -34,7 +34,7 @@ from kernels.config import launch_identity
 from kernels.workload import Workload
 from tuner import calibrate
 from tuner import stats
-from tuner.feasibility import Verdict as Feasibility
+from tuner.feasibility import Feasibility
 from tuner.heartbeat import Heartbeat
 from tuner.measure import MeasurementProcess
 from tuner.progress import Progress
