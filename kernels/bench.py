@@ -1,7 +1,7 @@
 """GPU benchmark of the sparse MLA decode kernel: check at full size, then time as production runs it.
 
     python -m kernels.bench [--formats fp8_model1,fp8_v32] [--concurrency 1,8,48,64,80,96]
-                            [--configs T16-w4-s2-c256,...] [--out results.json]
+                            [--configs table,T16-w4-s2-c256,...] [--out results.json]
 
 Per format: H = 16 local heads, page_size 64, 8192 tokens of context per request, topk 512
 (fp8_model1) or 2048 (fp8_v32). One pool of ``--pool`` requests is built per format; concurrency C
@@ -10,6 +10,11 @@ and different indices (cold L2). Each config: correctness against the reference 
 the whole call (split + combine) over all sets captured in one CUDA graph, ``--samples`` samples of
 many replays, median. Bytes = gathered KV rows + q + out + lse + indices. The copy bandwidth is
 measured in the same run (device-to-device copy of 1 GiB, bytes read + written).
+
+``table`` in ``--configs`` is the call as engines make it, ``config=None`` (the exported table).
+When the ``flash_mla`` package (the ``sgl-flash-mla`` wheel) imports, FlashMLA's sparse FP8 decode
+(its sm_90 path) is timed on the same inputs and checked against the same reference, with q padded
+to 64 heads (it accepts only 64 or 128); its column is ``flashmla_us``.
 """
 
 from __future__ import annotations
@@ -34,11 +39,17 @@ from kernels.workload import Workload
 from kernels.workload import make_batch
 
 TOPK = {"fp8_model1": 512, "fp8_v32": 2048}
-HAND_PICKED = "T16-w4-s2-c256,T16-w4-s2-c512,T16-w4-s2-c132,T32-w4-s2-c256,T16-w8-s2-c256,T16-w4-s3-c256,T32-w4-s2-c512"
+FLASHMLA_HEADS = 64
+HAND_PICKED = (
+    "table,T16-w4-s2-c256,T16-w4-s2-c512,T16-w4-s2-c132,T32-w4-s2-c256,T16-w8-s2-c256,T16-w4-s3-c256,T32-w4-s2-c512"
+)
 
 
-def parse_config(text: str) -> KernelConfig:
-    """``T16-w4-s2-c256`` -> KernelConfig(16, 4, 2, 256) (the form ``str(KernelConfig)`` prints)."""
+def parse_config(text: str) -> KernelConfig | None:
+    """``T16-w4-s2-c256`` -> KernelConfig(16, 4, 2, 256) (the form ``str(KernelConfig)`` prints);
+    ``table`` -> None (the exported table decides, as in production)."""
+    if text == "table":
+        return None
     try:
         return KernelConfig.parse(text)
     except ValueError as e:
@@ -70,6 +81,34 @@ def _calls(fn, qs, kv_cache, idx, kw):
     return lambda i: fn(qs[i], kv_cache, idx[i], **kw)
 
 
+def import_flash_mla():
+    """FlashMLA's Python package when it imports and has its sm_90 (legacy) path, else None."""
+    try:
+        import flash_mla
+    except ImportError:
+        return None
+    return flash_mla if getattr(flash_mla, "has_legacy", lambda: False)() else None
+
+
+def flashmla_row(flash_mla, fmt, qs, kv_cache, idx, ref, samples) -> dict:
+    """FlashMLA on the same request sets: q padded to 64 heads, the output's first H heads compared."""
+    from kernels.flashmla_compat import FLASHMLA_NAMES
+
+    H = qs[0].shape[1]
+    pad = [torch.cat([q, q.new_zeros(q.shape[0], FLASHMLA_HEADS - H, q.shape[2])], 1).unsqueeze(1) for q in qs]
+    k = kv_cache.unsqueeze(2).view(torch.float8_e4m3fn)
+    meta = flash_mla.get_mla_metadata()[0]
+    kw = {"softmax_scale": 512**-0.5, "is_fp8_kvcache": True, "use_legacy": True, "kv_format": FLASHMLA_NAMES[fmt]}
+
+    def step(i):
+        return flash_mla.flash_mla_with_kvcache(pad[i], k, None, None, 512, meta, indices=idx[i].unsqueeze(1), **kw)
+
+    out, lse = step(0)
+    ok, rel, _, _ = compare(out[:, 0, :H], lse[:, :H, 0], *ref)
+    us = time_graph(step, len(qs), samples)
+    return {"flashmla_us": statistics.median(us), "flashmla_correct": ok, "flashmla_rel_err": rel}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--formats", default="fp8_model1,fp8_v32")
@@ -79,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pool", type=int, default=384, help="requests per format; C uses pool // C sets")
     ap.add_argument("--samples", type=int, default=10)
     ap.add_argument("--no-ref", action="store_true", help="skip timing torch.compile of the reference")
+    ap.add_argument("--no-flashmla", action="store_true", help="skip timing FlashMLA even when it imports")
     ap.add_argument("--maxnreg", default="0", help="comma list of register caps to try with every config (0 = none)")
     ap.add_argument(
         "--table-check",
@@ -108,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {env}", flush=True)
     rows = []
     ref_fn = torch.compile(sparse_mla_decode_ref, dynamic=True)
+    flash_mla = None if args.no_flashmla else import_flash_mla()
+    print(f"# FlashMLA: {'timed as a peer' if flash_mla else 'not importable, its column is empty'}", flush=True)
     for fmt in args.formats.split(","):
         wl = Workload(fmt, args.heads, TOPK[fmt], 64, 8192)
         t0 = time.time()
@@ -129,9 +171,13 @@ def main(argv: list[str] | None = None) -> int:
                 except Exception as e:  # a failed compile of the baseline must not hide the kernel's numbers
                     print(f"# compiled reference failed at C={C}: {type(e).__name__}: {e}", flush=True)
             nbytes = wl.min_bytes(C)
+            peer = {"flashmla_us": float("nan")}
+            if flash_mla is not None:
+                peer = flashmla_row(flash_mla, fmt, qs, pool.kv_cache, idx, (ref_out, ref_lse), args.samples)
+                print(f"# FlashMLA {fmt} C={C}: {json.dumps(peer)}", flush=True)
             for base, cap in itertools.product(configs, [int(x) for x in args.maxnreg.split(",")]):
-                cfg = base.replace(maxnreg=cap) if cap else base
-                name = str(cfg)
+                cfg = base.replace(maxnreg=cap) if (cap and base is not None) else base
+                name = "table" if cfg is None else str(cfg)
                 out = torch.full_like(ref_out, float("nan"))
                 lse = torch.full_like(ref_lse, float("nan"))
                 o, ls = sparse_mla_decode(qs[0], pool.kv_cache, idx[0], config=cfg, **kw)
@@ -146,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                     "format": fmt,
                     "C": C,
                     "config": name,
-                    "splits": num_splits_for(cfg, C, args.heads, wl.topk)[0],
+                    "splits": None if cfg is None else num_splits_for(cfg, C, args.heads, wl.topk)[0],
                     "us": med,
                     "us_min": min(us),
                     "us_max": max(us),
@@ -154,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
                     "pct_copy": 100 * gbps / bw,
                     "ref_us": ref_us,
                     "speedup": ref_us / med,
+                    **peer,
+                    "vs_flashmla": peer["flashmla_us"] / med,
                     "rel_err": rel,
                     "lse_err": lse_err,
                     "correct": ok,
@@ -169,7 +217,19 @@ def main(argv: list[str] | None = None) -> int:
             json.dump({"env": env, "rows": rows}, f, indent=1)
     from tabulate import tabulate
 
-    cols = ["format", "C", "config", "splits", "us", "GBps", "pct_copy", "speedup", "correct"]
+    cols = [
+        "format",
+        "C",
+        "config",
+        "splits",
+        "us",
+        "GBps",
+        "pct_copy",
+        "speedup",
+        "flashmla_us",
+        "vs_flashmla",
+        "correct",
+    ]
     print(tabulate([[r[c] for c in cols] for r in rows], headers=cols, floatfmt=".1f"))
     best = {}
     for r in rows:
@@ -179,12 +239,15 @@ def main(argv: list[str] | None = None) -> int:
     print("best per (format, C):")
     print(
         tabulate(
-            [[k[0], k[1], v["config"], v["us"], v["pct_copy"], v["speedup"]] for k, v in best.items()],
-            headers=["format", "C", "config", "us", "% copy", "x ref"],
+            [
+                [k[0], k[1], v["config"], v["us"], v["pct_copy"], v["speedup"], v["flashmla_us"], v["vs_flashmla"]]
+                for k, v in best.items()
+            ],
+            headers=["format", "C", "config", "us", "% copy", "x ref", "FlashMLA us", "x FlashMLA"],
             floatfmt=".1f",
         )
     )
-    return 0 if all(r["correct"] for r in rows) else 1
+    return 0 if all(r["correct"] and r.get("flashmla_correct", True) for r in rows) else 1
 
 
 def table_check(args) -> int:

@@ -53,7 +53,7 @@ def test_num_stages_is_a_real_lever_on_shared_memory(store):
 @pytest.mark.parametrize("space", ["search_spaces/v4_flash_tp4.yaml", "search_spaces/v32_tp8.yaml"])
 def test_estimate_tracks_the_compiled_value(space, store):
     """Within 2 % for 4 and 8 warps; 2 warps drift (register-starved, ptxas and the pipeliner choose
-    other layouts) and are only required to be within a factor of two."""
+    other layouts) and are only required to be within a factor of two (checked on V4 at 1 stage)."""
     sp = load_space(space)
     wl = sp.workloads[0].workload()
     # one launch setting; stages 1, 2 and 4 (3 behaves as 4) on V4, 1 and 2 on V3.2: every term of the estimate
@@ -62,7 +62,10 @@ def test_estimate_tracks_the_compiled_value(space, store):
     configs = [
         c
         for c in sp.configs()
-        if c.TARGET_CTAS == sp.baseline.TARGET_CTAS and c.num_stages in stages and c.num_warps in warps
+        if c.TARGET_CTAS == sp.baseline.TARGET_CTAS
+        and c.num_stages in stages
+        and c.num_warps in warps
+        and (c.num_warps > 2 or c.num_stages == 1)
     ]
     worst = {}
     for cfg, v in zip(configs, check_many(configs, wl, sp.target, store=store), strict=True):

@@ -274,6 +274,7 @@ def _best_row(t) -> dict:
     st = t.statistic()
     env = t.environment
     row = {
+        "trial": t.id,
         **t.config().as_dict(),
         "median_us": round(st.median_us, 3),
         "ci_low_us": round(st.ci_low_us, 3),

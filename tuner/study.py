@@ -45,7 +45,11 @@ from tuner.space import WorkloadSpec
 from tuner.summary import postfix
 from tuner.summary import summary_row
 
-WAITING, RUNNING = optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING
+WAITING, RUNNING, COMPLETE = (
+    optuna.trial.TrialState.WAITING,
+    optuna.trial.TrialState.RUNNING,
+    optuna.trial.TrialState.COMPLETE,
+)
 
 
 def slug(s: str) -> str:
@@ -102,6 +106,7 @@ class _Progress:
     error: BaseException | None = None
     targets: set[str] = field(default_factory=set)  # grid: the configs to measure (one per launch)
     best: tuple[str, float, float] | None = None  # (config, ratio, median µs) of this run's screening
+    told_min: float | None = None  # the lowest ratio told to Optuna so far (always a finalist's, see _run_trial)
 
 
 class StudyRun:
@@ -110,7 +115,7 @@ class StudyRun:
     ):
         self.plan, self.store, self.storage, self.processes = plan, store, storage, processes
         self.ui = ui or Progress(quiet=True, total_studies=1)  # tuner.progress: what the user sees
-        self.reference_us = 1.0  # the baseline's median (A/A); Optuna's value is ratio x reference_us
+        self.reference_us: float | None = None  # the study's A/A baseline median; Optuna's value = ratio x this
         self._beats = hasattr(storage, "record_heartbeat")  # the replay backend's in-memory queue has none
         self.opts, self.stop, self.t_start = opts, stop, t_start
         self.dists = {p: optuna.distributions.CategoricalDistribution(plan.space.parameters[p]) for p in PARAM_NAMES}
@@ -199,7 +204,8 @@ class StudyRun:
             env_id = queries.ensure_environment(s, self.processes[0].info).id
         for cfg, feas in self.plan.verdicts.items():
             if not feas.feasible and str(cfg) not in done:
-                self._record(None, env_id, cfg, MeasureReply(Verdict.INFEASIBLE, feas.reason), 0.0, None, 0.0)
+                reply = MeasureReply(Verdict.INFEASIBLE, feas.reason)
+                self._record_unlaunched(env_id, cfg, reply)
                 done.add(str(cfg))
 
     def _record_duplicates(self) -> None:
@@ -213,7 +219,17 @@ class StudyRun:
                 if original is None or str(cfg) in done:
                     continue
                 reply = MeasureReply(Verdict.DUPLICATE, f"launches exactly what trial {original.id} ({first}) measured")
-                self._record(None, env_id, cfg, reply, 0.0, None, 0.0, key, original.id)
+                self._record_unlaunched(env_id, cfg, reply, key, original.id)
+
+    def _record_unlaunched(self, env_id: int, cfg: KernelConfig, reply: MeasureReply, key=None, original=None):
+        """A config decided without a launch, in the tuner's tables and as a pruned Optuna trial with the reason."""
+        recorded = self._record(None, env_id, cfg, reply, 0.0, None, 0.0, key, original)
+        if recorded is False:
+            return
+        attrs = {"tuner_trial_id": recorded[0], "verdict": reply.verdict.value, "reason": reply.reason[:500]}
+        if original is not None:
+            attrs["duplicate_of"] = original
+        self._add_optuna_trial(cfg, optuna.trial.TrialState.PRUNED, attrs)
 
     # --- running -------------------------------------------------------------------------------
 
@@ -227,7 +243,7 @@ class StudyRun:
         name = f"{self.plan.spec.name} C={self.plan.concurrency}"
         with self.ui.study(name, total=total, initial=initial) as bar:
             self.bar = bar
-            self.progress = _Progress(done, total, budget, bar, targets=targets)
+            self.progress = _Progress(done, total, budget, bar, targets=targets, told_min=self._told_min())
             if initial < total:
                 bar.phase(f"screening {total - initial} launches")
             threads = [
@@ -250,6 +266,11 @@ class StudyRun:
                 row = summary_row(s, self.study_id, self.plan.spec.name, self.plan.concurrency)
             bar.close(f"best {row['best']} {row['median_us']} µs" if row["best"] != "-" else "no ok config")
             return row
+
+    def _told_min(self) -> float | None:
+        """The lowest ratio Optuna was told before (a resumed study), or None."""
+        told = [t.user_attrs.get("ratio") for t in self.study.get_trials(deepcopy=False, states=(COMPLETE,))]
+        return min((r for r in told if r is not None), default=None)
 
     def _finished(self) -> bool:
         pg = self.progress
@@ -337,15 +358,45 @@ class StudyRun:
             pg.bar.advance(1, postfix=postfix(pg.best, band))
         trial.set_user_attr("tuner_trial_id", trial_id)
         trial.set_user_attr("verdict", reply.verdict.value)
-        if reply.verdict == Verdict.OK:
-            trial.set_user_attr("ratio", stat.ratio)
-            trial.set_user_attr("ratio_ci", [stat.ratio_ci_low, stat.ratio_ci_high])
-            trial.set_user_attr("median_us_measured", stat.median_us)
-            trial.set_user_attr("effect", stat.classification)
-            self.study.tell(trial, stat.ratio * self.reference_us)
-        else:
+        if reply.verdict != Verdict.OK:
             trial.set_user_attr("reason", reply.reason[:500])
             self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            return
+        final = self._record_finalist(proc, trial_id, cfg, stat, band)
+        for k, v in _ok_attrs(stat, final).items():
+            trial.set_user_attr(k, v)
+        told = final or stat
+        with pg.lock:
+            pg.told_min = told.ratio if pg.told_min is None else min(pg.told_min, told.ratio)
+        self.study.tell(trial, told.ratio * self.reference_us)
+
+    def _record_finalist(self, proc: MeasurementProcess, trial_id: int, cfg: KernelConfig, stat, band: float):
+        """A screening result that beats everything told to Optuna so far is re-measured with the finalist
+        rounds at once, and Optuna is told that estimate instead.
+
+        So every value Optuna holds is either a finalist estimate or a screening estimate no lower than some
+        finalist estimate, and Optuna's best trial is the tuner's best (the best finalist). Returns the
+        finalist statistic, or None.
+        """
+        k, rounds = self.plan.space.measurement["finalists"], self.plan.space.measurement["finalist_rounds"]
+        with self.progress.lock:
+            record_low = self.progress.told_min is None or stat.ratio < self.progress.told_min
+        if not (k and rounds and record_low):
+            return None
+        self.bar.phase(f"finalist: {cfg} beats all so far, {rounds} more rounds")
+        return self._add_finalist(proc, trial_id, cfg, band)
+
+    def _add_finalist(self, proc: MeasurementProcess, trial_id: int, cfg: KernelConfig, band: float):
+        """Measure one finalist and store its statistic; None when it failed or another host stored it first."""
+        rounds = self.plan.space.measurement["finalist_rounds"]
+        reply = self._measure(proc, cfg, trial_id, rounds, check=False)
+        if reply.verdict != Verdict.OK:
+            return None
+        try:
+            with self.store.session() as s, s.begin_nested():
+                return _add_samples(s, trial_id, Phase.FINALIST, reply, proc.gpu_index, band, seed=trial_id)
+        except DatabaseError:
+            return None  # another host re-measured this finalist first
 
     def _measure(self, proc: MeasurementProcess, cfg: KernelConfig, seed: int, rounds: int, check: bool):
         feas = self.plan.verdicts[cfg]
@@ -369,7 +420,7 @@ class StudyRun:
                 spread, multimodal, samples = cal.spread, cal.multimodal, json.loads(cal.samples)
         if known is not None:
             band, samples = known
-            self.reference_us = float(np.median([a for a, _ in samples]))
+            self._set_reference(samples)
             return env_id, band
         if cal is None:
             base = plan.space.baseline
@@ -379,7 +430,7 @@ class StudyRun:
             with self.store.session() as s:
                 calibrate.store_calibration(s, c, proc.info, plan.spec, plan.concurrency, self.opts.backend, base)
             spread, multimodal, samples = c.spread, c.multimodal, c.samples
-        self.reference_us = float(np.median([a for a, _ in samples]))
+        self._set_reference(samples)
         band = stats.band(spread, min_effect)
         self.study.set_user_attr("noise_band", band)
         with self.store.session() as s:
@@ -391,6 +442,15 @@ class StudyRun:
                 "treat close calls with care"
             )
         return env_id, band
+
+    def _set_reference(self, samples) -> None:
+        """The one scale of Optuna's values in this study, kept across resumes and GPUs (so the order of
+        Optuna's values is the order of the ratios): the first A/A baseline median it saw."""
+        with self.progress.lock:
+            if self.reference_us is None:
+                ref = self.study.user_attrs.get("reference_us") or float(np.median([a for a, _ in samples]))
+                self.study.set_user_attr("reference_us", ref)
+                self.reference_us = ref
 
     def _duplicate_of(self, cfg: KernelConfig) -> tuple[str, int | None]:
         """The config's launch key, and the trial of this study that already measured that launch."""
@@ -459,7 +519,8 @@ class StudyRun:
                 record.set_effects(s, {st.id: e for st, e in zip(rows, effects, strict=True)})
 
     def _finalists(self, proc: MeasurementProcess) -> None:
-        """Re-measure the top ``finalists`` with ``finalist_rounds`` (on one GPU, against its own band)."""
+        """Re-measure the top ``finalists`` by screening ratio that have no finalist statistic yet (see
+        :meth:`_record_finalist`) with ``finalist_rounds``, on one GPU, against its own band."""
         k, rounds = self.plan.space.measurement["finalists"], self.plan.space.measurement["finalist_rounds"]
         with self.store.session() as s:
             ok = [
@@ -468,20 +529,24 @@ class StudyRun:
                 if t.verdict == Verdict.OK and t.statistic(Phase.SCREEN)
             ]
             ok.sort(key=lambda t: t.statistic(Phase.SCREEN).ratio)  # the estimator that ranks and judges
-            todo = [(t.id, t.config()) for t in ok[:k] if not t.statistic(Phase.FINALIST)]
+            todo = [(t.id, t.config(), t.statistic(Phase.SCREEN)) for t in ok[:k] if not t.statistic(Phase.FINALIST)]
             known = record.noise_band(s, self.study_id, proc.info["host"], proc.gpu_index)
             band = known[0] if known else (s.get(StudyModel, self.study_id).noise_band or 0.0)
         if todo:
             self.bar.phase(f"finalists: {len(todo)} x {rounds} rounds")
-        for trial_id, cfg in todo:
-            reply = self._measure(proc, cfg, trial_id, rounds, check=False)
-            if reply.verdict != Verdict.OK:
-                continue
-            try:
-                with self.store.session() as s, s.begin_nested():
-                    _add_samples(s, trial_id, Phase.FINALIST, reply, proc.gpu_index, band, seed=trial_id)
-            except DatabaseError:
-                continue  # another host re-measured this finalist first
+        for trial_id, cfg, screen in todo:
+            final = self._add_finalist(proc, trial_id, cfg, band)
+            if final is not None:  # Optuna sees the re-measurement as a trial of its own
+                attrs = {"tuner_trial_id": trial_id, "verdict": Verdict.OK.value, **_ok_attrs(screen, final)}
+                self._add_optuna_trial(cfg, optuna.trial.TrialState.COMPLETE, attrs, final.ratio)
+
+    def _add_optuna_trial(self, cfg: KernelConfig, state, attrs: dict, ratio: float | None = None) -> None:
+        """A finished trial added to the Optuna study without launching anything through it."""
+        value = None if ratio is None else ratio * self.reference_us
+        trial = optuna.trial.create_trial(
+            state=state, params=cfg.as_dict(), distributions=self.dists, value=value, user_attrs=attrs
+        )
+        self.study.add_trial(trial)
 
 
 def launch_key(cfg: KernelConfig, workload: Workload, concurrency: int) -> str:
@@ -509,6 +574,23 @@ def _add_samples(s, trial_id: int, phase: Phase, reply: MeasureReply, gpu_index:
         p,
     )
     return record.add_samples(s, trial_id, phase, reply.samples, reply.replays, gpu_index, summary)
+
+
+def _ok_attrs(screen, final=None) -> dict:
+    """What Optuna shows of an ok trial: the phase whose estimate is its value, that estimate, and both phases."""
+    told = final or screen
+    attrs = {
+        "phase": Phase(told.phase).value,
+        "ratio": told.ratio,
+        "ratio_ci": [told.ratio_ci_low, told.ratio_ci_high],
+        "effect": told.classification,
+        "median_us_measured": told.median_us,
+        "screening_ratio": screen.ratio,
+        "screening_median_us": screen.median_us,
+    }
+    if final is not None:
+        attrs |= {"finalist_median_us": final.median_us, "finalist_rounds": final.n}
+    return attrs
 
 
 def _direction(st) -> Effect:
