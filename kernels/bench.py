@@ -98,7 +98,8 @@ def flashmla_row(flash_mla, fmt, qs, kv_cache, idx, ref, samples) -> dict:
     pad = [torch.cat([q, q.new_zeros(q.shape[0], FLASHMLA_HEADS - H, q.shape[2])], 1).unsqueeze(1) for q in qs]
     k = kv_cache.unsqueeze(2).view(torch.float8_e4m3fn)
     meta = flash_mla.get_mla_metadata()[0]
-    kw = {"softmax_scale": 512**-0.5, "is_fp8_kvcache": True, "use_legacy": True, "kv_format": FLASHMLA_NAMES[fmt]}
+    scale = qs[0].shape[-1] ** -0.5  # the reference's default, 1/sqrt(D_qk): 512 for V4, 576 for V3.2
+    kw = {"softmax_scale": scale, "is_fp8_kvcache": True, "use_legacy": True, "kv_format": FLASHMLA_NAMES[fmt]}
 
     def step(i):
         return flash_mla.flash_mla_with_kvcache(pad[i], k, None, None, 512, meta, indices=idx[i].unsqueeze(1), **kw)
