@@ -3,26 +3,32 @@
 Two kernels:
   ``_split_kernel``   grid (B * s_q * head_blocks, num_splits). One program takes BLOCK_H heads of one
                       query token and one contiguous slice of its top-k list in one cache, walks it in
-                      BLOCK_T-token tiles (gather, dequantize, q.k^T, online softmax, p.v) and writes fp32
-                      partials and their lse -- or, when the whole call is one split of one cache, the
-                      final bf16 output (times the sink factor) and lse directly.
-  ``_combine_kernel`` grid (B * s_q * H,). Merges the splits of one (query token, head) by log-sum-exp,
-                      then applies the attention sink. Not launched when the call is a single split.
+                      BLOCK_T-token tiles (gather, dequantize, q.k^T, online softmax, p.v) and writes bf16
+                      partials and their fp32 lse -- or, when the whole call is one split of one cache,
+                      the final bf16 output (times the sink factor) and lse directly.
+  ``_combine_kernel`` grid (B * s_q * H,). Merges the splits of one (query token, head) by log-sum-exp
+                      in fp32, then applies the attention sink. Not launched when the call is a single split.
 
 A call launches the split kernel once per cache (the extra cache's splits are written after the main
 cache's, in the same partials buffer) and the combine once; see :func:`sparse_mla_decode` for why.
+Partial outputs are bf16, like the final output: at V4 C=96 they halve the split's own traffic
+(about 19 MB written and read back in fp32), while the lse that weights them stays fp32.
 
 Head blocking: BLOCK_H = max(16, next_pow2(H)) capped at 32 (tl.dot needs M >= 16; 32 heads of
 fp32 accumulators [32, 512] are already 128 registers/thread at 4 warps), so head_blocks = ceil(H / 32)
 for H > 32. Every KV tile is read once per head block.
 
-Dequantization: e4m3 is decoded by bit assembly into fp16 (``sign<<15 | (byte & 0x7f)<<7`` is the
-same number times 2^-8, subnormals included), so the kernel needs no fp8 hardware support and runs
-unchanged for every target arch and in the interpreter; the 2^8 is folded into the per-group scale.
+Dequantization (see :func:`_dequant`): the dots take fp16 operands on the GPU. e4m3 converts to fp16
+exactly (one native cvt per byte pair on sm_89+, sm_120 included), and one fp16 multiply applies the
+group's scale; K and V never pass through fp32. Without native fp8 the bit assembly
+``sign<<15 | (byte & 0x7f)<<7`` gives the same number times 2^-8 in fp16, subnormals included, and
+the 2^8 is folded into the scale. q and the rope part are converted from bf16 to fp16 (fp16's finer
+mantissa; its range, 6e-8 to 65504, holds attention's q and K). Dequantizing to bf16 instead, with
+the scale multiply in bf16, measured up to 8 % slower on the H200 (docs/benchmarks.md, kernel v3).
 
 Interpreter workaround: Triton 3.6's interpreter multiplies the raw bits of bf16 ``tl.dot`` operands.
-Under ``TRITON_INTERPRET=1`` the constexpr ``DOT_F32`` makes both dots take fp32 operands; the GPU
-path always feeds bf16 to the tensor cores with fp32 accumulation.
+Under ``TRITON_INTERPRET=1`` the constexpr ``DOT_F32`` makes both dots take fp32 operands (decoded by
+the bit assembly); the GPU path feeds fp16 to the tensor cores with fp32 accumulation.
 """
 
 from __future__ import annotations
@@ -57,12 +63,22 @@ LAUNCH_LISTENERS: list[Callable[[str, KernelConfig, tuple], None]] = []
 
 
 @triton.jit
-def _e4m3_to_f32(b_u8, NATIVE_FP8: tl.constexpr):
-    """e4m3 bytes -> fp32 values times 2^-8 (bit trick) or exact (native cvt on sm_89+)."""
+def _dequant(b_u8, b_scale, NATIVE_FP8: tl.constexpr, DOT_F32: tl.constexpr):
+    """e4m3 bytes times their fp32 scale (``b_scale`` broadcasts against the bytes), as the dots' operand.
+
+    GPU: fp16. The decode is exact (one native cvt per byte pair on sm_89+, else the bit trick, which
+    yields the value times 2^-8), then one fp16 multiply by the scale rounded to fp16. Interpreter:
+    fp32 (its bf16 and fp16 dots are not trusted), by the bit trick.
+    """
+    if DOT_F32:
+        b = b_u8.to(tl.uint16)
+        x = (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.float16, bitcast=True).to(tl.float32)
+        return x * (b_scale * 256.0)
     if NATIVE_FP8:
-        return b_u8.to(tl.float8e4nv, bitcast=True).to(tl.float32) * 0.00390625
+        return b_u8.to(tl.float8e4nv, bitcast=True).to(tl.float16) * b_scale.to(tl.float16)
     b = b_u8.to(tl.uint16)
-    return (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.float16, bitcast=True).to(tl.float32)
+    x = (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.float16, bitcast=True)
+    return x * (b_scale * 256.0).to(tl.float16)
 
 
 @triton.jit
@@ -101,27 +117,24 @@ def _load_kv_tile(
         o_scale = b_page * (PAGE_SIZE * 584) + PAGE_SIZE * 576 + b_tok * 8
         m_scale = m_tok[:, None] & (o_g[None, :] < 7)
         b_e8 = tl.load(KV8 + o_scale[:, None] + o_g[None, :], mask=m_scale, other=127).to(tl.uint32)  # [T, 8]
-        # 2^(e - 127) exactly, times 2^8 to undo the e4m3 decoding's 2^-8
-        b_scale = (b_e8 << 23).to(tl.float32, bitcast=True) * 256.0
+        b_scale = (b_e8 << 23).to(tl.float32, bitcast=True)  # 2^(e - 127) exactly
         o_rope16 = b_page * (PAGE_SIZE * 292) + b_tok * 288 + 224  # bf16 elements
         b_rope = tl.load(KV16 + o_rope16[:, None] + o_rope[None, :], mask=m_tok[:, None], other=0.0)
-        b_nope = _e4m3_to_f32(b_q8, NATIVE_FP8) * b_scale[:, :, None]
-        b_k3 = tl.where((o_g == 7)[None, :, None], b_rope.to(tl.float32)[:, None, :], b_nope)
+        b_nope = _dequant(b_q8, b_scale[:, :, None], NATIVE_FP8, DOT_F32)
+        b_k3 = tl.where((o_g == 7)[None, :, None], b_rope.to(b_nope.dtype)[:, None, :], b_nope)
         b_k = tl.reshape(b_k3, (BLOCK_T, 512))
-        b_kr = tl.zeros((BLOCK_T, 64), dtype=tl.float32)
+        b_kr = tl.zeros((BLOCK_T, 64), dtype=b_k.dtype)
     else:
         o_g = tl.arange(0, 4)
         o_j = tl.arange(0, 128)
         o_nope = b_idx[:, None, None] * 656 + o_g[None, :, None] * 128 + o_j[None, None, :]
         b_q8 = tl.load(KV8 + o_nope, mask=m_tok[:, None, None], other=0)  # [T, 4, 128]
         b_scale = tl.load(KV32 + (b_idx * 164 + 128)[:, None] + o_g[None, :], mask=m_tok[:, None], other=0.0)
-        b_k3 = _e4m3_to_f32(b_q8, NATIVE_FP8) * (b_scale * 256.0)[:, :, None]
+        b_k3 = _dequant(b_q8, b_scale[:, :, None], NATIVE_FP8, DOT_F32)
         b_k = tl.reshape(b_k3, (BLOCK_T, 512))
         b_kr = tl.load(KV16 + (b_idx * 328 + 264)[:, None] + o_rope[None, :], mask=m_tok[:, None], other=0.0)
-        b_kr = b_kr.to(tl.float32)
-    if DOT_F32:
-        return b_k, b_kr
-    return b_k.to(tl.bfloat16), b_kr.to(tl.bfloat16)
+        b_kr = b_kr.to(b_k.dtype)
+    return b_k, b_kr
 
 
 # Integer arguments are not value-specialized (==1, %16): one compile per config and format serves
@@ -224,7 +237,7 @@ def _split_kernel(
         tl.store(p_lse, tl.where(m_empty, float("inf"), b_lse), mask=m_h)
     else:
         o_row = (i_r * total_splits + split_base + i_s) * H + o_h  # OPart [B * s_q, total_splits, H, 512]
-        tl.store(OPart + o_row[:, None] * 512 + o_d[None, :], b_o, mask=m_h[:, None])
+        tl.store(OPart + o_row[:, None] * 512 + o_d[None, :], b_o.to(OPart.dtype.element_ty), mask=m_h[:, None])
         tl.store(LPart + o_row, tl.where(m_empty, float("-inf"), b_lse), mask=m_h)
 
 
@@ -258,7 +271,7 @@ def _combine_kernel(
     for i_s in range(0, num_splits):
         o_row = (i_r * num_splits + i_s) * H + i_h
         b_w = tl.exp(tl.load(LPart + o_row) - b_lse)  # 0 for an empty split
-        b_acc += b_w * tl.load(OPart + o_row * 512 + o_d)
+        b_acc += b_w * tl.load(OPart + o_row * 512 + o_d).to(tl.float32)
     if HAS_SINK:
         b_sink = tl.load(Sink + i_h)
         b_acc = b_acc * tl.where(m_empty, 0.0, 1.0 / (1.0 + tl.exp(b_sink - b_lse)))
@@ -392,7 +405,7 @@ def _plan(
     if write_final:
         o_part, l_part = out, lse  # unused
     else:
-        o_part = torch.empty(rows, total_splits, H, 512, dtype=torch.float32, device=dev)
+        o_part = torch.empty(rows, total_splits, H, 512, dtype=torch.bfloat16, device=dev)
         l_part = torch.empty(rows, total_splits, H, dtype=torch.float32, device=dev)
     sink = lse if attn_sink is None else attn_sink  # a placeholder pointer when there is no sink
     launches = []

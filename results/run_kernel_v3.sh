@@ -16,13 +16,13 @@ for v in $VARIANTS; do
   git checkout -q kernels/decode.py
   for p in ${v//+/ }; do git apply "docs/experiments/kernel_v3/$p.patch"; done
   python3 -m kernels.bench --configs table --concurrency "$C" --samples "$SAMPLES" --no-ref --no-flashmla \
-    --out "$OUT/bench_$v.json" > "$OUT/bench_$v.log" 2>&1 || true
+    --out "$OUT/bench_${v//+/_}.json" > "$OUT/bench_${v//+/_}.log" 2>&1 || true
 done
 python3 - "$OUT" $VARIANTS <<'PY'
 import json, pathlib, sys
 out, names = pathlib.Path(sys.argv[1]), sys.argv[2:]
 base = json.loads((out / "bench_base.json").read_text())
-runs = {n: json.loads((out / f"bench_{n}.json").read_text()) for n in names if (out / f"bench_{n}.json").exists()}
+runs = {n: json.loads((out / f"bench_{n.replace('+', '_')}.json").read_text()) for n in names}
 bw = max(base["env"]["copy_GBps"].values())
 print("format    C  floor   base  " + "  ".join(f"{k[-16:]:>16}" for k in runs) + "  FlashMLA  torch.compile")
 for r in base["rows"]:
