@@ -98,6 +98,23 @@ def rank_key(t: TrialModel) -> tuple:
     return (0 if st.phase == Phase.FINALIST else 1, st.ratio)
 
 
+def prior_picks(session: Session, kernel_id: int, concurrency: int, n: int = 5, **filters) -> list[str]:
+    """The best ``n`` config keys (best first, by :func:`rank_key`) of the newest *other* kernel measured
+    at this concurrency under ``filters`` (space, workload, device, backend). A search of a changed kernel
+    measures them first: good configs usually stay good, so the best is found early."""
+    ts = [
+        t for t in trials(session, concurrency=concurrency, verdict=Verdict.OK, **filters) if t.kernel_id != kernel_id
+    ]
+    if not ts:
+        return []
+    newest = max(t.kernel_id for t in ts)
+    keys: list[str] = []
+    for t in sorted((t for t in ts if t.kernel_id == newest), key=rank_key):
+        if t.config_key not in keys:
+            keys.append(t.config_key)
+    return keys[:n]
+
+
 def ties(trials_: list[TrialModel]) -> list[TrialModel]:
     """The best ``ok`` trial and every other whose ratio lies within the band of it (same phase), best first."""
     b = best_of(trials_)

@@ -398,3 +398,36 @@ def attrs_reference(study):
     """The baseline's A/A median that scales Optuna's value (value = ratio x reference)."""
     t = min(study.get_trials(states=(__import__("optuna").trial.TrialState.COMPLETE,)), key=lambda t: t.value)
     return t.value / t.user_attrs["ratio"]
+
+
+def test_a_changed_kernel_measures_the_previous_kernels_best_first(smoke_db, tmp_path):
+    """The smoke results are made to look like another kernel's; a new search measures the baseline,
+    then that kernel's best configs in their order, then the rest."""
+    path = tmp_path / "prior.db"
+    shutil.copy(smoke_db["path"], path)
+    url = f"sqlite:///{path}"
+    con = sqlite3.connect(path)
+    con.execute("INSERT INTO tuner_kernels (source_hash) VALUES ('0123456789ab')")
+    (old,) = con.execute("SELECT id FROM tuner_kernels WHERE source_hash = '0123456789ab'").fetchone()
+    con.execute("UPDATE tuner_trials SET kernel_id = ?", (old,))
+    con.execute("UPDATE tuner_studies SET kernel_id = ?, name = name || '-old'", (old,))
+    con.execute("UPDATE studies SET study_name = study_name || '-old'")  # Optuna's table
+    con.commit()
+    con.close()
+    from db import queries
+    from db.store import Store
+
+    with Store(url, readonly=True).session() as s:
+        ranked = queries.prior_picks(s, -1, 1, space="smoke")
+    assert len(ranked) == 3  # the three feasible configs, best first
+    proc = tuner("search", SMOKE, "--db", url, "--concurrency", "1", "--n-trials", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "first the previous kernel's" in proc.stderr
+    order = [
+        k
+        for (k,) in _rows(
+            path, f"SELECT config_key FROM tuner_trials WHERE kernel_id != {old} AND verdict = 'ok' ORDER BY id"
+        )
+    ]
+    baseline = "T16-w4-s2-c4"
+    assert order == [baseline, next(k for k in ranked if k != baseline)]

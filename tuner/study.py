@@ -166,12 +166,42 @@ class StudyRun:
         self.optuna_study_id = self.storage.get_study_id_from_name(self.name)
         self._describe_study()
         optuna.storages.fail_stale_trials(self.study)
+        prior = self.prior = self._prior_picks(done)
+        self.queue_order = self._queue_order(prior)
         if plan.sampler == "grid":
             self._enqueue_missing(done)
             return len(plan.to_measure())
-        if str(plan.space.baseline) not in done:
-            self.study.enqueue_trial(plan.space.baseline.as_dict(), skip_if_exists=True)
+        for cfg in [plan.space.baseline, *prior]:
+            if str(cfg) not in done:
+                self.study.enqueue_trial(cfg.as_dict(), skip_if_exists=True)
         return self.opts.n_trials or plan.space.sampler.get("n_trials") or 100
+
+    def _prior_picks(self, done: set[str]) -> list[KernelConfig]:
+        """The previous kernel's best configs here that this space holds, fits and has not measured yet."""
+        plan, info = self.plan, self.processes[0].info
+        with self.store.session() as s:
+            keys = queries.prior_picks(
+                s,
+                self.kernel_id,
+                plan.concurrency,
+                space=plan.space.name,
+                workload=plan.spec.name,
+                device=info["gpu_name"],
+                backend=self.opts.backend,
+            )
+        cfgs = [c for c in plan.verdicts if str(c) in keys and plan.verdicts[c].feasible and str(c) not in done]
+        return sorted(cfgs, key=lambda c: keys.index(str(c)))
+
+    def _queue_order(self, prior: list[KernelConfig]) -> list[KernelConfig]:
+        """The grid's measuring order: the baseline, the launches of ``prior``, then the rest in space order."""
+        groups = self.plan.launches()
+        rep = {str(c): g[0] for g in groups.values() for c in g}  # a config -> the one measured for its launch
+        order, seen = [], set()
+        for cfg in [self.plan.space.baseline, *(rep[str(p)] for p in prior), *self.plan.to_measure()]:
+            if str(cfg) in rep and str(cfg) not in seen:
+                seen.add(str(cfg))
+                order.append(cfg)
+        return order
 
     def _describe_study(self) -> None:
         """Metric name and attributes, so the study reads on its own in Optuna's tools (optuna-dashboard)."""
@@ -194,7 +224,7 @@ class StudyRun:
     def _enqueue_missing(self, done: set[str]) -> None:
         """Queue every config that is neither measured, nor queued, nor running (by any process or host)."""
         pending = {_key(t.params) for t in self.study.get_trials(deepcopy=False, states=(WAITING, RUNNING))}
-        for cfg in self.plan.to_measure():
+        for cfg in self.queue_order:
             if str(cfg) not in done and str(cfg) not in pending:
                 self.study.enqueue_trial(cfg.as_dict(), skip_if_exists=False)
 
@@ -246,6 +276,8 @@ class StudyRun:
             self.progress = _Progress(done, total, budget, bar, targets=targets, told_min=self._told_min())
             if initial < total:
                 bar.phase(f"screening {total - initial} launches")
+            if self.prior:
+                bar.phase(f"first the previous kernel's {len(self.prior)} best: {' '.join(map(str, self.prior))}")
             threads = [
                 threading.Thread(target=self._measurement_thread, args=(p,), daemon=True) for p in self.processes
             ]
