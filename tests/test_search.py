@@ -407,10 +407,10 @@ def test_a_changed_kernel_measures_the_previous_kernels_best_first(smoke_db, tmp
     shutil.copy(smoke_db["path"], path)
     url = f"sqlite:///{path}"
     con = sqlite3.connect(path)
-    con.execute("INSERT INTO tuner_kernels (source_hash) VALUES ('0123456789ab')")
-    (old,) = con.execute("SELECT id FROM tuner_kernels WHERE source_hash = '0123456789ab'").fetchone()
-    con.execute("UPDATE tuner_trials SET kernel_id = ?", (old,))
-    con.execute("UPDATE tuner_studies SET kernel_id = ?, name = name || '-old'", (old,))
+    # the smoke kernel's row becomes an older kernel's (kernel rows are created in the order kernels appear)
+    con.execute("UPDATE tuner_kernels SET source_hash = '0123456789ab'")
+    (old,) = con.execute("SELECT id FROM tuner_kernels").fetchone()
+    con.execute("UPDATE tuner_studies SET name = name || '-old'")
     con.execute("UPDATE studies SET study_name = study_name || '-old'")  # Optuna's table
     con.commit()
     con.close()
@@ -431,3 +431,10 @@ def test_a_changed_kernel_measures_the_previous_kernels_best_first(smoke_db, tmp
     ]
     baseline = "T16-w4-s2-c4"
     assert order == [baseline, next(k for k in ranked if k != baseline)]
+    # the report reads each level's newest kernel only: C=1 the new one, C=4 (not searched again) the old
+    rep = tuner("report", "--db", url, "-o", str(tmp_path / "r.md"))
+    assert rep.returncode == 0, rep.stderr
+    text = (tmp_path / "r.md").read_text()
+    assert "`0123456789ab`" in text and "(the newest measured at each level)" in text
+    c1 = next(line for line in text.splitlines() if line.startswith("| 1 |"))
+    assert c1.split("|")[8].strip() == "2"  # ok trials at C=1: the new kernel's 2, not the old kernel's 3 as well

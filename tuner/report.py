@@ -44,9 +44,16 @@ def _cell(t: TrialModel | None) -> str:
 
 
 def _groups(s) -> dict[tuple, list[TrialModel]]:
+    """Trials per (space, workload, device, backend), at each concurrency only those of the newest kernel
+    measured there (as ``tuner best`` and export read them: older kernels' numbers are history)."""
     out = defaultdict(list)
     for t in queries.trials(s):
         out[(t.study.space.name, t.workload.name, t.environment.gpu_name, t.backend)].append(t)
+    for key, ts in out.items():
+        newest = {}
+        for t in ts:
+            newest[t.concurrency] = max(newest.get(t.concurrency, t.kernel_id), t.kernel_id)
+        out[key] = [t for t in ts if t.kernel_id == newest[t.concurrency]]
     return out
 
 
@@ -94,9 +101,10 @@ class _Level:
 
 
 def _section(space, workload, device, backend, trials, plots_dir, link_prefix) -> list[str]:
-    env = trials[0].environment
-    w = trials[0].workload
-    study = trials[0].study
+    env = trials[-1].environment
+    w = trials[-1].workload
+    study = trials[-1].study
+    hashes = sorted({t.study.kernel.source_hash for t in trials})
     wl = Workload(w.kv_format, w.heads, w.topk, w.page_size, w.context)
     by_c: dict[int, dict[str, TrialModel]] = defaultdict(dict)
     for t in trials:
@@ -119,8 +127,9 @@ def _section(space, workload, device, backend, trials, plots_dir, link_prefix) -
         f"- Environment: {env.gpu_name}, compute capability {env.compute_capability}, {env.sm_count} SMs, "
         f"driver {env.driver}, CUDA {env.cuda}, torch {env.torch}, triton {env.triton}, host `{env.host}`"
         + (f", copy bandwidth {env.copy_gbps:.0f} GB/s." if env.copy_gbps else "."),
-        f"- Target arch (feasibility): {target}. Kernel source hash `{study.kernel.source_hash}`; "
-        f"baseline `{base_key}`.",
+        f"- Target arch (feasibility): {target}. Kernel source hash {', '.join(f'`{h}`' for h in hashes)}"
+        + (" (the newest measured at each level)" if len(hashes) > 1 else "")
+        + f"; baseline `{base_key}`.",
         "- A trial is a **win** when the whole 95 % CI of its median ratio to the baseline lies below "
         "1 − noise band, a **regression** when it lies above 1 + band, else **flat**.",
         "- % copy BW: the fewest bytes a call must move (gathered KV rows, q, out, lse, indices) per µs of "
