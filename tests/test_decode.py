@@ -148,3 +148,33 @@ def test_config_none_uses_the_table_by_nearest_batch_key(tmp_path, monkeypatch):
     sparse_mla_decode(*bt.args(), kv_format="fp8_v32")
     # B = 3: nearest key 2; ceil(7 / 3) = 3 splits requested; 4 tiles dealt 2 per split -> 2 launched
     assert seen[0][1].TARGET_CTAS == 7 and seen[0][2] == (3, 2)
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["bit-trick", "native-cvt"])
+@pytest.mark.parametrize("fmt", ["fp8_model1", "fp8_v32"])
+@pytest.mark.parametrize("cfg", [ONE_SPLIT, MANY_SPLITS], ids=["1split", "splits"])
+def test_the_gpu_path_fp16_operands_match_the_reference(fmt, cfg, native, monkeypatch, nan_outputs):
+    """The GPU's code path (fp16 dot operands, bf16 partials), not the interpreter's fp32 one: the
+    interpreter multiplies fp16 dot operands correctly (only bf16 ones wrongly), so it can run it. Both
+    dequantizations: the bit assembly (pre-sm_89) and the native e4m3 conversion (sm_89+, sm_120)."""
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU the other tests already run this path compiled")
+    real_plan = decode._plan
+
+    def gpu_plan(*args, **kwargs):  # the launches a GPU gets: DOT_F32 off, NATIVE_FP8 as the arch has it
+        plan = real_plan(*args, **kwargs)
+        for launch in plan.launches:
+            if launch.name == "split":
+                launch.constexprs.update(DOT_F32=False, NATIVE_FP8=native)
+        return plan
+
+    bt = _batch(fmt, 3, 16, 100, "cpu", seed=1)
+    ref_out, ref_lse = sparse_mla_decode_ref(*bt.args(), **bt.kwargs())
+    _, rel_f32, _, _ = compare(*sparse_mla_decode(*bt.args(), **bt.kwargs(), config=cfg), ref_out, ref_lse)
+    monkeypatch.setattr(decode, "_plan", gpu_plan)
+    out, lse = sparse_mla_decode(*bt.args(), **bt.kwargs(), config=cfg)
+    ok, rel, _, reason = compare(out, lse, ref_out, ref_lse)
+    assert ok, reason
+    # fp16 operands round K, V, q and p to 2^-11: no worse than the fp32-operand path (which still
+    # rounds partials and output to bf16), up to noise
+    assert rel <= 1.25 * rel_f32 + 1e-3, (rel, rel_f32)
