@@ -29,10 +29,12 @@ from kernels.config import KernelConfig
 from kernels.workload import Workload
 from tuner.errors import TunerError
 
+NOT_MEASURED = "not measured"
+
 
 def _cell(t: TrialModel | None) -> str:
     if t is None:
-        return "not measured"
+        return NOT_MEASURED
     if t.verdict == Verdict.INFEASIBLE:
         return str(t.verdict)  # the reason is listed once, under "Infeasible"
     if t.verdict == Verdict.DUPLICATE and t.original is not None:  # the measurement that stands for it
@@ -290,13 +292,16 @@ def _levers(rows: list[_Row], by_c, levels, series: list[_Level]) -> list[str]:
         pv = (r.param, r.value)
         keys.setdefault(pv, r.key)
         wins[pv] |= any(cell.startswith(Effect.WIN) for cell in cells)
-        verdicts[pv] |= {cell.split(" ")[0].rstrip(":") for cell in cells}
-    dead, kept = [], []
+        verdicts[pv] |= {cell.split(" ")[0].rstrip(":") for cell in cells if cell != NOT_MEASURED}
+    dead, kept, unmeasured = [], [], []
     for pv, won in wins.items():
         if won:
             continue
         p, v = pv
         what = ", ".join(sorted(verdicts[pv]))
+        if not verdicts[pv]:  # a bounded search may not reach a lever: no evidence either way
+            unmeasured.append(f"- **{p} = {v}** (`{keys[pv]}` and its nearest variants)")
+            continue
         if not any(getattr(t, p) == v and t.verdict == Verdict.OK for ts in by_c.values() for t in ts.values()):
             dead.append(f"- **{p} = {v}** never runs: every measured config with {p} = {v} is {what}.")
         elif in_best.get(pv):
@@ -306,6 +311,8 @@ def _levers(rows: list[_Row], by_c, levels, series: list[_Level]) -> list[str]:
             dead.append(f"- **{p} = {v}** (`{keys[pv]}`) never wins and is in no best config: {what}.")
     out += ["", "### Dead ends", ""] + (dead or ["- none: every lever wins somewhere or is in a best config."])
     out += [""] + (["### Never a win alone, but part of a best config", ""] + kept + [""] if kept else [])
+    if unmeasured:
+        out += ["### Not measured at any level (neither a win nor a dead end)", ""] + unmeasured + [""]
     return out
 
 
