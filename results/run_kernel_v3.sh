@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Kernel v3 variants on one GPU, in one run: the current kernel with its exported tables (with FlashMLA
 # and torch.compile of the reference unless BASE_FLAGS says otherwise), then each variant -- a chain of
-# patches from docs/experiments/kernel_v3/ joined by '+' -- applied to a clean kernels/decode.py and
+# patches from docs/experiments/kernel_v3/ joined by '+' -- applied to kernels/decode.py as it was at the start and
 # timed with the same exported configs (config=None). Writes JSON and logs under $OUT.
 #   VARIANTS="a_bf16_partials a_bf16_partials+c_fp16_operands" bash results/run_kernel_v3.sh
 set -euo pipefail
@@ -9,11 +9,13 @@ OUT=${OUT:-results/out}
 mkdir -p "$OUT"
 C=${C:-1,8,48,64,80,96}
 SAMPLES=${SAMPLES:-7}
-VARIANTS=${VARIANTS:-"a_bf16_partials a_bf16_partials+b_bf16_dequant"}
+VARIANTS=${VARIANTS:-"d_fused_combine"}
+clean=$(mktemp)
+cp kernels/decode.py "$clean"  # each variant starts from the kernel as it is now
 python3 -m kernels.bench --configs table --concurrency "$C" --samples "$SAMPLES" ${BASE_FLAGS:-} \
   --out "$OUT/bench_base.json" > "$OUT/bench_base.log" 2>&1 || true
 for v in $VARIANTS; do
-  git checkout -q kernels/decode.py
+  cp "$clean" kernels/decode.py
   for p in ${v//+/ }; do git apply "docs/experiments/kernel_v3/$p.patch"; done
   python3 -m kernels.bench --configs table --concurrency "$C" --samples "$SAMPLES" --no-ref --no-flashmla \
     --out "$OUT/bench_${v//+/_}.json" > "$OUT/bench_${v//+/_}.log" 2>&1 || true
