@@ -77,8 +77,9 @@ def estimate_shared(config: KernelConfig, workload: Workload) -> int:
       dependent gather a pipeline distance of 1 whatever ``num_stages`` > 2 says, so stages 3 and 4
       cost next to nothing more): 512 e4m3 + 128 rope + 4 index bytes per token (fp8_model1), the
       rope, scales and index only (180 B, fp8_v32: the e4m3 bytes land in the byte tile above);
-    - the epilogue converts the ``[BLOCK_H, 512]`` fp32 accumulator through the same memory after
-      the loop, so the kernel needs the larger of loop and epilogue.
+    - the epilogue converts the ``[BLOCK_H, 512]`` output through the same memory after the loop, in
+      bf16 since kernel v3 (both the final output and the partials are bf16), so the kernel needs the
+      larger of loop and epilogue.
     """
     fmt = get_format(workload.kv_format)
     T, block_h = config.BLOCK_T, block_h_for(workload.heads)
@@ -87,7 +88,7 @@ def estimate_shared(config: KernelConfig, workload: Workload) -> int:
         loop = q_tile + T * 512 * 4 + (T * (512 + 128 + 4) if config.num_stages >= 2 else 0)
     else:
         loop = q_tile + T * 512 + (T * 180 if config.num_stages >= 2 else 0)
-    epilogue = block_h * 512 * 4
+    epilogue = block_h * 512 * 2
     return max(loop, epilogue)
 
 
