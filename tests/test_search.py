@@ -57,7 +57,7 @@ def test_smoke_search_fills_the_database(smoke_db):
         path,
         "SELECT COUNT(*) FROM tuner_samples s JOIN tuner_trials t ON s.trial_id = t.id WHERE t.verdict = 'infeasible'",
     ) == [(0,)]
-    # every ok trial has its raw samples (5 screening rounds) and a statistic; finalists got 8 more rounds
+    # every ok trial has its raw samples (5 screening rounds) and a statistic; finalists got 5 more rounds
     for (n,) in _rows(
         path,
         "SELECT COUNT(*) FROM tuner_samples s JOIN tuner_trials t ON s.trial_id = t.id "

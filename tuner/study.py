@@ -206,7 +206,7 @@ class StudyRun:
     def _describe_study(self) -> None:
         """Metric name and attributes, so the study reads on its own in Optuna's tools (optuna-dashboard)."""
         plan, info = self.plan, self.processes[0].info
-        self.study.set_metric_names(["median_us"])
+        _shared_write(lambda: self.study.set_metric_names(["median_us"]))
         attrs = {
             "objective": "median_us: the baseline's A/A median x the candidate's paired ratio (lower is better)",
             "space": plan.space.name,
@@ -219,7 +219,7 @@ class StudyRun:
             "kernel_hash": kernel_source_hash(),
         }
         for k, v in attrs.items():
-            self.study.set_user_attr(k, v)
+            _shared_write(lambda k=k, v=v: self.study.set_user_attr(k, v))
 
     def _enqueue_missing(self, done: set[str]) -> None:
         """Queue every config that is neither measured, nor queued, nor running (by any process or host)."""
@@ -464,7 +464,7 @@ class StudyRun:
             spread, multimodal, samples = c.spread, c.multimodal, c.samples
         self._set_reference(samples)
         band = stats.band(spread, min_effect)
-        self.study.set_user_attr("noise_band", band)
+        _shared_write(lambda: self.study.set_user_attr("noise_band", band))
         with self.store.session() as s:
             record.add_noise(s, self.study_id, host, gpu, band, samples)
             record.set_study_noise(s, self.study_id, band, spread, min_effect, multimodal, len(samples))
@@ -481,7 +481,7 @@ class StudyRun:
         with self.progress.lock:
             if self.reference_us is None:
                 ref = self.study.user_attrs.get("reference_us") or float(np.median([a for a, _ in samples]))
-                self.study.set_user_attr("reference_us", ref)
+                _shared_write(lambda: self.study.set_user_attr("reference_us", ref))
                 self.reference_us = ref
 
     def _duplicate_of(self, cfg: KernelConfig) -> tuple[str, int | None]:
@@ -606,6 +606,18 @@ def _add_samples(s, trial_id: int, phase: Phase, reply: MeasureReply, gpu_index:
         p,
     )
     return record.add_samples(s, trial_id, phase, reply.samples, reply.replays, gpu_index, summary)
+
+
+def _shared_write(write, attempts: int = 5) -> None:
+    """A study attribute that several processes (or hosts) may write at the same moment: Optuna inserts
+    it if missing, so two first writers can collide on the unique key; the loser retries (then updates)."""
+    for i in range(attempts):
+        try:
+            return write()
+        except optuna.exceptions.StorageInternalError:
+            if i == attempts - 1:
+                raise
+            time.sleep(0.05 * (i + 1))
 
 
 def _ok_attrs(screen, final=None) -> dict:
