@@ -393,10 +393,43 @@ def load_space(path: str | Path) -> SearchSpace:
     for req in ("name", "workloads", "concurrency", "parameters", "baseline"):
         if req not in doc:
             raise _err(path, req, f"is required: {TOP_KEYS[req]}")
-    name = _name(path, "name", doc["name"], strict=True)
+    name = _name(path, "name", doc["name"], strict=True)  # checked in the order the file reads
     target = _choice(path, "target", doc.get("target", "sm_120"), TARGETS)
+    workloads = _workloads(path, doc["workloads"])
+    concurrency = _concurrency(path, doc["concurrency"])
+    parameters = _parameters(path, doc["parameters"])
+    cons = doc.get("constraints") or []
+    if not isinstance(cons, list):
+        raise _err(path, "constraints", f"must be a list of expression strings, got {_show(cons)}")
+    compiled = [_constraint(path, f"constraints[{i}]", c) for i, c in enumerate(cons)]
+    baseline = _baseline(path, doc["baseline"], parameters)
+    measurement = _measurement(path, doc.get("measurement") or {})
+    sampler = _sampler(path, doc.get("sampler") or {})
+    spill = doc.get("max_spill_bytes")
+    if spill is not None:
+        _pos_int(path, "max_spill_bytes", spill, minimum=0)
+    space = SearchSpace(
+        name,
+        path,
+        text,
+        target,
+        workloads,
+        concurrency,
+        parameters,
+        cons,
+        baseline,
+        measurement,
+        sampler,
+        spill,
+        compiled,
+    )
+    if not space.satisfies(baseline):
+        raise _err(path, "baseline", f"violates the constraints {_show(cons, 200)}")
+    space.configs()  # every constraint evaluated on every config now: an arithmetic error is reported here
+    return space
 
-    wls = doc["workloads"]
+
+def _workloads(path: str, wls) -> list[WorkloadSpec]:
     if not isinstance(wls, list) or not wls:
         raise _err(path, "workloads", f"must be a non-empty list of workloads, got {_show(wls)}")
     workloads = []
@@ -418,23 +451,29 @@ def load_space(path: str | Path) -> SearchSpace:
         workloads.append(WorkloadSpec(wname, kv_format, **vals, **call))
     if len({w.name for w in workloads}) != len(workloads):
         raise _err(path, "workloads", "names must be unique")
+    return workloads
 
-    conc = doc["concurrency"]
+
+def _concurrency(path: str, conc) -> list[int]:
     if not isinstance(conc, list) or not conc:
         raise _err(path, "concurrency", f"must be a non-empty list of positive integers, got {_show(conc)}")
     concurrency = [_pos_int(path, f"concurrency[{i}]", c) for i, c in enumerate(conc)]
     if len(set(concurrency)) != len(concurrency):
         raise _err(path, "concurrency", f"has duplicates: {_show(concurrency)}")
+    return concurrency
 
-    _check_keys(path, "parameters", doc["parameters"], PARAM_NAMES)
-    required = [p.name for p in PARAMS if p.always_in_key]
-    missing = [p for p in required if p not in doc["parameters"]]
+
+REQUIRED_PARAMS = [p.name for p in PARAMS if p.always_in_key]  # the rest default (e.g. maxnreg 0)
+
+
+def _parameters(path: str, given) -> dict[str, list]:
+    """Each declared parameter's choices (a parameter the file omits keeps its default)."""
+    _check_keys(path, "parameters", given, PARAM_NAMES)
+    missing = [p for p in REQUIRED_PARAMS if p not in given]
     if missing:
-        raise _err(path, f"parameters.{missing[0]}", f"is required; every one of {required} must be given")
+        raise _err(path, f"parameters.{missing[0]}", f"is required; every one of {REQUIRED_PARAMS} must be given")
     choices = {
-        p.name: _distribution(path, f"parameters.{p.name}", doc["parameters"][p.name])
-        if p.name in doc["parameters"]
-        else [p.default]
+        p.name: _distribution(path, f"parameters.{p.name}", given[p.name]) if p.name in given else [p.default]
         for p in PARAMS
     }
     n_configs = math.prod(len(v) for v in choices.values())  # before anything is expanded
@@ -450,20 +489,18 @@ def load_space(path: str | Path) -> SearchSpace:
         for v in parameters[p.name]:
             if not p.valid(v):
                 raise _err(path, f"parameters.{p.name}", f"{p.name} must be {p.rule}, got {_show(v)}")
+    return parameters
 
-    cons = doc.get("constraints") or []
-    if not isinstance(cons, list):
-        raise _err(path, "constraints", f"must be a list of expression strings, got {_show(cons)}")
-    compiled = [_constraint(path, f"constraints[{i}]", c) for i, c in enumerate(cons)]
 
-    _check_keys(path, "baseline", doc["baseline"], PARAM_NAMES)
-    for p in required:
-        if p not in doc["baseline"]:
+def _baseline(path: str, given, parameters: dict[str, list]) -> KernelConfig:
+    _check_keys(path, "baseline", given, PARAM_NAMES)
+    for p in REQUIRED_PARAMS:
+        if p not in given:
             raise _err(path, f"baseline.{p}", "is required")
-    for p, v in doc["baseline"].items():
+    for p, v in given.items():
         _pos_int(path, f"baseline.{p}", v, minimum=0)
     try:
-        baseline = KernelConfig.from_dict(doc["baseline"])
+        baseline = KernelConfig.from_dict(given)
     except (ValueError, TypeError) as e:
         raise _err(path, "baseline", str(e)) from None
     for p in PARAM_NAMES:
@@ -473,8 +510,10 @@ def load_space(path: str | Path) -> SearchSpace:
                 f"baseline.{p}",
                 f"must be one of the space's choices {_show(parameters[p])}, got {getattr(baseline, p)}",
             )
+    return baseline
 
-    meas = doc.get("measurement") or {}
+
+def _measurement(path: str, meas) -> dict:
     _check_keys(path, "measurement", meas, (*MEASUREMENT_DEFAULTS, "min_effect"))
     measurement = {
         k: _pos_int(path, f"measurement.{k}", meas.get(k, d), maximum=MEASUREMENT_MAX[k])
@@ -487,35 +526,14 @@ def load_space(path: str | Path) -> SearchSpace:
         measurement["min_effect"] = float(v)
     if measurement["rounds"] < 3:
         raise _err(path, "measurement.rounds", f"must be >= 3 for a confidence interval, got {measurement['rounds']}")
+    return measurement
 
-    samp = doc.get("sampler") or {}
+
+def _sampler(path: str, samp) -> dict:
     _check_keys(path, "sampler", samp, SAMPLER_KEYS)
     sampler = {"name": samp.get("name", "grid"), "seed": samp.get("seed", 0), "n_trials": samp.get("n_trials")}
     _choice(path, "sampler.name", sampler["name"], SAMPLERS)
     _pos_int(path, "sampler.seed", sampler["seed"], minimum=0)
     if sampler["n_trials"] is not None:
         _pos_int(path, "sampler.n_trials", sampler["n_trials"])
-
-    spill = doc.get("max_spill_bytes")
-    if spill is not None:
-        _pos_int(path, "max_spill_bytes", spill, minimum=0)
-
-    space = SearchSpace(
-        name,
-        path,
-        text,
-        target,
-        workloads,
-        concurrency,
-        parameters,
-        cons,
-        baseline,
-        measurement,
-        sampler,
-        spill,
-        compiled,
-    )
-    if not space.satisfies(baseline):
-        raise _err(path, "baseline", f"violates the constraints {_show(cons, 200)}")
-    space.configs()  # every constraint evaluated on every config now: an arithmetic error is reported here
-    return space
+    return sampler
