@@ -103,18 +103,33 @@ class _Level:
 
 
 def _section(space, workload, device, backend, trials, plots_dir, link_prefix) -> list[str]:
-    env = trials[-1].environment
-    w = trials[-1].workload
-    study = trials[-1].study
-    hashes = sorted({t.study.kernel.source_hash for t in trials})
-    wl = Workload(w.kv_format, w.heads, w.topk, w.page_size, w.context)
     by_c: dict[int, dict[str, TrialModel]] = defaultdict(dict)
     for t in trials:
         by_c[t.concurrency][t.config_key] = t
     levels = sorted(by_c)
     base_key = next((t.config_key for t in trials if t.is_baseline), None)
-    target, arch = _target(study.space.text), _arch(env.compute_capability)
     out = [f"## {space} / {workload} on {device} ({backend})", ""]
+    out += _header(trials, device, backend, base_key)
+    table, series = _summary(trials[-1], by_c, levels)
+    out += table
+    rows = _lever_rows(by_c, levels, base_key)
+    out += _levers(rows, by_c, levels, series)
+    out += _infeasible(trials)
+    if plots_dir is not None and any(lv.best for lv in series):
+        stem = f"{space}_{workload}_{device}_{backend}".replace(" ", "_").replace("/", "_")
+        bands = {c: next(iter(by_c[c].values())).study.noise_band or 0.0 for c in levels}
+        out += _plots(Path(plots_dir), link_prefix, stem, f"{space}/{workload} on {device}", series, base_key)
+        if rows:
+            out += _heatmap(Path(plots_dir), link_prefix, stem, rows, by_c, levels, bands)
+    return out
+
+
+def _header(trials, device, backend, base_key) -> list[str]:
+    """What was measured, where, with which kernel, and how to read the verdicts."""
+    env, w, study = trials[-1].environment, trials[-1].workload, trials[-1].study
+    hashes = sorted({t.study.kernel.source_hash for t in trials})
+    target, arch = _target(study.space.text), _arch(env.compute_capability)
+    out = []
     if arch and arch != target:
         out += [
             f"> **Target {target}, measured on {arch}.** Feasibility (shared memory, registers) was checked "
@@ -144,7 +159,14 @@ def _section(space, workload, device, backend, trials, plots_dir, link_prefix) -
             "They test the pipeline, not the GPU.",
             "",
         ]
-    out += [
+    return out
+
+
+def _summary(last: TrialModel, by_c, levels) -> tuple[list[str], list[_Level]]:
+    """One row per concurrency: the best config, its numbers and the tally of verdicts; and the series."""
+    w, env = last.workload, last.environment
+    wl = Workload(w.kv_format, w.heads, w.topk, w.page_size, w.context)
+    out = [
         "| C | noise band | best | median µs | % copy BW | ratio vs baseline (95 % CI) | verdict | "
         + " | ".join(map(str, Verdict))
         + " |",
@@ -175,16 +197,7 @@ def _section(space, workload, device, backend, trials, plots_dir, link_prefix) -
             f"| {c} | ±{(band or 0) * 100:.2f} % | " + " | ".join(cells) + " | " + " | ".join(map(str, tally)) + " |"
         )
     out.append("")
-    rows = _lever_rows(by_c, levels, base_key)
-    out += _levers(rows, by_c, levels, series)
-    out += _infeasible(trials)
-    if plots_dir is not None and any(lv.best for lv in series):
-        stem = f"{space}_{workload}_{device}_{backend}".replace(" ", "_").replace("/", "_")
-        bands = {c: next(iter(by_c[c].values())).study.noise_band or 0.0 for c in levels}
-        out += _plots(Path(plots_dir), link_prefix, stem, f"{space}/{workload} on {device}", series, base_key)
-        if rows:
-            out += _heatmap(Path(plots_dir), link_prefix, stem, rows, by_c, levels, bands)
-    return out
+    return out, series
 
 
 @dataclass
