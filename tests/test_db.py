@@ -170,7 +170,7 @@ def test_four_searches_start_at_once_on_a_new_file(tmp_path):
     space.write_text(
         open("search_spaces/smoke.yaml")
         .read()
-        .replace("rounds: 5, finalists: 2, finalist_rounds: 5", "rounds: 3, finalists: 1, finalist_rounds: 3")
+        .replace("rounds: 4, finalists: 2, finalist_rounds: 5", "rounds: 3, finalists: 1, finalist_rounds: 3")
     )
     cmd = ([exe] if exe else [sys.executable, "-m", "tuner"]) + [
         "search",

@@ -57,13 +57,13 @@ def test_smoke_search_fills_the_database(smoke_db):
         path,
         "SELECT COUNT(*) FROM tuner_samples s JOIN tuner_trials t ON s.trial_id = t.id WHERE t.verdict = 'infeasible'",
     ) == [(0,)]
-    # every ok trial has its raw samples (5 screening rounds) and a statistic; finalists got 5 more rounds
+    # every ok trial has its raw samples (4 screening rounds) and a statistic; finalists got 5 more rounds
     for (n,) in _rows(
         path,
         "SELECT COUNT(*) FROM tuner_samples s JOIN tuner_trials t ON s.trial_id = t.id "
         "WHERE t.verdict = 'ok' AND s.phase = 'screen' GROUP BY t.id",
     ):
-        assert n == 5
+        assert n == 4
     # at least the top 2 of each study, plus every config that beat all told before it (see the Optuna test)
     (n_final,) = _rows(path, "SELECT COUNT(*) FROM tuner_statistics WHERE phase = 'finalist'")[0]
     (n_ok,) = _rows(path, "SELECT COUNT(*) FROM tuner_trials WHERE verdict = 'ok'")[0]
@@ -323,7 +323,7 @@ def test_show_compare_studies_in_every_format(smoke_db, fmt):
     if fmt == "json":
         info = json.loads(show.stdout)
         screen = [x for x in info["samples"] if x["phase"] == "screen"]
-        assert info["config_key"] == "T16-w4-s2-c4" and info["is_baseline"] and len(screen) == 5
+        assert info["config_key"] == "T16-w4-s2-c4" and info["is_baseline"] and len(screen) == 4
     cmp_ = tuner("compare", "T32-w4-s1-c4", "T16-w4-s2-c4", "--db", smoke_db["url"], "-f", fmt)
     assert cmp_.returncode == 0, cmp_.stderr
     if fmt == "json":

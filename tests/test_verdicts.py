@@ -172,8 +172,8 @@ def _picks(url):
 
 
 def test_replay_of_the_h200_database_reproduces_its_picks(tmp_path):
-    """Four of the 15 levels (smallest, largest and two between) keep the test short; each is a whole study."""
-    levels = (1, 16, 48, 96)
+    """The smallest and the largest of the 15 levels keep the test short; each is a whole study."""
+    levels = (1, 96)
     original = tmp_path / "h200.db"
     shutil.copy("results/h200.db", original)
     assert tuner("db", "upgrade", "--db", f"sqlite:///{original}").returncode == 0  # a no-op at head

@@ -7,14 +7,17 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine
 from sqlalchemy import text
 
 SMOKE = "search_spaces/smoke.yaml"
+_SMOKE_MEASUREMENT = "rounds: 4, finalists: 2, finalist_rounds: 5"
 CONFIGS = ["T16-w4-s1-c4", "T16-w4-s2-c4", "T32-w4-s1-c4", "T32-w4-s2-c4"]
 PG = os.environ.get("TUNER_TEST_PG")  # e.g. postgresql+psycopg://postgres:postgres@127.0.0.1/postgres
 
@@ -24,13 +27,8 @@ def _cmd(*args):
     return ([exe] if exe else [sys.executable, "-m", "tuner"]) + list(args)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request, tmp_path):
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'w.db'}"
-        return
-    if not PG:
-        pytest.skip("TUNER_TEST_PG is not set (CI starts a PostgreSQL server and sets it)")
+def _pg_database():
+    """A fresh PostgreSQL database on the test server, dropped afterwards (a generator: yields its URL)."""
     name = f"tuner_{uuid.uuid4().hex[:10]}"
     admin = create_engine(PG, isolation_level="AUTOCOMMIT")
     with admin.connect() as con:
@@ -38,6 +36,25 @@ def db_url(request, tmp_path):
     yield PG.rsplit("/", 1)[0] + "/" + name
     with admin.connect() as con:
         con.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path):
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'w.db'}"
+        return
+    if not PG:
+        pytest.skip("TUNER_TEST_PG is not set (CI starts a PostgreSQL server and sets it)")
+    yield from _pg_database()
+
+
+@pytest.fixture
+def shared_url(tmp_path):
+    """The database several workers share: PostgreSQL when the test run has one (as hosts would), else SQLite."""
+    if PG:
+        yield from _pg_database()
+    else:
+        yield f"sqlite:///{tmp_path / 'w.db'}"
 
 
 def _check_exactly_once(url, levels):
@@ -54,14 +71,14 @@ def _check_exactly_once(url, levels):
         return con.execute(text("SELECT DISTINCT gpu_index FROM tuner_samples")).scalars().all()
 
 
-def test_two_workers_share_each_study(db_url):
+def test_two_workers_share_each_study(shared_url):
     proc = subprocess.run(
-        _cmd("search", SMOKE, "--db", db_url, "-q", "--workers", "2"), capture_output=True, text=True, timeout=900
+        _cmd("search", SMOKE, "--db", shared_url, "-q", "--workers", "2"), capture_output=True, text=True, timeout=900
     )
     assert proc.returncode == 0, proc.stderr
-    gpus = _check_exactly_once(db_url, [1, 4])
+    gpus = _check_exactly_once(shared_url, [1, 4])
     assert sorted(gpus) == [0, 1]  # both workers measured, each sample says where
-    eng = create_engine(db_url)
+    eng = create_engine(shared_url)
     with eng.connect() as con:  # one A/A noise band per worker and study
         assert con.execute(text("SELECT COUNT(*) FROM tuner_noise")).scalar() == 4
 
@@ -110,7 +127,9 @@ def test_four_first_starts_on_a_new_postgresql_database(db_url):
     lock is tested in test_db.py): four `tuner search` started at once on an empty database all succeed."""
     if db_url.startswith("sqlite"):
         pytest.skip("the SQLite case is tests/test_db.py::test_four_searches_start_at_once_on_a_new_file")
-    args = ["search", "search_spaces/smoke.yaml", "--concurrency", "1", "--n-trials", "1", "-q", "--db", db_url]
+    space = Path(tempfile.mkdtemp()) / "cheap.yaml"  # what is tested is the start: the fewest rounds allowed
+    space.write_text(Path(SMOKE).read_text().replace(_SMOKE_MEASUREMENT, "rounds: 3, finalists: 1, finalist_rounds: 3"))
+    args = ["search", str(space), "--concurrency", "1", "--n-trials", "1", "-q", "--db", db_url]
     t0 = time.monotonic()
     procs = [
         subprocess.Popen(_cmd(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(4)
