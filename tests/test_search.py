@@ -266,7 +266,7 @@ def test_export_writes_the_table_the_kernel_reads(smoke_db, tmp_path):
     out = tmp_path / "configs"
     proc = tuner("export", "--db", smoke_db["url"], "--out", str(out))
     assert proc.returncode == 0, proc.stderr
-    name = "kv_format=fp8_model1,heads=16,topk=64,device_name=cpu-interpreter"
+    name = "kv_format=fp8_model1,heads=16,topk=32,device_name=cpu-interpreter"
     assert sorted(p.name for p in out.glob("*.json")) == [f"{name}.json", f"{name}.provenance.json"]
     table = json.loads((out / f"{name}.json").read_text())
     assert set(table) == {"1", "4"}
@@ -277,7 +277,7 @@ def test_export_writes_the_table_the_kernel_reads(smoke_db, tmp_path):
     assert {e["verdict"] for e in side["entries"].values()} == {"ok"}
     from kernels.table import lookup_config
 
-    cfg = lookup_config("cpu-interpreter", "fp8_model1", 16, 64, 3, config_dir=out)  # nearest key: 4
+    cfg = lookup_config("cpu-interpreter", "fp8_model1", 16, 32, 3, config_dir=out)  # nearest key: 4
     assert cfg.as_dict() == table["4"]
     assert _rows(smoke_db["path"], "SELECT COUNT(*) FROM tuner_exports")[0][0] >= 1
     triton_fmt = tuner("export", "--db", smoke_db["url"], "--format", "triton")

@@ -366,6 +366,7 @@ class StudyRun:
             self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             return
         key, original = self._duplicate_of(cfg) if self.plan.verdicts[cfg].feasible else (None, None)
+        # the heartbeat runs until Optuna is told: a finalist re-measurement can take longer than the grace
         beat = Heartbeat(self.storage, self._trial_id(trial)) if self._beats else None
         t0 = time.monotonic()
         try:
@@ -373,10 +374,19 @@ class StudyRun:
                 reply = MeasureReply(Verdict.DUPLICATE, f"launches exactly what trial {original} measured")
             else:
                 reply = self._measure(proc, cfg, trial.number, self.plan.space.measurement["rounds"], check=True)
+            recorded = self._record(proc, env_id, cfg, reply, band, trial.number, time.monotonic() - t0, key, original)
+            self._tell(proc, trial, cfg, reply, recorded, band)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # this host's beats stalled past the grace and another host failed and re-queued the trial;
+            # the tuner's tables hold the result, and the re-queued copy finds it recorded
+            self.ui.warn(f"{cfg}: Optuna trial {trial.number} was failed by another host while measured here")
         finally:
             if beat is not None:
                 beat.stop()
-        recorded = self._record(proc, env_id, cfg, reply, band, trial.number, time.monotonic() - t0, key, original)
+
+    def _tell(self, proc, trial: optuna.Trial, cfg: KernelConfig, reply: MeasureReply, recorded, band: float) -> None:
+        """What Optuna learns of a trial the tuner has recorded (or that another process recorded first)."""
+        pg = self.progress
         with pg.lock:
             pg.done.add(str(cfg))
             if recorded is False:  # another process or host recorded this config first
