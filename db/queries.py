@@ -98,6 +98,13 @@ def rank_key(t: TrialModel) -> tuple:
     return (0 if st.phase == Phase.FINALIST else 1, st.ratio)
 
 
+def newest_kernel(trials_: list[TrialModel]) -> list[TrialModel]:
+    """The trials of the newest kernel among ``trials_`` (kernel rows are created in the order kernels appear;
+    a kernel change makes older numbers history, not candidates)."""
+    newest = max((t.kernel_id for t in trials_), default=None)
+    return [t for t in trials_ if t.kernel_id == newest]
+
+
 def prior_picks(session: Session, kernel_id: int, concurrency: int, n: int = 5, **filters) -> list[str]:
     """The best ``n`` config keys (best first, by :func:`rank_key`) of the newest *other* kernel measured
     at this concurrency under ``filters`` (space, workload, device, backend). A search of a changed kernel
@@ -105,11 +112,8 @@ def prior_picks(session: Session, kernel_id: int, concurrency: int, n: int = 5, 
     ts = [
         t for t in trials(session, concurrency=concurrency, verdict=Verdict.OK, **filters) if t.kernel_id != kernel_id
     ]
-    if not ts:
-        return []
-    newest = max(t.kernel_id for t in ts)
     keys: list[str] = []
-    for t in sorted((t for t in ts if t.kernel_id == newest), key=rank_key):
+    for t in sorted(newest_kernel(ts), key=rank_key):
         if t.config_key not in keys:
             keys.append(t.config_key)
     return keys[:n]
@@ -153,8 +157,7 @@ def best(session: Session, concurrency: int, **filters) -> list[TrialModel]:
         groups.setdefault(key, []).append(t)
     out = []
     for ts in groups.values():
-        newest = max(t.kernel_id for t in ts)
-        b = best_of([t for t in ts if t.kernel_id == newest])
+        b = best_of(newest_kernel(ts))
         if b is not None:
             out.append(b)
     return out

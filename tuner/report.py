@@ -52,10 +52,10 @@ def _groups(s) -> dict[tuple, list[TrialModel]]:
     for t in queries.trials(s):
         out[(t.study.space.name, t.workload.name, t.environment.gpu_name, t.backend)].append(t)
     for key, ts in out.items():
-        newest = {}
+        by_c = defaultdict(list)
         for t in ts:
-            newest[t.concurrency] = max(newest.get(t.concurrency, t.kernel_id), t.kernel_id)
-        out[key] = [t for t in ts if t.kernel_id == newest[t.concurrency]]
+            by_c[t.concurrency].append(t)
+        out[key] = sorted((t for level in by_c.values() for t in queries.newest_kernel(level)), key=lambda t: t.id)
     return out
 
 
