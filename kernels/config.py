@@ -103,6 +103,17 @@ PARAMS: tuple[Param, ...] = (
         "register cap per thread of the split kernel (Triton's maxnreg); 0 lets ptxas take up to 255",
         always_in_key=False,
     ),
+    Param(
+        "PREFETCH",
+        "p",
+        0,
+        Role.META,
+        "0 or 1",
+        lambda v: _is_int(v) and v in (0, 1),
+        "1: the tile loop loads tile i+1's indices and KV bytes into registers before tile i's math "
+        "(Triton's pipeliner then leaves the loop alone, so num_stages changes nothing); 0: it does not",
+        always_in_key=False,
+    ),
 )
 PARAM_NAMES: tuple[str, ...] = tuple(p.name for p in PARAMS)
 BY_NAME: dict[str, Param] = {p.name: p for p in PARAMS}

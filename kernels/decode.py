@@ -40,6 +40,8 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
+from triton.language.extra.cuda import gdc_wait
 
 from kernels.config import DEFAULT_CONFIG
 from kernels.config import KernelConfig
@@ -82,30 +84,19 @@ def _dequant(b_u8, b_scale, NATIVE_FP8: tl.constexpr, DOT_F32: tl.constexpr):
 
 
 @triton.jit
-def _load_kv_tile(
-    KV8,
-    KV16,
-    KV32,
-    b_idx,
-    m_tok,
-    FORMAT: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    DOT_F32: tl.constexpr,
-    NATIVE_FP8: tl.constexpr,
-):
-    """Gather and dequantize ``BLOCK_T`` tokens. Returns (k [BLOCK_T, 512], k_rope [BLOCK_T, 64]).
+def _gather_kv_tile(KV8, KV16, KV32, b_idx, m_tok, FORMAT: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """Issue the loads of one tile: (e4m3 bytes, their scales as stored, the bf16 rope part).
 
-    fp8_model1: k is the whole 512-dim key (448 nope + 64 rope, which is also V); k_rope is unused.
-    fp8_v32:    k is the 512 nope dims (also V) and k_rope the 64 rope dims (keys only).
-    Masked-out tokens (``m_tok`` false) are never read and come back as zeros. Offsets are written
+    fp8_model1: bytes [T, 8, 64] (group 7 is not read), ue8m0 exponents [T, 8] (uint8), rope [T, 64],
+    which is dims 448..511 of the key and of V. fp8_v32: bytes [T, 4, 128], fp32 scales [T, 4],
+    rope [T, 64] (keys only). Masked-out tokens (``m_tok`` false) are never read. Offsets are written
     per view (bytes, bf16 or fp32 elements) from the token index so that Triton can prove their
-    alignment and vectorize the loads.
+    alignment and vectorize the loads. Nothing here waits for the data: the loop issues the next
+    tile's gather before it computes on this one.
     """
     b_idx = b_idx.to(tl.int64)
     o_rope = tl.arange(0, 64)
     if FORMAT == 0:
-        # [T, 8, 64]: groups 0..6 are e4m3 with a ue8m0 scale each, group 7 is the bf16 rope part
         o_g = tl.arange(0, 8)
         o_j = tl.arange(0, 64)
         b_page = b_idx // PAGE_SIZE
@@ -113,28 +104,52 @@ def _load_kv_tile(
         o_data = b_page * (PAGE_SIZE * 584) + b_tok * 576  # [T] bytes
         o_nope = o_data[:, None, None] + o_g[None, :, None] * 64 + o_j[None, None, :]
         m_nope = m_tok[:, None, None] & (o_g[None, :, None] < 7)
-        b_q8 = tl.load(KV8 + o_nope, mask=m_nope, other=0)  # [T, 8, 64]
+        b_q8 = tl.load(KV8 + o_nope, mask=m_nope, other=0)
         o_scale = b_page * (PAGE_SIZE * 584) + PAGE_SIZE * 576 + b_tok * 8
         m_scale = m_tok[:, None] & (o_g[None, :] < 7)
-        b_e8 = tl.load(KV8 + o_scale[:, None] + o_g[None, :], mask=m_scale, other=127).to(tl.uint32)  # [T, 8]
-        b_scale = (b_e8 << 23).to(tl.float32, bitcast=True)  # 2^(e - 127) exactly
+        b_sc = tl.load(KV8 + o_scale[:, None] + o_g[None, :], mask=m_scale, other=127)
         o_rope16 = b_page * (PAGE_SIZE * 292) + b_tok * 288 + 224  # bf16 elements
         b_rope = tl.load(KV16 + o_rope16[:, None] + o_rope[None, :], mask=m_tok[:, None], other=0.0)
+    else:
+        o_g = tl.arange(0, 4)
+        o_j = tl.arange(0, 128)
+        o_nope = b_idx[:, None, None] * 656 + o_g[None, :, None] * 128 + o_j[None, None, :]
+        b_q8 = tl.load(KV8 + o_nope, mask=m_tok[:, None, None], other=0)
+        b_sc = tl.load(KV32 + (b_idx * 164 + 128)[:, None] + o_g[None, :], mask=m_tok[:, None], other=0.0)
+        b_rope = tl.load(KV16 + (b_idx * 328 + 264)[:, None] + o_rope[None, :], mask=m_tok[:, None], other=0.0)
+    return b_q8, b_sc, b_rope
+
+
+@triton.jit
+def _dequant_kv_tile(
+    b_q8, b_sc, b_rope, FORMAT: tl.constexpr, BLOCK_T: tl.constexpr, DOT_F32: tl.constexpr, NATIVE_FP8: tl.constexpr
+):
+    """One gathered tile as the dots' operands: (k [BLOCK_T, 512], k_rope [BLOCK_T, 64]).
+
+    fp8_model1: k is the whole 512-dim key (448 nope + 64 rope, which is also V); k_rope is unused.
+    fp8_v32:    k is the 512 nope dims (also V) and k_rope the 64 rope dims (keys only).
+    """
+    if FORMAT == 0:
+        o_g = tl.arange(0, 8)
+        b_scale = (b_sc.to(tl.uint32) << 23).to(tl.float32, bitcast=True)  # 2^(e - 127) exactly
         b_nope = _dequant(b_q8, b_scale[:, :, None], NATIVE_FP8, DOT_F32)
         b_k3 = tl.where((o_g == 7)[None, :, None], b_rope.to(b_nope.dtype)[:, None, :], b_nope)
         b_k = tl.reshape(b_k3, (BLOCK_T, 512))
         b_kr = tl.zeros((BLOCK_T, 64), dtype=b_k.dtype)
     else:
-        o_g = tl.arange(0, 4)
-        o_j = tl.arange(0, 128)
-        o_nope = b_idx[:, None, None] * 656 + o_g[None, :, None] * 128 + o_j[None, None, :]
-        b_q8 = tl.load(KV8 + o_nope, mask=m_tok[:, None, None], other=0)  # [T, 4, 128]
-        b_scale = tl.load(KV32 + (b_idx * 164 + 128)[:, None] + o_g[None, :], mask=m_tok[:, None], other=0.0)
-        b_k3 = _dequant(b_q8, b_scale[:, :, None], NATIVE_FP8, DOT_F32)
+        b_k3 = _dequant(b_q8, b_sc[:, :, None], NATIVE_FP8, DOT_F32)
         b_k = tl.reshape(b_k3, (BLOCK_T, 512))
-        b_kr = tl.load(KV16 + (b_idx * 328 + 264)[:, None] + o_rope[None, :], mask=m_tok[:, None], other=0.0)
-        b_kr = b_kr.to(b_k.dtype)
+        b_kr = b_rope.to(b_k.dtype)
     return b_k, b_kr
+
+
+@triton.jit
+def _tile_indices(p_idx, t_first, t_end, num_tokens, BLOCK_T: tl.constexpr):
+    """Token indices of the tile starting at ``t_first`` and their mask (out of range: index 0, masked)."""
+    o_t = t_first + tl.arange(0, BLOCK_T)
+    b_idx = tl.load(p_idx + o_t, mask=o_t < t_end, other=-1)
+    m_tok = (b_idx >= 0) & (b_idx < num_tokens)
+    return tl.where(m_tok, b_idx, 0), m_tok
 
 
 # Integer arguments are not value-specialized (==1, %16): one compile per config and format serves
@@ -168,12 +183,17 @@ def _split_kernel(
     PAGE_SIZE: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    PREFETCH: tl.constexpr,
     HAS_TOPK_LEN: tl.constexpr,
     HAS_SINK: tl.constexpr,
     WRITE_FINAL: tl.constexpr,
     DOT_F32: tl.constexpr,
     NATIVE_FP8: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # programmatic dependent launch: wait for the kernel before, then let the next one start
+        gdc_wait()
+        gdc_launch_dependents()
     i_bh = tl.program_id(0).to(tl.int64)
     i_s = tl.program_id(1).to(tl.int64)
     head_blocks: tl.constexpr = (H + BLOCK_H - 1) // BLOCK_H
@@ -200,12 +220,21 @@ def _split_kernel(
     b_l = tl.zeros((BLOCK_H,), dtype=tl.float32)
     b_acc = tl.zeros((BLOCK_H, 512), dtype=tl.float32)
     p_idx = Idx + i_r * topk
+    if PREFETCH:
+        # Register prefetch: tile i+1's indices and KV bytes are loaded before tile i's math, so the two
+        # dependent global latencies (index, then KV) overlap the dots. A tile past t_end is fully masked.
+        b_idx, m_next = _tile_indices(p_idx, t_begin, t_end, num_tokens, BLOCK_T)
+        r_q8, r_sc, r_rope = _gather_kv_tile(KV8, KV16, KV32, b_idx, m_next, FORMAT, PAGE_SIZE)
     for i_t in range(0, n_tiles):
-        o_t = t_begin + i_t * BLOCK_T + tl.arange(0, BLOCK_T)
-        b_idx = tl.load(p_idx + o_t, mask=o_t < t_end, other=-1)  # [BLOCK_T]
-        m_tok = (b_idx >= 0) & (b_idx < num_tokens)
-        b_idx = tl.where(m_tok, b_idx, 0)
-        b_k, b_kr = _load_kv_tile(KV8, KV16, KV32, b_idx, m_tok, FORMAT, PAGE_SIZE, BLOCK_T, DOT_F32, NATIVE_FP8)
+        if PREFETCH:
+            m_tok = m_next
+            c_q8, c_sc, c_rope = r_q8, r_sc, r_rope
+            b_idx, m_next = _tile_indices(p_idx, t_begin + (i_t + 1) * BLOCK_T, t_end, num_tokens, BLOCK_T)
+            r_q8, r_sc, r_rope = _gather_kv_tile(KV8, KV16, KV32, b_idx, m_next, FORMAT, PAGE_SIZE)
+        else:
+            b_idx, m_tok = _tile_indices(p_idx, t_begin + i_t * BLOCK_T, t_end, num_tokens, BLOCK_T)
+            c_q8, c_sc, c_rope = _gather_kv_tile(KV8, KV16, KV32, b_idx, m_tok, FORMAT, PAGE_SIZE)
+        b_k, b_kr = _dequant_kv_tile(c_q8, c_sc, c_rope, FORMAT, BLOCK_T, DOT_F32, NATIVE_FP8)
         # q is re-read every tile (an L1 hit) on purpose: kept live across the loop as an mma operand
         # it costs every warp 16 x 576 x 2 / 32 = 576 B of registers and halves occupancy.
         b_q = tl.load(p_q + o_d[None, :], mask=m_h[:, None], other=0.0).to(b_k.dtype)  # [BLOCK_H, 512]
@@ -253,8 +282,12 @@ def _combine_kernel(
     H: tl.constexpr,
     BLOCK_S: tl.constexpr,
     HAS_SINK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """out = sum_s exp(lse_s - lse) * o_s, lse = logsumexp_s(lse_s), then the sink; empty rows: out 0, lse +inf."""
+    if USE_PDL:  # launched while the split kernel still runs: wait for its partials
+        gdc_wait()
+        gdc_launch_dependents()
     i_rh = tl.program_id(0).to(tl.int64)
     i_r = i_rh // H
     i_h = i_rh % H
@@ -346,6 +379,11 @@ def native_fp8(device: torch.device) -> bool:
     return device.type == "cuda" and not INTERPRET and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
+def use_pdl(device: torch.device) -> bool:
+    """Programmatic dependent launch (sm_90+): each kernel's launch overlaps the tail of the one before."""
+    return device.type == "cuda" and not INTERPRET and torch.cuda.get_device_capability(device) >= (9, 0)
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -380,6 +418,7 @@ def _plan(
     sm_scale: float,
     *,
     native: bool,
+    pdl: bool,
 ) -> _Plan:
     """Allocate the outputs and workspace and describe every launch of one call (nothing runs here).
 
@@ -451,8 +490,9 @@ def _plan(
                     "WRITE_FINAL": write_final,
                     "DOT_F32": INTERPRET,
                     "NATIVE_FP8": native,
+                    "USE_PDL": pdl,
                 },
-                config.options(),
+                {**config.options(), **({"launch_pdl": True} if pdl else {})},
             )
         )
         split_base += num_splits
@@ -471,8 +511,13 @@ def _plan(
                     "num_splits": total_splits,
                     "q_tokens": s_q,
                 },
-                {"H": H, "BLOCK_S": triton.next_power_of_2(total_splits), "HAS_SINK": attn_sink is not None},
-                {"num_warps": 4},
+                {
+                    "H": H,
+                    "BLOCK_S": triton.next_power_of_2(total_splits),
+                    "HAS_SINK": attn_sink is not None,
+                    "USE_PDL": pdl,
+                },
+                {"num_warps": 4, **({"launch_pdl": True} if pdl else {})},
             )
         )
     workspace = () if write_final else (o_part, l_part)
@@ -560,7 +605,7 @@ def sparse_mla_decode(
         caches = [_Cache(kv_cache, indices, topk_length, fmt)]
         if extra is not None:
             caches.append(_Cache(extra_kv_cache, extra_indices, extra_topk_length, extra[3]))
-        plan = _plan(q, caches, attn_sink, config, sm_scale, native=native_fp8(q.device))
+        plan = _plan(q, caches, attn_sink, config, sm_scale, native=native_fp8(q.device), pdl=use_pdl(q.device))
         if POISON_OUTPUTS:
             for t in (plan.out, plan.lse, *plan.workspace):
                 t.fill_(float("nan"))
@@ -667,7 +712,7 @@ def compile_spec(
         if extra is not None:
             caches.append(_meta_cache(extra, b, q_tokens, extra_topk_length))
         sink = torch.empty(workload.heads, dtype=torch.float32, device="meta") if attn_sink else None
-        for launch in _plan(q, caches, sink, cfg, fmt.d_qk**-0.5, native=cc >= 89).launches:
+        for launch in _plan(q, caches, sink, cfg, fmt.d_qk**-0.5, native=cc >= 89, pdl=cc >= 90).launches:
             sig, const, attrs = _specialize(launch)
             spec = CompileSpec(launch.name, launch.kernel, sig, const, attrs, dict(launch.options))
             specs.setdefault(spec.key(), spec)

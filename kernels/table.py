@@ -15,9 +15,10 @@ hash, Triton version, median and CI, verdict); it is optional.
 Where: the folder named by ``$SPARSE_MLA_CONFIG_DIR`` first, then the package's ``kernels/configs/``.
 The first folder that holds the file decides; a broken file there is not skipped for the next one.
 
-Which entry: the nearest batch key, as vLLM does (``min(keys, key=lambda k: abs(k - B))``). A tie
-goes to the larger key: an engine running B requests replays the CUDA graph captured for the next
-larger size, so the larger key describes the launch that actually runs.
+Which entry: the nearest batch key, as vLLM does (``min(keys, key=lambda k: abs(k - B))`` over the
+file's keys, which the export writes in ascending order). A tie goes to the smaller key, as ``min``
+keeps the first: an engine reading the same file picks the same entry. (Under CUDA graphs a tie
+does not arise: the engine pads B to a captured size, and the tables have a key per captured size.)
 
 Failures never raise: a missing table, or a file that is not valid (not JSON, not a mapping of
 positive-integer strings to parameter mappings, a parameter unknown, missing or out of its rule, a
@@ -71,8 +72,8 @@ def sidecar_path(table_path: Path) -> Path:
 
 
 def nearest_key(keys, batch: int) -> int:
-    """The nearest batch key; a tie goes to the larger key (the CUDA graph of the next size runs)."""
-    return min(keys, key=lambda k: (abs(k - batch), -k))
+    """The nearest batch key; a tie goes to the smaller key, as an engine's ``min`` over the ascending keys."""
+    return min(sorted(keys), key=lambda k: abs(k - batch))
 
 
 def search_dirs(config_dir: Path | None = None) -> list[Path]:

@@ -51,7 +51,9 @@ def test_roles_decide_compile_key_options_and_triton_config():
     assert cfg.compile_key() == cfg.replace(TARGET_CTAS=1).compile_key()  # the grid is not the binary
     assert cfg.compile_key() != cfg.replace(maxnreg=128).compile_key()
     kw = cfg.triton_config_kwargs()
-    assert kw == {"kwargs": {"BLOCK_T": 32}, "num_warps": 8, "num_stages": 3}  # maxnreg 0 = no option
+    assert kw == {"kwargs": {"BLOCK_T": 32, "PREFETCH": 0}, "num_warps": 8, "num_stages": 3}  # maxnreg 0: no option
+    assert cfg.compile_key() != cfg.replace(PREFETCH=1).compile_key()
+    assert str(cfg.replace(PREFETCH=1)) == "T32-w8-s3-c512-p1"  # printed only when set: old keys still parse
     assert cfg.replace(maxnreg=128).options()["maxnreg"] == 128
     assert str(cfg) == "T32-w8-s3-c512" and str(cfg.replace(maxnreg=128)) == "T32-w8-s3-c512-r128"
     assert cfg.compile_label() == "T32-w8-s3"
@@ -91,7 +93,12 @@ TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.uint8: "*u8", to
 
 @pytest.mark.parametrize(
     "key, fmt, batch",
-    [("T16-w4-s2-c256", "fp8_model1", 3), ("T32-w8-s1-c1", "fp8_v32", 2), ("T16-w4-s1-c2", "fp8_model1", 1)],
+    [
+        ("T16-w4-s2-c256", "fp8_model1", 3),
+        ("T32-w8-s1-c1", "fp8_v32", 2),
+        ("T16-w4-s1-c2", "fp8_model1", 1),
+        ("T16-w4-s1-c2-p1", "fp8_v32", 1),
+    ],
 )
 def test_compile_spec_matches_what_the_launcher_runs(key, fmt, batch, monkeypatch):
     wl = Workload(fmt, 16, 64, 64, 128)
@@ -122,7 +129,8 @@ def test_compile_spec_matches_what_the_launcher_runs(key, fmt, batch, monkeypatc
     specs = json.loads(proc.stdout)
     assert [s["name"] for s in specs] == [name for name, _ in seen]
     for spec, (_, kw) in zip(specs, seen, strict=True):
-        arch_only = {"DOT_F32", "NATIVE_FP8"}  # the interpreter's fp32 dots; sm_120's fp8 conversion
+        # the interpreter's fp32 dots; sm_120's fp8 conversion; programmatic dependent launch (sm_90+)
+        arch_only = {"DOT_F32", "NATIVE_FP8", "USE_PDL"}
         launched_const = {k: v for k, v in kw.items() if spec["signature"].get(k) == "constexpr" and k not in arch_only}
         assert launched_const == {k: v for k, v in spec["constexprs"].items() if k not in arch_only}
         for name, ty in spec["signature"].items():
@@ -131,7 +139,41 @@ def test_compile_spec_matches_what_the_launcher_runs(key, fmt, batch, monkeypatc
                 assert ty == TYPES[v.dtype], name
         launched_options = {k: kw[k] for k in ("num_warps", "num_stages", "maxnreg") if k in kw}
         assert launched_options in ({}, spec["options"])  # the interpreter launch drops compile options
-    assert specs[0]["options"] == cfg.options()
+    assert specs[0]["options"] == {**cfg.options(), "launch_pdl": True}  # sm_120 launches with PDL
+
+
+PDL_PROGRAM = """
+import json, sys, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernels.config import KernelConfig
+from kernels.decode import compile_spec
+from kernels.workload import Workload
+out = []
+for cc in (120, 80):
+    for s in compile_spec(KernelConfig(16, 4, 1, 256), Workload("fp8_v32", 16, 64, 64, 128), cc, 2):
+        k = triton.compile(ASTSource(s.kernel, s.signature, s.constexprs, s.attrs),
+                           target=GPUTarget("cuda", cc, 32), options=s.options)
+        out.append([cc, s.name, bool(k.metadata.launch_pdl), "griddepcontrol.wait" in k.asm["ptx"]])
+print(json.dumps(out))
+"""
+
+
+def test_kernels_launch_with_pdl_where_the_arch_has_it():
+    """sm_90+ (sm_120 included): both kernels are launched with programmatic dependent launch and wait
+    for the kernel before them (griddepcontrol.wait) before reading anything; older archs get neither."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", PDL_PROGRAM], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr
+    got = {(cc, name): (pdl, wait) for cc, name, pdl, wait in json.loads(proc.stdout)}
+    assert got == {
+        (120, "split"): (True, True),
+        (120, "combine"): (True, True),
+        (80, "split"): (False, False),
+        (80, "combine"): (False, False),
+    }
 
 
 # --- messages ------------------------------------------------------------------------------------------

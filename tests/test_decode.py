@@ -16,6 +16,9 @@ from kernels.table import table_name
 
 ONE_SPLIT = KernelConfig(BLOCK_T=16, num_warps=4, num_stages=2, TARGET_CTAS=1)
 MANY_SPLITS = KernelConfig(BLOCK_T=16, num_warps=4, num_stages=2, TARGET_CTAS=64)
+# register prefetch, with splits of several tiles and an uneven last split (the prefetch past a split's
+# end must be fully masked): topk 100 at BLOCK_T 16 is 7 tiles, in 4 splits at B=1 and 2 at B=3
+PREFETCH_SPLITS = KernelConfig(BLOCK_T=16, num_warps=4, num_stages=1, TARGET_CTAS=4, PREFETCH=1)
 
 CASES = [
     pytest.param(fmt, B, H, topk, cfg, id=f"{fmt}-B{B}-H{H}-topk{topk}-{name}")
@@ -23,7 +26,7 @@ CASES = [
     for B in (1, 3)
     for H in (16, 32)
     for topk in (64, 100)
-    for name, cfg in (("1split", ONE_SPLIT), ("splits", MANY_SPLITS))
+    for name, cfg in (("1split", ONE_SPLIT), ("splits", MANY_SPLITS), ("prefetch", PREFETCH_SPLITS))
 ]
 
 
@@ -135,7 +138,7 @@ def test_config_none_uses_the_table_by_nearest_batch_key(tmp_path, monkeypatch):
     look = lambda b: lookup_config("cpu-interpreter", "fp8_v32", 16, 64, b, config_dir=tmp_path)  # noqa: E731
     assert look(1).TARGET_CTAS == 7  # below every key: the smallest
     assert look(3).TARGET_CTAS == 7 and look(6).TARGET_CTAS == 9
-    assert look(5).TARGET_CTAS == 9  # a tie goes to the larger key
+    assert look(5).TARGET_CTAS == 7  # a tie goes to the smaller key, as an engine's min() over the file's keys
     assert look(8).TARGET_CTAS == 9 and look(100).TARGET_CTAS == 9
     with pytest.warns(kt.TableWarning, match="no autotune table"):
         assert lookup_config("cpu-interpreter", "fp8_model1", 16, 64, 4, config_dir=tmp_path) == kc.DEFAULT_CONFIG
@@ -152,7 +155,11 @@ def test_config_none_uses_the_table_by_nearest_batch_key(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("native", [False, True], ids=["bit-trick", "native-cvt"])
 @pytest.mark.parametrize("fmt", ["fp8_model1", "fp8_v32"])
-@pytest.mark.parametrize("cfg", [ONE_SPLIT, MANY_SPLITS], ids=["1split", "splits"])
+@pytest.mark.parametrize(
+    "cfg",
+    [ONE_SPLIT, MANY_SPLITS, PREFETCH_SPLITS, ONE_SPLIT.replace(PREFETCH=1)],
+    ids=["1split", "splits", "prefetch", "1split-prefetch"],
+)
 def test_the_gpu_path_fp16_operands_match_the_reference(fmt, cfg, native, monkeypatch, nan_outputs):
     """The GPU's code path (fp16 dot operands, bf16 partials), not the interpreter's fp32 one: the
     interpreter multiplies fp16 dot operands correctly (only bf16 ones wrongly), so it can run it. Both

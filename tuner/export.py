@@ -126,7 +126,7 @@ def export_tables(
                 "backend": _one({t.backend for t in by_c.values()}),
                 "date": date,
                 "source": source,
-                "lookup": "nearest batch key; a tie goes to the larger key",
+                "lookup": "nearest batch key; a tie goes to the smaller key",
                 "entries": {str(c): _provenance_entry(t) for c, t in by_c.items()},
             }
             text = json.dumps(table, indent=1) + "\n"

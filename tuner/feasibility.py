@@ -77,6 +77,9 @@ def estimate_shared(config: KernelConfig, workload: Workload) -> int:
       dependent gather a pipeline distance of 1 whatever ``num_stages`` > 2 says, so stages 3 and 4
       cost next to nothing more): 512 e4m3 + 128 rope + 4 index bytes per token (fp8_model1), the
       rope, scales and index only (180 B, fp8_v32: the e4m3 bytes land in the byte tile above);
+    - ``PREFETCH=1`` instead: the pipeliner leaves the loop alone, and the dequantized fp16 key tile
+      is what changes layout: ``1024 * BLOCK_T`` plus the scales as fp32 (32 B per token,
+      fp8_model1) or the fp16 rope part (128 B per token, fp8_v32), whatever ``num_stages`` says;
     - the epilogue converts the ``[BLOCK_H, 512]`` output through the same memory after the loop, in
       bf16 since kernel v3 (both the final output and the partials are bf16), so the kernel needs the
       larger of loop and epilogue.
@@ -84,7 +87,9 @@ def estimate_shared(config: KernelConfig, workload: Workload) -> int:
     fmt = get_format(workload.kv_format)
     T, block_h = config.BLOCK_T, block_h_for(workload.heads)
     q_tile = block_h * fmt.d_qk * 2
-    if fmt.name == "fp8_model1":
+    if config.PREFETCH:
+        loop = q_tile + T * (1024 + (32 if fmt.name == "fp8_model1" else 128))
+    elif fmt.name == "fp8_model1":
         loop = q_tile + T * 512 * 4 + (T * (512 + 128 + 4) if config.num_stages >= 2 else 0)
     else:
         loop = q_tile + T * 512 + (T * 180 if config.num_stages >= 2 else 0)

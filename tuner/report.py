@@ -444,8 +444,7 @@ def _heatmap(plots_dir: Path, prefix, stem, rows: list[_Row], by_c, levels, band
         inside = np.abs(ratio[:, j] - 1) <= bands[c]
         shown[inside, j] = 0.0
     lim = max(float(np.nanmax(np.abs(shown))) if np.isfinite(shown).any() else 0.0, 0.05)
-    cmap = plt.get_cmap("RdBu_r").copy()
-    cmap.set_bad("0.85")
+    cmap = plt.get_cmap("RdBu_r").with_extremes(bad="0.85")
     fig, ax = plt.subplots(figsize=(1.6 + 1.0 * len(levels) + 2.2, 1.0 + 0.38 * len(rows)))
     im = ax.imshow(
         np.ma.masked_invalid(shown), cmap=cmap, norm=TwoSlopeNorm(0.0, -lim, lim), aspect="auto", interpolation="none"
