@@ -12,6 +12,7 @@ import contextlib
 import os
 import re
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.exc import NoSuchModuleError
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm import sessionmaker
@@ -195,7 +197,7 @@ class Store:
                     "use a synchronous one such as postgresql+psycopg://"
                 )
             self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-            self._prepare_schema(upgrade, create)
+            self._prepare_schema_retrying(upgrade, create)
         except (ModuleNotFoundError, NoSuchModuleError) as e:
             raise _missing_driver(self.url, e) from None
         except SQLAlchemyError as e:
@@ -238,6 +240,26 @@ class Store:
             cfg = alembic_config(self.url)
             cfg.attributes["connection"] = con
             command.upgrade(cfg, "head")
+
+    def _prepare_schema_retrying(self, upgrade: bool, create: bool, patience_s: float = 120.0) -> None:
+        """:meth:`_prepare_schema`, again while SQLite answers "database is locked" (up to ``patience_s``).
+
+        The busy timeout covers ordinary waits, but SQLite returns that error without waiting in some
+        WAL cases (another process switching a new file to WAL, or closing the last connection and
+        checkpointing, while this one opens it). Four searches started at once on a new file under
+        load met it. Every step is a check followed by an idempotent, locked creation, so a retry is safe.
+        """
+        deadline, pause = time.monotonic() + patience_s, 0.05
+        while True:
+            try:
+                return self._prepare_schema(upgrade, create)
+            except OperationalError as e:
+                locked = self.engine.dialect.name == "sqlite" and "database is locked" in str(e.orig)
+                if not locked or time.monotonic() + pause > deadline:
+                    raise
+            self.engine.dispose()  # fresh connections: a connection that saw the lock may keep a stale view
+            time.sleep(pause)
+            pause = min(2 * pause, 2.0)
 
     def _check_revision(self, current, head, script, upgrade: bool, create: bool) -> None:
         if current is None:

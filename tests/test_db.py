@@ -212,3 +212,32 @@ def test_fixture_of_schema_0004_upgrades_to_the_declared_parameters(tmp_path):
         trials = s.scalars(select(TrialModel)).all()
         assert trials and all(t.maxnreg == 0 and t.PREFETCH == 0 and t.duplicate_of is None for t in trials)
         assert {str(t.config()) for t in trials} == {t.config_key for t in trials}  # old keys parse unchanged
+
+
+def test_opening_retries_while_sqlite_says_locked_without_waiting(tmp_path, monkeypatch):
+    """SQLite can answer "database is locked" without honouring the busy timeout (WAL switches and
+    checkpoints of other starters); opening retries that, and only that."""
+    from sqlalchemy.exc import OperationalError
+
+    real = Store._prepare_schema
+    calls = []
+
+    def flaky(self, upgrade, create):
+        calls.append(1)
+        if len(calls) < 3:
+            raise OperationalError("PRAGMA journal_mode=WAL", {}, sqlite3.OperationalError("database is locked"))
+        return real(self, upgrade, create)
+
+    monkeypatch.setattr(Store, "_prepare_schema", flaky)
+    store = Store(f"sqlite:///{tmp_path / 'new.db'}")
+    assert len(calls) == 3 and store.revision() == head_revision()
+
+    def broken(self, upgrade, create):
+        calls.append(1)
+        raise OperationalError("SELECT 1", {}, sqlite3.OperationalError("disk I/O error"))
+
+    monkeypatch.setattr(Store, "_prepare_schema", broken)
+    calls.clear()
+    with pytest.raises(DatabaseError, match="disk I/O error"):
+        Store(f"sqlite:///{tmp_path / 'other.db'}")
+    assert len(calls) == 1  # any other error is reported at once, as one sentence
