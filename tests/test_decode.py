@@ -27,6 +27,7 @@ CASES = [
     for H in (16, 32)
     for topk in (64, 100)
     for name, cfg in (("1split", ONE_SPLIT), ("splits", MANY_SPLITS), ("prefetch", PREFETCH_SPLITS))
+    if name != "prefetch" or (H, topk) == (16, 100)  # the prefetch's loop is the same at every head count
 ]
 
 
@@ -157,8 +158,8 @@ def test_config_none_uses_the_table_by_nearest_batch_key(tmp_path, monkeypatch):
 @pytest.mark.parametrize("fmt", ["fp8_model1", "fp8_v32"])
 @pytest.mark.parametrize(
     "cfg",
-    [ONE_SPLIT, MANY_SPLITS, PREFETCH_SPLITS, ONE_SPLIT.replace(PREFETCH=1)],
-    ids=["1split", "splits", "prefetch", "1split-prefetch"],
+    [ONE_SPLIT, MANY_SPLITS, PREFETCH_SPLITS],
+    ids=["1split", "splits", "prefetch"],
 )
 def test_the_gpu_path_fp16_operands_match_the_reference(fmt, cfg, native, monkeypatch, nan_outputs):
     """The GPU's code path (fp16 dot operands, bf16 partials), not the interpreter's fp32 one: the
