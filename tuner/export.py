@@ -27,6 +27,8 @@ from db.models import TrialModel
 from db.store import Store
 from db.store import redact_url
 from db.verdicts import Verdict
+from kernels.config import PARAMS
+from kernels.config import Role
 from kernels.table import CONFIG_DIR
 from kernels.table import sidecar_path
 from kernels.table import table_name
@@ -190,14 +192,17 @@ def triton_module(store: Store, backend: str | None = None) -> str:
                 "# batch -> TARGET_CTAS, read by the launcher (grid size), not a kernel argument",
                 f"TARGET_CTAS_{name} = { ({c: t.TARGET_CTAS for c, t in by_c.items()})!r}",
             ]
+    meta = ", ".join(p.name for p in PARAMS if p.role is Role.META)
+    options = ", ".join(p.name for p in PARAMS if p.role is Role.OPTION)
     head = [
         '"""Tuned configs of the sparse-MLA decode kernel, written by `tuner export --format triton`.',
         "",
         "Per device and workload: CONFIGS_<NAME>, a list of triton.Config for",
         "@triton.autotune(configs=CONFIGS_<NAME>, key=[...]) holding the kernel's meta-parameters",
-        "(BLOCK_T) and compile options (num_warps, num_stages); CONFIG_INDEX_<NAME>, the winner per",
-        "batch size; TARGET_CTAS_<NAME>, the launch-side split target per batch size (it sizes the grid,",
-        "so the launcher reads it for the nearest batch key; it is not a kernel argument).",
+        f"({meta}) and compile options ({options}; a 0 maxnreg is left out);",
+        "CONFIG_INDEX_<NAME>, the winner per batch size; TARGET_CTAS_<NAME>, the launch-side split target",
+        "per batch size (it sizes the grid, so the launcher reads it for the nearest batch key; it is not",
+        "a kernel argument).",
         f"Source: {redact_url(store.url)}; only configs that passed the correctness gate.",
         '"""',
         "",
