@@ -95,17 +95,7 @@ def run_search(space: SearchSpace, store, opts: Options) -> list[dict]:
     unknown = [c for c in levels if c not in space.concurrency]
     if unknown:
         raise TunerError(f"--concurrency {unknown} not in {space.path}'s concurrency list {space.concurrency}")
-    source = None
-    if opts.backend == "replay":
-        from tuner.replay import ReplaySource
-
-        if not opts.replay_db:
-            raise TunerError("--backend replay needs --replay-db URL (the database whose samples are replayed)")
-        source = ReplaySource(opts.replay_db, opts.replay_device)
-        # one process replays alone: Optuna's queue lives in memory (the results go to the database)
-        storage = optuna.storages.InMemoryStorage()
-    else:
-        storage = _storage(store.url)
+    source, storage = _source_and_storage(opts, store)
     processes = start_processes(opts, source)
     if opts.backend == "interpreter":
         click.echo(
@@ -113,27 +103,13 @@ def run_search(space: SearchSpace, store, opts: Options) -> list[dict]:
             "timing); its timings are not GPU timings",
             err=True,
         )
-    configs = space.configs()
     summary = []
     t_start = time.monotonic()
     try:
         with Stop() as stop, Progress(opts.quiet, total_studies=len(space.workloads) * len(levels)) as progress:
             for spec in space.workloads:
                 wl = spec.workload()
-                if source is not None:  # the verdicts recorded with the samples
-                    checked = source.feasibility(configs, wl, levels)
-                else:
-                    with progress.compiling(f"{spec.name}: feasibility for {space.target}") as task:
-                        checked = check_many(
-                            configs,
-                            wl,
-                            space.target,
-                            max_spill_bytes=space.max_spill_bytes,
-                            enforce_device=opts.backend == "cuda",
-                            store=store,
-                            on_progress=task,
-                        )
-                verdicts = dict(zip(configs, checked, strict=True))
+                verdicts = _feasibility(space, spec.name, wl, levels, source, store, opts, progress)
                 feasible = [c for c, v in verdicts.items() if v.feasible]
                 sampler = opts.sampler or ("grid" if len(feasible) <= GRID_MAX else "tpe")
                 if opts.backend == "cuda":
@@ -152,6 +128,38 @@ def run_search(space: SearchSpace, store, opts: Options) -> list[dict]:
         for p in processes:
             p.close()
     return summary
+
+
+def _source_and_storage(opts: Options, store) -> tuple:
+    """The replay source (``None`` unless ``--backend replay``) and Optuna's storage for this run."""
+    if opts.backend != "replay":
+        return None, _storage(store.url)
+    from tuner.replay import ReplaySource
+
+    if not opts.replay_db:
+        raise TunerError("--backend replay needs --replay-db URL (the database whose samples are replayed)")
+    # one process replays alone: Optuna's queue lives in memory (the results go to the database)
+    return ReplaySource(opts.replay_db, opts.replay_device), optuna.storages.InMemoryStorage()
+
+
+def _feasibility(space: SearchSpace, name: str, wl, levels, source, store, opts: Options, progress) -> dict:
+    """Every config's feasibility verdict for one workload: compiled for the target (cached in the
+    database), or, when replaying, the verdicts recorded with the samples."""
+    configs = space.configs()
+    if source is not None:
+        checked = source.feasibility(configs, wl, levels)
+    else:
+        with progress.compiling(f"{name}: feasibility for {space.target}") as task:
+            checked = check_many(
+                configs,
+                wl,
+                space.target,
+                max_spill_bytes=space.max_spill_bytes,
+                enforce_device=opts.backend == "cuda",
+                store=store,
+                on_progress=task,
+            )
+    return dict(zip(configs, checked, strict=True))
 
 
 def start_processes(opts: Options, source=None) -> list:
