@@ -61,6 +61,41 @@ def _shape(kv_format, heads, topk, page_size, context) -> tuple:
     return (kv_format, int(heads), int(topk), int(page_size), int(context))
 
 
+def _pick_device(con, device: str | None) -> str:
+    """The GPU whose recordings are replayed: ``device`` if the database has it, else its only GPU."""
+    devices = [r[0] for r in con.execute(text("SELECT DISTINCT gpu_name FROM tuner_environments"))]
+    devices = [d for d in devices if d != "cpu-interpreter"] or devices
+    if device is None:
+        if len(devices) != 1:
+            raise TunerError(f"the replay database holds several devices {devices}; pick one with --replay-device")
+        return devices[0]
+    if device not in devices:
+        raise TunerError(f"--replay-device {device!r} is not in the replay database; it has {devices}")
+    return device
+
+
+def _environment_info(con, device: str) -> dict:
+    """What a measurement process reports about its GPU, as the first recording on ``device`` said it."""
+    env = (
+        con.execute(text("SELECT * FROM tuner_environments WHERE gpu_name = :d ORDER BY id LIMIT 1"), {"d": device})
+        .mappings()
+        .one()
+    )
+    return {
+        "backend": "replay",
+        "gpu_name": device,
+        "compute_capability": env["compute_capability"],
+        "sm_count": env["sm_count"],
+        "cuda": env["cuda"],
+        "driver": env["driver"],
+        "torch": env["torch"],
+        "triton": env["triton"],
+        "host": f"replay of {env['host']}",
+        "copy_gbps": env.get("copy_gbps"),
+        "l2_bytes": 0,
+    }
+
+
 class ReplaySource:
     """Every trial and sample of one device in another results database, in memory."""
 
@@ -75,33 +110,15 @@ class ReplaySource:
     def _load(self, con, tables: list[str], url: str, device: str | None) -> None:
         if "tuner_trials" not in tables:
             raise TunerError("the replay database has no tuner results (run `tuner search` on a GPU first)")
-        devices = [r[0] for r in con.execute(text("SELECT DISTINCT gpu_name FROM tuner_environments"))]
-        devices = [d for d in devices if d != "cpu-interpreter"] or devices
-        if device is None:
-            if len(devices) != 1:
-                raise TunerError(f"the replay database holds several devices {devices}; pick one with --replay-device")
-            device = devices[0]
-        elif device not in devices:
-            raise TunerError(f"--replay-device {device!r} is not in the replay database; it has {devices}")
-        self.device = device
-        env = (
-            con.execute(text("SELECT * FROM tuner_environments WHERE gpu_name = :d ORDER BY id LIMIT 1"), {"d": device})
-            .mappings()
-            .one()
-        )
-        self.info = {
-            "backend": "replay",
-            "gpu_name": device,
-            "compute_capability": env["compute_capability"],
-            "sm_count": env["sm_count"],
-            "cuda": env["cuda"],
-            "driver": env["driver"],
-            "torch": env["torch"],
-            "triton": env["triton"],
-            "host": f"replay of {env['host']}",
-            "copy_gbps": env.get("copy_gbps"),
-            "l2_bytes": 0,
-        }
+        self.device = device = _pick_device(con, device)
+        self.info = _environment_info(con, device)
+        self.trials = self._recorded_trials(con, device)
+        self.noise = self._noise(con, tables, device)
+
+    @staticmethod
+    def _recorded_trials(con, device: str) -> dict[tuple, _Recorded]:
+        """Every recorded trial on ``device`` by (shape, concurrency, config), with its samples (a
+        duplicate takes its original's samples and verdict)."""
         cols = set(c["name"] for c in inspect(con).get_columns("tuner_trials"))
         dup = "t.duplicate_of" if "duplicate_of" in cols else "NULL"
         rows = con.execute(
@@ -115,7 +132,7 @@ class ReplaySource:
             {"d": device},
         ).mappings()
         by_id: dict[int, _Recorded] = {}
-        self.trials: dict[tuple, _Recorded] = {}
+        trials: dict[tuple, _Recorded] = {}
         for r in rows:
             rec = _Recorded(
                 r["verdict"],
@@ -132,7 +149,7 @@ class ReplaySource:
             by_id[r["id"]] = rec
             key = (_shape(r["kv_format"], r["heads"], r["topk"], r["page_size"], r["context"]), r["concurrency"])
             # a config measured in several studies (re-runs, newer kernels): the latest recording stands
-            self.trials[(*key, str(KernelConfig.parse(r["config_key"])))] = rec
+            trials[(*key, str(KernelConfig.parse(r["config_key"])))] = rec
         for trial_id, c, b in con.execute(text("SELECT trial_id, candidate_us, baseline_us FROM tuner_samples")):
             if trial_id in by_id:
                 by_id[trial_id].samples.append((c, b))
@@ -140,7 +157,7 @@ class ReplaySource:
             if rec.duplicate_of is not None and rec.duplicate_of in by_id:
                 rec.samples = by_id[rec.duplicate_of].samples
                 rec.verdict = by_id[rec.duplicate_of].verdict
-        self.noise = self._noise(con, tables, device)
+        return trials
 
     def _noise(self, con, tables, device) -> dict[tuple, list]:
         """A/A samples per (workload shape, concurrency): calibrations when there are any, else the studies'."""
