@@ -77,6 +77,56 @@ def _as_pages(cache: torch.Tensor, name: str) -> torch.Tensor:
     return pages
 
 
+def _check_mode(indices, causal: bool, is_fp8_kvcache: bool | None, head_dim_v: int) -> None:
+    """The FlashMLA modes this call implements: sparse, non-causal, FP8 cache, D_v = 512."""
+    if indices is None:
+        raise ValueError("only sparse decode is supported: pass indices [B, s_q, topk] (dense decode is not)")
+    if causal:
+        raise ValueError("causal=True is not supported: sparse decode has no causal mask (FlashMLA requires False)")
+    if is_fp8_kvcache is not None and not is_fp8_kvcache:
+        raise ValueError("is_fp8_kvcache=False is not supported: the cache must use the V4 or V32 FP8 layout")
+    if head_dim_v != 512:
+        raise ValueError(f"head_dim_v must be 512, got {head_dim_v}")
+
+
+def _main_format(k_cache: torch.Tensor, kv_format: str | None) -> str:
+    """The main cache's format from its bytes per token; FlashMLA's ``kv_format`` hint must agree."""
+    fmt = _cache_format(k_cache, "k_cache")
+    if kv_format is not None:
+        hinted = _HINTS.get(kv_format)
+        if hinted is None:
+            raise ValueError(f"kv_format must be one of {sorted(_HINTS)}, got {kv_format!r}")
+        if hinted != fmt:
+            raise ValueError(
+                f"kv_format={kv_format!r} does not match k_cache's {k_cache.shape[3]} bytes per token "
+                f"({FLASHMLA_NAMES[fmt]})"
+            )
+    return fmt
+
+
+def _extra_cache(fmt: str, extra_k_cache, extra_indices, extra_topk_length) -> dict:
+    """``sparse_mla_decode``'s keywords for FlashMLA's second cache (none without one)."""
+    if (extra_k_cache is None) != (extra_indices is None):
+        raise ValueError("extra_k_cache and extra_indices_in_kvcache must be given together")
+    if extra_k_cache is None:
+        if extra_topk_length is not None:
+            raise ValueError("extra_topk_length needs extra_k_cache and extra_indices_in_kvcache")
+        return {}
+    extra_fmt = _cache_format(extra_k_cache, "extra_k_cache")
+    if FORMATS[extra_fmt].d_qk != FORMATS[fmt].d_qk:
+        raise ValueError(
+            f"extra_k_cache holds {FLASHMLA_NAMES[extra_fmt]} tokens (head dim {FORMATS[extra_fmt].d_qk}) "
+            f"but k_cache holds {FLASHMLA_NAMES[fmt]} tokens (head dim {FORMATS[fmt].d_qk}); "
+            "both caches must share the head dim"
+        )
+    return {
+        "extra_kv_cache": _as_pages(extra_k_cache, "extra_k_cache"),
+        "extra_indices": extra_indices,
+        "extra_kv_format": extra_fmt,
+        "extra_topk_length": extra_topk_length,
+    }
+
+
 def flash_mla_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -118,45 +168,11 @@ def flash_mla_with_kvcache(
         ``out [B, s_q, H, 512]`` bf16 and ``softmax_lse [B, H, s_q]`` fp32 (natural log); a query with
         no valid index gives ``out = 0`` and ``lse = +inf``.
     """
-    if indices is None:
-        raise ValueError("only sparse decode is supported: pass indices [B, s_q, topk] (dense decode is not)")
-    if causal:
-        raise ValueError("causal=True is not supported: sparse decode has no causal mask (FlashMLA requires False)")
-    if is_fp8_kvcache is not None and not is_fp8_kvcache:
-        raise ValueError("is_fp8_kvcache=False is not supported: the cache must use the V4 or V32 FP8 layout")
-    if head_dim_v != 512:
-        raise ValueError(f"head_dim_v must be 512, got {head_dim_v}")
-    fmt = _cache_format(k_cache, "k_cache")
-    if kv_format is not None:
-        hinted = _HINTS.get(kv_format)
-        if hinted is None:
-            raise ValueError(f"kv_format must be one of {sorted(_HINTS)}, got {kv_format!r}")
-        if hinted != fmt:
-            raise ValueError(
-                f"kv_format={kv_format!r} does not match k_cache's {k_cache.shape[3]} bytes per token "
-                f"({FLASHMLA_NAMES[fmt]})"
-            )
+    _check_mode(indices, causal, is_fp8_kvcache, head_dim_v)
+    fmt = _main_format(k_cache, kv_format)
     if q.dim() != 4:
         raise ValueError(f"q must be [B, s_q, H, D_qk], got {list(q.shape)}")
-    extra = {}
-    if (extra_k_cache is None) != (extra_indices_in_kvcache is None):
-        raise ValueError("extra_k_cache and extra_indices_in_kvcache must be given together")
-    if extra_k_cache is not None:
-        extra_fmt = _cache_format(extra_k_cache, "extra_k_cache")
-        if FORMATS[extra_fmt].d_qk != FORMATS[fmt].d_qk:
-            raise ValueError(
-                f"extra_k_cache holds {FLASHMLA_NAMES[extra_fmt]} tokens (head dim {FORMATS[extra_fmt].d_qk}) "
-                f"but k_cache holds {FLASHMLA_NAMES[fmt]} tokens (head dim {FORMATS[fmt].d_qk}); "
-                "both caches must share the head dim"
-            )
-        extra = {
-            "extra_kv_cache": _as_pages(extra_k_cache, "extra_k_cache"),
-            "extra_indices": extra_indices_in_kvcache,
-            "extra_kv_format": extra_fmt,
-            "extra_topk_length": extra_topk_length,
-        }
-    elif extra_topk_length is not None:
-        raise ValueError("extra_topk_length needs extra_k_cache and extra_indices_in_kvcache")
+    extra = _extra_cache(fmt, extra_k_cache, extra_indices_in_kvcache, extra_topk_length)
     return sparse_mla_decode(
         q,
         _as_pages(k_cache, "k_cache"),
