@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -330,3 +331,20 @@ def test_report_on_the_h200_results(h200, tmp_path):
         "v4_flash_tp4_v4_flash_NVIDIA_H200_cuda_levers.png",
         "v4_flash_tp4_v4_flash_NVIDIA_H200_cuda_median.png",
     ]
+
+
+def test_the_export_history_names_paths_inside_the_working_directory_relatively(h200, tmp_path, monkeypatch):
+    """A committed database must not carry one machine's folders: a table written under the working
+    directory is recorded relative to it; one written elsewhere keeps its absolute path."""
+    from db.store import Store
+    from tuner.export import export_tables
+
+    store = Store(h200["url"])
+    monkeypatch.chdir(tmp_path)
+    inside = export_tables(store, Path("tables"))
+    outside = export_tables(store, tmp_path.parent / f"{tmp_path.name}-elsewhere")
+    con = sqlite3.connect(h200["path"])
+    recorded = {p for (p,) in con.execute("SELECT path FROM tuner_exports")}
+    con.close()
+    assert {str(Path("tables") / p.name) for p in inside if not p.name.endswith(".provenance.json")} <= recorded
+    assert {str(p.resolve()) for p in outside if not p.name.endswith(".provenance.json")} <= recorded

@@ -141,9 +141,19 @@ def export_tables(
                 raise TunerError(f"cannot write {path}: {e.strerror}") from None
             content = json.dumps({"format": fmt, "table": table, "provenance": provenance})
             workload_id = next(iter(by_c.values())).workload_id
-            s.add(ExportModel(path=str(path), device=device, workload_id=workload_id, content=content))
+            s.add(ExportModel(path=_recorded_path(path), device=device, workload_id=workload_id, content=content))
             written += [path, side]
     return written
+
+
+def _recorded_path(path: Path) -> str:
+    """Where a table went, as the export history records it: relative to the working directory when
+    it lies inside it (a committed database then names no machine's folders), else absolute."""
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _ident(*parts) -> str:
