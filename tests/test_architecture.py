@@ -88,6 +88,17 @@ print(json.dumps([{"name": s.name, "signature": s.signature, "constexprs": s.con
                   for s in compile_spec(cfg, wl, 120, batch)]))
 """
 
+
+def _compiler_process(program: str, *args: str):
+    """``program``'s JSON output, run where Triton compiles instead of interpreting (no TRITON_INTERPRET)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", program, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
 TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.uint8: "*u8", torch.int32: "*i32"}
 
 
@@ -116,17 +127,7 @@ def test_compile_spec_matches_what_the_launcher_runs(key, fmt, batch, monkeypatc
     monkeypatch.setattr(decode, "_combine_kernel", Recorder("combine"))
     bt = make_batch(wl, batch, device="cpu")
     sparse_mla_decode(*bt.args(), kv_format=fmt, config=cfg)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run(
-        [sys.executable, "-c", SPEC_PROGRAM, key, json.dumps(wl.__dict__), str(batch)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr
-    specs = json.loads(proc.stdout)
+    specs = _compiler_process(SPEC_PROGRAM, key, json.dumps(wl.__dict__), str(batch))
     assert [s["name"] for s in specs] == [name for name, _ in seen]
     for spec, (_, kw) in zip(specs, seen, strict=True):
         # the interpreter's fp32 dots; sm_120's fp8 conversion; programmatic dependent launch (sm_90+)
@@ -162,12 +163,7 @@ print(json.dumps(out))
 def test_kernels_launch_with_pdl_where_the_arch_has_it():
     """sm_90+ (sm_120 included): both kernels are launched with programmatic dependent launch and wait
     for the kernel before them (griddepcontrol.wait) before reading anything; older archs get neither."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run(
-        [sys.executable, "-c", PDL_PROGRAM], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr
-    got = {(cc, name): (pdl, wait) for cc, name, pdl, wait in json.loads(proc.stdout)}
+    got = {(cc, name): (pdl, wait) for cc, name, pdl, wait in _compiler_process(PDL_PROGRAM)}
     assert got == {
         (120, "split"): (True, True),
         (120, "combine"): (True, True),
