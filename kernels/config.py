@@ -108,10 +108,11 @@ PARAMS: tuple[Param, ...] = (
         "p",
         0,
         Role.META,
-        "0 or 1",
-        lambda v: _is_int(v) and v in (0, 1),
+        "0, 1 or 2",
+        lambda v: _is_int(v) and v in (0, 1, 2),
         "1: the tile loop loads tile i+1's indices and KV bytes into registers before tile i's math "
-        "(Triton's pipeliner then leaves the loop alone, so num_stages changes nothing); 0: it does not",
+        "(Triton's pipeliner then leaves the loop alone, so num_stages changes nothing); "
+        "2: only tile i+1's indices (one register per token); 0: neither",
         always_in_key=False,
     ),
 )

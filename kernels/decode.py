@@ -9,6 +9,17 @@ Two kernels:
   ``_combine_kernel`` grid (B * s_q * H,). Merges the splits of one (query token, head) by log-sum-exp
                       in fp32, then applies the attention sink. Not launched when the call is a single split.
 
+Latency hiding (``PREFETCH``, searched per concurrency level): a tile needs two dependent global loads,
+its indices and then the KV bytes they point to. 0: both wait at the top of the tile. 1: tile i+1's indices
+and KV bytes are loaded into registers before tile i's math, hiding both latencies behind the dots at the
+cost of a second tile in registers (Triton's pipeliner then leaves the loop alone, so num_stages changes
+nothing). 2: only tile i+1's indices are loaded ahead (one register per token), so the KV gather's address
+is ready when the tile starts; the choice where the whole tile does not fit in the registers (fp8_v32).
+
+Programmatic dependent launch (sm_90+, sm_120 included): both kernels are launched with ``launch_pdl``,
+wait for the kernel before them (``griddepcontrol.wait``) before reading anything and then let the next
+one launch, so each launch overlaps the tail of the kernel before it.
+
 A call launches the split kernel once per cache (the extra cache's splits are written after the main
 cache's, in the same partials buffer) and the combine once; see :func:`sparse_mla_decode` for why.
 Partial outputs are bf16, like the final output: at V4 C=96 they halve the split's own traffic
@@ -220,13 +231,21 @@ def _split_kernel(
     b_l = tl.zeros((BLOCK_H,), dtype=tl.float32)
     b_acc = tl.zeros((BLOCK_H, 512), dtype=tl.float32)
     p_idx = Idx + i_r * topk
-    if PREFETCH:
-        # Register prefetch: tile i+1's indices and KV bytes are loaded before tile i's math, so the two
+    if PREFETCH == 1:
+        # Tile prefetch: tile i+1's indices and KV bytes are loaded before tile i's math, so the two
         # dependent global latencies (index, then KV) overlap the dots. A tile past t_end is fully masked.
         b_idx, m_next = _tile_indices(p_idx, t_begin, t_end, num_tokens, BLOCK_T)
         r_q8, r_sc, r_rope = _gather_kv_tile(KV8, KV16, KV32, b_idx, m_next, FORMAT, PAGE_SIZE)
+    elif PREFETCH == 2:
+        # Index prefetch only: one register per token instead of the whole tile; the KV gather's
+        # address is ready at the top of the iteration, so one of the two latencies is hidden.
+        n_idx, m_next = _tile_indices(p_idx, t_begin, t_end, num_tokens, BLOCK_T)
     for i_t in range(0, n_tiles):
-        if PREFETCH:
+        if PREFETCH == 2:
+            b_idx, m_tok = n_idx, m_next
+            c_q8, c_sc, c_rope = _gather_kv_tile(KV8, KV16, KV32, b_idx, m_tok, FORMAT, PAGE_SIZE)
+            n_idx, m_next = _tile_indices(p_idx, t_begin + (i_t + 1) * BLOCK_T, t_end, num_tokens, BLOCK_T)
+        elif PREFETCH == 1:
             m_tok = m_next
             c_q8, c_sc, c_rope = r_q8, r_sc, r_rope
             b_idx, m_next = _tile_indices(p_idx, t_begin + (i_t + 1) * BLOCK_T, t_end, num_tokens, BLOCK_T)
@@ -374,14 +393,19 @@ def _validate(q, fmt, main, extra, attn_sink) -> bool:
     return squeeze
 
 
+def _compiled_for(device: torch.device, capability: tuple[int, int]) -> bool:
+    """The kernels are compiled (not interpreted) for a GPU of at least this compute capability."""
+    return device.type == "cuda" and not INTERPRET and torch.cuda.get_device_capability(device) >= capability
+
+
 def native_fp8(device: torch.device) -> bool:
     """Use the hardware e4m3 conversion (sm_89+); the bit-assembly decoding elsewhere and in the interpreter."""
-    return device.type == "cuda" and not INTERPRET and torch.cuda.get_device_capability(device) >= (8, 9)
+    return _compiled_for(device, (8, 9))
 
 
 def use_pdl(device: torch.device) -> bool:
     """Programmatic dependent launch (sm_90+): each kernel's launch overlaps the tail of the one before."""
-    return device.type == "cuda" and not INTERPRET and torch.cuda.get_device_capability(device) >= (9, 0)
+    return _compiled_for(device, (9, 0))
 
 
 def device_name(device: torch.device) -> str:
@@ -447,6 +471,7 @@ def _plan(
         o_part = torch.empty(rows, total_splits, H, 512, dtype=torch.bfloat16, device=dev)
         l_part = torch.empty(rows, total_splits, H, dtype=torch.float32, device=dev)
     sink = lse if attn_sink is None else attn_sink  # a placeholder pointer when there is no sink
+    pdl_option = {"launch_pdl": True} if pdl else {}
     launches = []
     split_base = 0
     for c, (num_splits, tiles_per_split) in zip(caches, splits, strict=True):
@@ -492,7 +517,7 @@ def _plan(
                     "NATIVE_FP8": native,
                     "USE_PDL": pdl,
                 },
-                {**config.options(), **({"launch_pdl": True} if pdl else {})},
+                {**config.options(), **pdl_option},
             )
         )
         split_base += num_splits
@@ -517,7 +542,7 @@ def _plan(
                     "HAS_SINK": attn_sink is not None,
                     "USE_PDL": pdl,
                 },
-                {"num_warps": 4, **({"launch_pdl": True} if pdl else {})},
+                {"num_warps": 4, **pdl_option},
             )
         )
     workspace = () if write_final else (o_part, l_part)

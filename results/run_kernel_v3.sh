@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Kernel v3 variants on one GPU, in one run: the current kernel with its exported tables (with FlashMLA
 # and torch.compile of the reference unless BASE_FLAGS says otherwise), then each variant -- a chain of
-# patches from $PATCH_DIR (default docs/experiments/kernel_v3) joined by '+' -- applied to kernels/decode.py as it
+# patches from $PATCH_DIR (default docs/experiments/kernel_v3) joined by '+' -- applied to kernels/ as it
 # was at the start and timed with the same exported configs (config=None), plus any configs named in
 # $VCONFIGS (a variant may want other configs than the tables tuned for the kernel before it).
 # Writes JSON and logs under $OUT; the summary is read from the logs' JSON lines, so a run cut short still
@@ -17,18 +17,18 @@ VARIANTS=${VARIANTS:-"d_fused_combine"}
 PATCH_DIR=${PATCH_DIR:-docs/experiments/kernel_v3}
 VCONFIGS=${VCONFIGS:+,$VCONFIGS}
 LIMIT=${LIMIT:-0}  # seconds per bench run; 0 = no limit
-clean=$(mktemp)
-cp kernels/decode.py "$clean"  # each variant starts from the kernel as it is now
+clean=$(mktemp -d)
+cp kernels/*.py "$clean"  # each variant starts from the kernel as it is now (a patch may touch any of its files)
 timeout "$LIMIT" python3 -m kernels.bench --configs table --concurrency "$C" --samples "$SAMPLES" ${BASE_FLAGS:-} \
   --out "$OUT/bench_base.json" > "$OUT/bench_base.log" 2>&1 || true
 for v in $VARIANTS; do
-  cp "$clean" kernels/decode.py
+  cp "$clean"/*.py kernels/
   for p in ${v//+/ }; do git apply "$PATCH_DIR/$p.patch"; done
   timeout "$LIMIT" python3 -m kernels.bench --configs "table$VCONFIGS" --concurrency "$C" --samples "$SAMPLES" \
     --no-ref --no-flashmla \
     --out "$OUT/bench_${v//+/_}.json" > "$OUT/bench_${v//+/_}.log" 2>&1 || true
 done
-cp "$clean" kernels/decode.py
+cp "$clean"/*.py kernels/
 python3 - "$OUT" $VARIANTS <<'PY'
 import json, math, pathlib, sys
 out, names = pathlib.Path(sys.argv[1]), sys.argv[2:]

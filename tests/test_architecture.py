@@ -109,6 +109,7 @@ TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.uint8: "*u8", to
         ("T32-w8-s1-c1", "fp8_v32", 2),
         ("T16-w4-s1-c2", "fp8_model1", 1),
         ("T16-w4-s1-c2-p1", "fp8_v32", 1),
+        ("T16-w4-s1-c2-p2", "fp8_model1", 2),
     ],
 )
 def test_compile_spec_matches_what_the_launcher_runs(key, fmt, batch, monkeypatch):

@@ -19,6 +19,7 @@ MANY_SPLITS = KernelConfig(BLOCK_T=16, num_warps=4, num_stages=2, TARGET_CTAS=64
 # register prefetch, with splits of several tiles and an uneven last split (the prefetch past a split's
 # end must be fully masked): topk 100 at BLOCK_T 16 is 7 tiles, in 4 splits at B=1 and 2 at B=3
 PREFETCH_SPLITS = KernelConfig(BLOCK_T=16, num_warps=4, num_stages=1, TARGET_CTAS=4, PREFETCH=1)
+INDEX_PREFETCH_SPLITS = PREFETCH_SPLITS.replace(PREFETCH=2)  # the next tile's indices only
 
 CASES = [
     pytest.param(fmt, B, H, topk, cfg, id=f"{fmt}-B{B}-H{H}-topk{topk}-{name}")
@@ -26,8 +27,13 @@ CASES = [
     for B in (1, 3)
     for H in (16, 32)
     for topk in (64, 100)
-    for name, cfg in (("1split", ONE_SPLIT), ("splits", MANY_SPLITS), ("prefetch", PREFETCH_SPLITS))
-    if name != "prefetch" or (H, topk) == (16, 100)  # the prefetch's loop is the same at every head count
+    for name, cfg in (
+        ("1split", ONE_SPLIT),
+        ("splits", MANY_SPLITS),
+        ("prefetch", PREFETCH_SPLITS),
+        ("index-prefetch", INDEX_PREFETCH_SPLITS),
+    )
+    if "prefetch" not in name or (H, topk) == (16, 100)  # the prefetch's loop is the same at every head count
 ]
 
 
@@ -158,8 +164,8 @@ def test_config_none_uses_the_table_by_nearest_batch_key(tmp_path, monkeypatch):
 @pytest.mark.parametrize("fmt", ["fp8_model1", "fp8_v32"])
 @pytest.mark.parametrize(
     "cfg",
-    [ONE_SPLIT, MANY_SPLITS, PREFETCH_SPLITS],
-    ids=["1split", "splits", "prefetch"],
+    [ONE_SPLIT, MANY_SPLITS, PREFETCH_SPLITS, INDEX_PREFETCH_SPLITS],
+    ids=["1split", "splits", "prefetch", "index-prefetch"],
 )
 def test_the_gpu_path_fp16_operands_match_the_reference(fmt, cfg, native, monkeypatch, nan_outputs):
     """The GPU's code path (fp16 dot operands, bf16 partials), not the interpreter's fp32 one: the

@@ -80,6 +80,7 @@ def estimate_shared(config: KernelConfig, workload: Workload) -> int:
     - ``PREFETCH=1`` instead: the pipeliner leaves the loop alone, and the dequantized fp16 key tile
       is what changes layout: ``1024 * BLOCK_T`` plus the scales as fp32 (32 B per token,
       fp8_model1) or the fp16 rope part (128 B per token, fp8_v32), whatever ``num_stages`` says;
+    - ``PREFETCH=2`` (the indices only, in registers) stages what ``PREFETCH=0`` stages;
     - the epilogue converts the ``[BLOCK_H, 512]`` output through the same memory after the loop, in
       bf16 since kernel v3 (both the final output and the partials are bf16), so the kernel needs the
       larger of loop and epilogue.
@@ -87,7 +88,7 @@ def estimate_shared(config: KernelConfig, workload: Workload) -> int:
     fmt = get_format(workload.kv_format)
     T, block_h = config.BLOCK_T, block_h_for(workload.heads)
     q_tile = block_h * fmt.d_qk * 2
-    if config.PREFETCH:
+    if config.PREFETCH == 1:
         loop = q_tile + T * (1024 + (32 if fmt.name == "fp8_model1" else 128))
     elif fmt.name == "fp8_model1":
         loop = q_tile + T * 512 * 4 + (T * (512 + 128 + 4) if config.num_stages >= 2 else 0)
