@@ -152,8 +152,10 @@ class _Proc:
         (["best", "--concurrency", "x"], "'x' is not a valid integer"),
         (["trials", "--verdict", "great"], "'great' is not one of"),
         (["nosuch"], "No such command 'nosuch'"),
+        (["search", SMOKE, "--first", "T16-w4"], "--first: config 'T16-w4' is not of the form"),
+        (["search", SMOKE, "--first", "T16-w4-s2-c4,T64-w4-s1-c4"], "--first: T64-w4-s1-c4 is not a config of"),
     ],
-    ids=["space-is-dir", "bad-int", "bad-choice", "bad-command"],
+    ids=["space-is-dir", "bad-int", "bad-choice", "bad-command", "first-not-a-key", "first-not-in-space"],
 )
 def test_usage_errors_of_the_executable_are_one_line(tmp_path, args, fragment):
     exe = shutil.which("tuner")

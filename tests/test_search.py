@@ -402,7 +402,7 @@ def attrs_reference(study):
 
 def test_a_changed_kernel_measures_the_previous_kernels_best_first(smoke_db, tmp_path):
     """The smoke results are made to look like another kernel's; a new search measures the baseline,
-    then that kernel's best configs in their order, then the rest."""
+    then the configs given with ``--first``, then that kernel's best configs in their order, then the rest."""
     path = tmp_path / "prior.db"
     shutil.copy(smoke_db["path"], path)
     url = f"sqlite:///{path}"
@@ -420,21 +420,22 @@ def test_a_changed_kernel_measures_the_previous_kernels_best_first(smoke_db, tmp
     with Store(url, readonly=True).session() as s:
         ranked = queries.prior_picks(s, -1, 1, space="smoke")
     assert len(ranked) == 3  # the three feasible configs, best first
-    proc = tuner("search", SMOKE, "--db", url, "--concurrency", "1", "--n-trials", "2")
+    baseline = "T16-w4-s2-c4"
+    given = next(k for k in reversed(ranked) if k != baseline)  # not the old kernel's best: --first puts it ahead
+    proc = tuner("search", SMOKE, "--db", url, "--concurrency", "1", "--n-trials", "3", "--first", given)
     assert proc.returncode == 0, proc.stderr
-    assert "first the previous kernel's" in proc.stderr
+    assert "first the configs given with --first, then the previous kernel's best" in proc.stderr
     order = [
         k
         for (k,) in _rows(
             path, f"SELECT config_key FROM tuner_trials WHERE kernel_id != {old} AND verdict = 'ok' ORDER BY id"
         )
     ]
-    baseline = "T16-w4-s2-c4"
-    assert order == [baseline, next(k for k in ranked if k != baseline)]
+    assert order == [baseline, given, next(k for k in ranked if k not in (baseline, given))]
     # the report reads each level's newest kernel only: C=1 the new one, C=4 (not searched again) the old
     rep = tuner("report", "--db", url, "-o", str(tmp_path / "r.md"))
     assert rep.returncode == 0, rep.stderr
     text = (tmp_path / "r.md").read_text()
     assert "`0123456789ab`" in text and "(the newest measured at each level)" in text
     c1 = next(line for line in text.splitlines() if line.startswith("| 1 |"))
-    assert c1.split("|")[8].strip() == "2"  # ok trials at C=1: the new kernel's 2, not the old kernel's 3 as well
+    assert c1.split("|")[8].strip() == "3"  # ok trials at C=1: the new kernel's 3, not 6 with the old kernel's

@@ -155,7 +155,18 @@ def _backend(requested: str | None) -> str:
     default=None,
     help="Default: the space's; grid when <= 300 feasible configs, else TPE.",
 )
-@click.option("--n-trials", type=click.IntRange(min=1), default=None, help="At most this many new trials per study.")
+@click.option(
+    "--n-trials",
+    type=click.IntRange(min=1),
+    default=None,
+    help="At most this many trials per study, counting those a previous run measured (a resumed search adds the rest).",
+)
+@click.option(
+    "--first",
+    "first",
+    default=None,
+    help="Configs to measure first at every level, before the sampler's own picks, e.g. T32-w4-s1-c768-p2,T16-w4-s2-c256.",
+)
 @click.option(
     "--timeout", "timeout_s", type=click.FloatRange(min=0), default=None, help="Stop after this many seconds."
 )
@@ -178,6 +189,7 @@ def search(
     replay_device,
     sampler,
     n_trials,
+    first,
     timeout_s,
     concurrency,
     workers,
@@ -198,6 +210,7 @@ def search(
 
     space = load_space(space_file)
     levels = _levels(concurrency)
+    first_configs = _first_configs(first, space)
     if replay_db and backend != "replay":
         raise TunerError("--replay-db needs --backend replay")
     store = Store(db_url)
@@ -205,6 +218,7 @@ def search(
         backend=_backend(backend),
         sampler=sampler,
         n_trials=n_trials,
+        first=first_configs,
         timeout_s=timeout_s,
         concurrency=levels,
         workers=workers,
@@ -219,6 +233,27 @@ def search(
     click.echo(render(rows, fmt))
     if opts.interrupted:
         sys.exit(130)  # Ctrl-C: every finished trial is recorded; re-running resumes
+
+
+def _first_configs(text: str | None, space) -> list:
+    """``--first``: config keys of the space, in the order given."""
+    from kernels import KernelConfig
+
+    if not text:
+        return []
+    configs, allowed = [], set(space.configs())
+    for key in text.split(","):
+        try:
+            cfg = KernelConfig.parse(key.strip())
+        except ValueError as e:
+            raise TunerError(f"--first: {e}") from None
+        if cfg not in allowed:
+            raise TunerError(
+                f"--first: {cfg} is not a config of {space.path} (its parameter values and constraints allow "
+                f"{len(allowed)} configs, e.g. {space.baseline})"
+            )
+        configs.append(cfg)
+    return configs
 
 
 def _levels(text: str | None) -> list[int] | None:

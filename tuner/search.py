@@ -13,6 +13,7 @@ import signal
 import time
 import warnings
 from dataclasses import dataclass
+from dataclasses import field
 
 import click
 import optuna
@@ -37,6 +38,7 @@ class Options:
     backend: str
     sampler: str | None = None
     n_trials: int | None = None
+    first: list = field(default_factory=list)  # KernelConfigs measured first at every level (--first)
     timeout_s: float | None = None
     concurrency: list[int] | None = None
     remeasure: bool = False

@@ -177,7 +177,8 @@ class StudyRun:
         return self.opts.n_trials or plan.space.sampler.get("n_trials") or 100
 
     def _prior_picks(self, done: set[str]) -> list[KernelConfig]:
-        """The previous kernel's best configs here that this space holds, fits and has not measured yet."""
+        """What is measured first: the user's ``--first`` configs, then the previous kernel's best configs
+        here; each only if this space holds it, it fits and it has not been measured yet."""
         plan, info = self.plan, self.processes[0].info
         with self.store.session() as s:
             keys = queries.prior_picks(
@@ -190,7 +191,8 @@ class StudyRun:
                 backend=self.opts.backend,
             )
         cfgs = [c for c in plan.verdicts if str(c) in keys and plan.verdicts[c].feasible and str(c) not in done]
-        return sorted(cfgs, key=lambda c: keys.index(str(c)))
+        first = [c for c in self.opts.first if c in plan.verdicts and plan.verdicts[c].feasible and str(c) not in done]
+        return list(dict.fromkeys([*first, *sorted(cfgs, key=lambda c: keys.index(str(c)))]))
 
     def _queue_order(self, prior: list[KernelConfig]) -> list[KernelConfig]:
         """The grid's measuring order: the baseline, the launches of ``prior``, then the rest in space order."""
@@ -277,7 +279,8 @@ class StudyRun:
             if initial < total:
                 bar.phase(f"screening {total - initial} launches")
             if self.prior:
-                bar.phase(f"first the previous kernel's {len(self.prior)} best: {' '.join(map(str, self.prior))}")
+                given = "the configs given with --first, then " if self.opts.first else ""
+                bar.phase(f"first {given}the previous kernel's best: {' '.join(map(str, self.prior))}")
             threads = [
                 threading.Thread(target=self._measurement_thread, args=(p,), daemon=True) for p in self.processes
             ]
