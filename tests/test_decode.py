@@ -33,7 +33,8 @@ CASES = [
         ("prefetch", PREFETCH_SPLITS),
         ("index-prefetch", INDEX_PREFETCH_SPLITS),
     )
-    if "prefetch" not in name or (H, topk) == (16, 100)  # the prefetch's loop is the same at every head count
+    # the prefetch's loop is the same at every head count; the index prefetch's uneven last split is at B=3
+    if "prefetch" not in name or ((H, topk) == (16, 100) and (name == "prefetch" or B == 3))
 ]
 
 
@@ -160,12 +161,20 @@ def test_config_none_uses_the_table_by_nearest_batch_key(tmp_path, monkeypatch):
     assert seen[0][1].TARGET_CTAS == 7 and seen[0][2] == (3, 2)
 
 
-@pytest.mark.parametrize("native", [False, True], ids=["bit-trick", "native-cvt"])
 @pytest.mark.parametrize("fmt", ["fp8_model1", "fp8_v32"])
 @pytest.mark.parametrize(
-    "cfg",
-    [ONE_SPLIT, MANY_SPLITS, PREFETCH_SPLITS, INDEX_PREFETCH_SPLITS],
-    ids=["1split", "splits", "prefetch", "index-prefetch"],
+    "cfg, native",
+    [
+        pytest.param(cfg, native, id=f"{name}-{'native-cvt' if native else 'bit-trick'}")
+        for name, cfg in (
+            ("1split", ONE_SPLIT),
+            ("splits", MANY_SPLITS),
+            ("prefetch", PREFETCH_SPLITS),
+            ("index-prefetch", INDEX_PREFETCH_SPLITS),
+        )
+        for native in (False, True)
+        if name != "index-prefetch" or native  # the decoding does not depend on what is prefetched
+    ],
 )
 def test_the_gpu_path_fp16_operands_match_the_reference(fmt, cfg, native, monkeypatch, nan_outputs):
     """The GPU's code path (fp16 dot operands, bf16 partials), not the interpreter's fp32 one: the

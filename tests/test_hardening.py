@@ -136,6 +136,20 @@ def test_bad_space_is_one_sentence(tmp_path, text, fragment):
     assert not (tmp_path / "x.db").exists()  # rejected before anything is opened
 
 
+@pytest.mark.parametrize(
+    "first, fragment",
+    [
+        ("T16-w4", "--first: config 'T16-w4' is not of the form"),
+        ("T16-w4-s2-c4,T64-w4-s1-c4", "--first: T64-w4-s1-c4 is not a config of search_spaces/smoke.yaml"),
+    ],
+    ids=["not-a-key", "not-in-space"],
+)
+def test_bad_first_config_is_one_sentence(tmp_path, first, fragment):
+    result = CliRunner().invoke(cli, ["search", SMOKE, "--first", first, "--db", f"sqlite:///{tmp_path / 'x.db'}"])
+    _one_sentence(result, fragment)
+    assert not (tmp_path / "x.db").exists()  # rejected before anything is opened or measured
+
+
 def test_unreadable_space_is_one_sentence(tmp_path):
     _one_sentence(CliRunner().invoke(cli, ["check", str(tmp_path / "nope.yaml")]), "cannot read the search space")
 
@@ -152,10 +166,8 @@ class _Proc:
         (["best", "--concurrency", "x"], "'x' is not a valid integer"),
         (["trials", "--verdict", "great"], "'great' is not one of"),
         (["nosuch"], "No such command 'nosuch'"),
-        (["search", SMOKE, "--first", "T16-w4"], "--first: config 'T16-w4' is not of the form"),
-        (["search", SMOKE, "--first", "T16-w4-s2-c4,T64-w4-s1-c4"], "--first: T64-w4-s1-c4 is not a config of"),
     ],
-    ids=["space-is-dir", "bad-int", "bad-choice", "bad-command", "first-not-a-key", "first-not-in-space"],
+    ids=["space-is-dir", "bad-int", "bad-choice", "bad-command"],
 )
 def test_usage_errors_of_the_executable_are_one_line(tmp_path, args, fragment):
     exe = shutil.which("tuner")

@@ -227,9 +227,15 @@ def test_out_of_resources_at_launch_is_recorded_as_infeasible(tmp_path):
     assert verdict == "infeasible" and reason.startswith("OutOfResources at launch") and "120000" in reason
 
 
+@pytest.fixture(scope="module")
+def check_db(tmp_path_factory):
+    """One results database for the three formats: the first check compiles, the others read its verdicts."""
+    return tmp_path_factory.mktemp("check") / "c.db"
+
+
 @pytest.mark.parametrize("fmt", ["table", "json", "csv"])
-def test_check_in_every_format(fmt, tmp_path):
-    proc = tuner("check", SMOKE, "-f", fmt, "--db", f"sqlite:///{tmp_path / 'c.db'}")
+def test_check_in_every_format(fmt, check_db):
+    proc = tuner("check", SMOKE, "-f", fmt, "--db", f"sqlite:///{check_db}")
     assert proc.returncode == 0, proc.stderr
     if fmt == "json":
         from kernels.config import PARAM_NAMES
@@ -252,7 +258,7 @@ def test_check_in_every_format(fmt, tmp_path):
     else:
         assert proc.stdout.strip().splitlines()[-1] == "3 feasible / 1 infeasible for sm_120"
     # the verdicts are cached in the results database
-    assert _rows(tmp_path / "c.db", "SELECT COUNT(*) FROM tuner_feasibility")[0][0] == 4
+    assert _rows(check_db, "SELECT COUNT(*) FROM tuner_feasibility")[0][0] == 4
 
 
 def test_version_and_help():

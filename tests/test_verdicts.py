@@ -202,3 +202,35 @@ def test_replay_of_the_h200_database_reproduces_its_picks(tmp_path):
     for key in want:
         assert got[key][0] == want[key][0], (key, got[key], want[key])  # the same launch
     print(f"replay of both spaces: {wall:.1f} s")
+
+
+def test_replay_answers_a_config_with_the_recording_of_its_launch():
+    """A bounded search records one config of a launch (TARGET_CTAS values that clamp to one split count);
+    a replayed grid asks for the launch's first config. It gets the latest recording of that launch."""
+    from kernels import KernelConfig
+    from tuner.replay import ReplaySource
+    from tuner.space import load_space
+    from tuner.study import launch_key
+
+    source = ReplaySource("sqlite:///results/h200.db")
+    sp = load_space("search_spaces/v32_tp8.yaml")
+    wl = sp.workloads[0].workload()
+    checked = 0
+    for batch in (1, 96):
+        recorded = {
+            KernelConfig.parse(key): r
+            for (shape, c, key), r in source.trials.items()
+            if c == batch and shape[:3] == (wl.kv_format, wl.heads, wl.topk)
+        }
+        for cfg in sp.configs():
+            if cfg in recorded:
+                assert source.lookup(wl, batch, cfg) is recorded[cfg]  # its own recording first
+                continue
+            same = [r for k, r in recorded.items() if launch_key(k, wl, batch) == launch_key(cfg, wl, batch)]
+            got = source.lookup(wl, batch, cfg)
+            if same:
+                assert got is max(same, key=lambda r: r.trial_id)
+                checked += 1
+            else:
+                assert got is None
+    assert checked > 0  # the committed results have such configs at both levels

@@ -165,7 +165,8 @@ def _backend(requested: str | None) -> str:
     "--first",
     "first",
     default=None,
-    help="Configs to measure first at every level, before the sampler's own picks, e.g. T32-w4-s1-c768-p2,T16-w4-s2-c256.",
+    help="Configs to measure first at every level, before the sampler's own picks, "
+    "e.g. T32-w4-s1-c768-p2,T16-w4-s2-c256.",
 )
 @click.option(
     "--timeout", "timeout_s", type=click.FloatRange(min=0), default=None, help="Stop after this many seconds."

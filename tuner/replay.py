@@ -4,8 +4,11 @@ This is Kernel Tuner's simulation mode for this tuner: try a new policy, sampler
 without a GPU. Each measurement draws ``rounds`` rounds from the samples recorded for the same
 (workload, concurrency, config, device), with replacement, keeping each round's (candidate, baseline)
 pairing. A config with no recorded samples is ``missing`` and never picked; a recorded ``infeasible``,
-``wrong``, ``crashed`` or ``timeout`` verdict is replayed as it was. The A/A comes from the source's
-calibration (or, in databases older than calibrations, its per-study A/A samples).
+``wrong``, ``crashed`` or ``timeout`` verdict is replayed as it was. A config that was not recorded
+itself but launches exactly what a recorded one launches (same binary, same split count: TARGET_CTAS
+values that clamp alike) replays that recording, as the live search would have measured it once.
+The A/A comes from the source's calibration (or, in databases older than calibrations, its per-study
+A/A samples).
 
 The source is read with plain SQL on columns every schema version has, opened read-only, so any
 results database, old or new, can be replayed without being migrated.
@@ -33,6 +36,7 @@ from tuner.feasibility import Feasibility
 from tuner.protocol import CalibrateRequest
 from tuner.protocol import MeasureReply
 from tuner.protocol import MeasureRequest
+from tuner.study import launch_key
 
 
 @dataclass
@@ -47,6 +51,7 @@ class _Recorded:
     estimate_bytes: int | None
     duplicate_of: int | None
     samples: list[tuple[float, float]]
+    trial_id: int = 0  # the recording's trial: a later one stands over an earlier one
 
 
 def _engine(url: str):
@@ -114,6 +119,7 @@ class ReplaySource:
         self.info = _environment_info(con, device)
         self.trials = self._recorded_trials(con, device)
         self.noise = self._noise(con, tables, device)
+        self._by_launch: dict[tuple, dict[str, _Recorded]] = {}
 
     @staticmethod
     def _recorded_trials(con, device: str) -> dict[tuple, _Recorded]:
@@ -145,6 +151,7 @@ class ReplaySource:
                 r["estimate_bytes"],
                 r["duplicate_of"],
                 [],
+                r["id"],
             )
             by_id[r["id"]] = rec
             key = (_shape(r["kv_format"], r["heads"], r["topk"], r["page_size"], r["context"]), r["concurrency"])
@@ -191,8 +198,21 @@ class ReplaySource:
         return out
 
     def lookup(self, wl: Workload, batch: int, cfg: KernelConfig) -> _Recorded | None:
+        """The recording of ``cfg`` at ``batch``, else the latest of a config with the same launch (a bounded
+        search measured one config of a launch; a replayed grid may ask for another of the same launch)."""
         shape = _shape(wl.kv_format, wl.heads, wl.topk, wl.page_size, wl.context)
-        return self.trials.get((shape, batch, str(cfg)))
+        rec = self.trials.get((shape, batch, str(cfg)))
+        if rec is not None:
+            return rec
+        if (shape, batch) not in self._by_launch:
+            latest: dict[str, _Recorded] = {}
+            for (s, c, key), r in self.trials.items():
+                if (s, c) == (shape, batch):
+                    launch = launch_key(KernelConfig.parse(key), wl, batch)
+                    if launch not in latest or r.trial_id > latest[launch].trial_id:
+                        latest[launch] = r
+            self._by_launch[(shape, batch)] = latest
+        return self._by_launch[(shape, batch)].get(launch_key(cfg, wl, batch))
 
     def feasibility(self, configs: list[KernelConfig], wl: Workload, levels: list[int]) -> list[Feasibility]:
         """The recorded compile-only verdicts: a config recorded infeasible at any level stays infeasible."""
