@@ -105,10 +105,10 @@ def newest_kernel(trials_: list[TrialModel]) -> list[TrialModel]:
     return [t for t in trials_ if t.kernel_id == newest]
 
 
-def prior_picks(session: Session, kernel_id: int, concurrency: int, n: int = 5, **filters) -> list[str]:
-    """The best ``n`` config keys (best first, by :func:`rank_key`) of the newest *other* kernel measured
-    at this concurrency under ``filters`` (space, workload, device, backend). A search of a changed kernel
-    measures them first: good configs usually stay good, so the best is found early."""
+def prior_picks(session: Session, kernel_id: int, concurrency: int, n: int | None = 5, **filters) -> list[str]:
+    """The best ``n`` config keys (all with ``n=None``; best first, by :func:`rank_key`) of the newest *other*
+    kernel measured at this concurrency under ``filters`` (space, workload, device, backend). A search of
+    a changed kernel measures them first: good configs usually stay good, so the best is found early."""
     ts = [
         t for t in trials(session, concurrency=concurrency, verdict=Verdict.OK, **filters) if t.kernel_id != kernel_id
     ]

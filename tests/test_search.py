@@ -445,3 +445,18 @@ def test_a_changed_kernel_measures_the_previous_kernels_best_first(smoke_db, tmp
     assert "`0123456789ab`" in text and "(the newest measured at each level)" in text
     c1 = next(line for line in text.splitlines() if line.startswith("| 1 |"))
     assert c1.split("|")[8].strip() == "3"  # ok trials at C=1: the new kernel's 3, not 6 with the old kernel's
+
+
+def test_a_value_the_previous_kernel_never_ran_is_tried_on_its_best_configs():
+    from kernels import KernelConfig
+    from tuner.study import new_value_variants
+
+    best = [KernelConfig.parse(k) for k in ("T32-w4-s1-c768", "T64-w8-s1-c128-p1", "T32-w4-s2-c256")]
+    measured = [*best, KernelConfig.parse("T16-w4-s1-c512")]
+    parameters = {"BLOCK_T": [16, 32, 64], "num_warps": [4, 8], "num_stages": [1, 2], "PREFETCH": [0, 1, 2]}
+    got = [str(c) for c in new_value_variants(best, measured, parameters)]
+    # PREFETCH=2 is the only value none of them ran: each best config with it, best first (the caller drops
+    # what the space does not hold, e.g. T32-w4-s2-c256-p2 under "PREFETCH == 0 or num_stages == 1")
+    assert got == ["T32-w4-s1-c768-p2", "T64-w8-s1-c128-p2", "T32-w4-s2-c256-p2"]
+    assert new_value_variants(best, measured + [KernelConfig.parse("T16-w4-s1-c4-p2")], parameters) == []
+    assert new_value_variants(best, [], parameters) == []  # no previous kernel: nothing is new
