@@ -32,6 +32,39 @@ def store(tmp_path_factory):
     return Store(f"sqlite:///{tmp_path_factory.mktemp('verdicts') / 'tuner.db'}")
 
 
+@pytest.mark.parametrize("space", ["search_spaces/v4_flash_tp4.yaml", "search_spaces/v32_tp8.yaml"])
+def test_estimate_tracks_the_compiled_value(space, store):
+    """Within 2 % for 4 and 8 warps; 2 warps drift (register-starved, ptxas and the pipeliner choose
+    other layouts) and are only required to be within a factor of two (checked on V4 at 1 stage).
+    Every tile size runs at 4 warps and the other widths at BLOCK_T 32: the estimate's terms do not
+    depend on the width, so this keeps the check to 25 cold compiles (35 before)."""
+    sp = load_space(space)
+    wl = sp.workloads[0].workload()
+    # one launch setting; stages 1 and 2 (3 and 4 stage no more, see estimate_shared): every term of the estimate
+    v4 = sp.workloads[0].kv_format == "fp8_model1"
+    stages, warps = ((1, 2), (2, 4, 8)) if v4 else ((1, 2), (4, 8))  # V3.2's 2 warps: as V4's
+    configs = [
+        c
+        for c in sp.configs()
+        if c.TARGET_CTAS == sp.baseline.TARGET_CTAS
+        and c.num_stages in stages
+        and c.num_warps in warps
+        and (c.num_warps > 2 or c.num_stages == 1)
+        and (c.num_warps == 4 or c.BLOCK_T == 32)  # every tile size at 4 warps; the other widths at one size
+        and (c.PREFETCH == 0 or c.num_warps == 4)  # the prefetch's terms: three tile sizes at one width
+        and (c.PREFETCH != 2 or c.BLOCK_T == 32)  # the index prefetch stages what PREFETCH=0 stages: one size
+    ]
+    worst = {}
+    for cfg, v in zip(configs, check_many(configs, wl, sp.target, store=store), strict=True):
+        assert v.estimate_bytes == estimate_shared(cfg, wl)
+        err = abs(v.estimate_bytes - v.shared_bytes) / v.shared_bytes
+        key = "w2" if cfg.num_warps == 2 else "w4+"
+        worst[key] = max(worst.get(key, 0.0), err)
+    assert worst["w4+"] <= 0.02, worst
+    assert worst.get("w2", 0.0) <= 1.0, worst
+
+
+# After the estimate test on purpose: their V4 configs are among its compiles, so they read its cached verdicts.
 def test_fits_sm90_but_not_sm120_with_the_numbers(store):
     cfg = KernelConfig(BLOCK_T=32, num_warps=4, num_stages=2, TARGET_CTAS=256)
     on_90 = check(cfg, V4, "sm_90", store=store)
@@ -48,35 +81,6 @@ def test_num_stages_is_a_real_lever_on_shared_memory(store):
     one, two = (check(KernelConfig(16, 4, s, 256), V4, "sm_120", store=store) for s in (1, 2))
     # the second stage keeps one more gathered tile in flight: 16 tokens x (512 + 128 + 4) bytes
     assert two.shared_bytes - one.shared_bytes == 16 * 644
-
-
-@pytest.mark.parametrize("space", ["search_spaces/v4_flash_tp4.yaml", "search_spaces/v32_tp8.yaml"])
-def test_estimate_tracks_the_compiled_value(space, store):
-    """Within 2 % for 4 and 8 warps; 2 warps drift (register-starved, ptxas and the pipeliner choose
-    other layouts) and are only required to be within a factor of two (checked on V4 at 1 stage)."""
-    sp = load_space(space)
-    wl = sp.workloads[0].workload()
-    # one launch setting; stages 1 and 2 (3 and 4 stage no more, see estimate_shared): every term of the estimate
-    v4 = sp.workloads[0].kv_format == "fp8_model1"
-    stages, warps = ((1, 2), (2, 4, 8)) if v4 else ((1, 2), (4, 8))  # V3.2's 2 warps: as V4's
-    configs = [
-        c
-        for c in sp.configs()
-        if c.TARGET_CTAS == sp.baseline.TARGET_CTAS
-        and c.num_stages in stages
-        and c.num_warps in warps
-        and (c.num_warps > 2 or c.num_stages == 1)
-        and (c.PREFETCH == 0 or c.num_warps == 4)  # the prefetch's terms: three tile sizes at one width
-        and (c.PREFETCH != 2 or c.BLOCK_T == 32)  # the index prefetch stages what PREFETCH=0 stages: one size
-    ]
-    worst = {}
-    for cfg, v in zip(configs, check_many(configs, wl, sp.target, store=store), strict=True):
-        assert v.estimate_bytes == estimate_shared(cfg, wl)
-        err = abs(v.estimate_bytes - v.shared_bytes) / v.shared_bytes
-        key = "w2" if cfg.num_warps == 2 else "w4+"
-        worst[key] = max(worst.get(key, 0.0), err)
-    assert worst["w4+"] <= 0.02, worst
-    assert worst.get("w2", 0.0) <= 1.0, worst
 
 
 def test_second_check_is_cached_and_fast(tmp_path, monkeypatch):
