@@ -166,6 +166,7 @@ class StudyRun:
         self.optuna_study_id = self.storage.get_study_id_from_name(self.name)
         self._describe_study()
         optuna.storages.fail_stale_trials(self.study)
+        self._beat_running_trials()
         prior = self.prior = self._prior_picks(done)
         self.queue_order = self._queue_order(prior)
         if plan.sampler == "grid":
@@ -175,6 +176,15 @@ class StudyRun:
             if str(cfg) not in done:
                 self.study.enqueue_trial(cfg.as_dict(), skip_if_exists=True)
         return self.opts.n_trials or plan.space.sampler.get("n_trials") or 100
+
+    def _beat_running_trials(self) -> None:
+        """One heartbeat for every running trial. Optuna fails only a trial whose heartbeat went silent, so a
+        process killed between ``ask`` and its trial's first beat would hold that config as running forever,
+        and a resumed grid would wait for it. With one beat it goes stale after the grace period, and is
+        failed and re-queued; a trial that a live process runs beats every 2 s anyway."""
+        if self._beats:
+            for t in self.study.get_trials(deepcopy=False, states=(RUNNING,)):
+                self.storage.record_heartbeat(self._trial_id(t))
 
     def _prior_picks(self, done: set[str]) -> list[KernelConfig]:
         """What is measured first: the user's ``--first`` configs, then the previous kernel's five best configs
@@ -359,6 +369,8 @@ class StudyRun:
                 pg.done |= pg.targets  # nothing left anywhere
                 return None
         trial = study.ask(fixed_distributions=self.dists)
+        if self._beats:  # at once: a trial without any heartbeat is never failed as stale
+            self.storage.record_heartbeat(self._trial_id(trial))
         queued = "fixed_params" in self.storage.get_trial(self._trial_id(trial)).system_attrs
         if self.plan.sampler == "grid" and not queued:
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)  # another host emptied the queue first
