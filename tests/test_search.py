@@ -98,6 +98,7 @@ def test_kill_9_loses_at_most_the_running_trial_and_resume_completes(tmp_path, s
     import optuna
 
     from kernels.config import PARAM_NAMES
+    from kernels.config import KernelConfig
     from tuner.space import load_space
 
     path = tmp_path / "k.db"
@@ -126,7 +127,9 @@ def test_kill_9_loses_at_most_the_running_trial_and_resume_completes(tmp_path, s
     study = optuna.load_study(study_name=name, storage=url)
     params = load_space(SMOKE).parameters
     dists = {p: optuna.distributions.CategoricalDistribution(params[p]) for p in PARAM_NAMES}
-    # a second process took the next queued config and died before beating: a config the grid needs
+    # a second process took the next queued config and died before beating: a config the grid needs (the
+    # last launch of the grid is queued once more, so there is one to take whenever the kill came)
+    study.enqueue_trial(KernelConfig.parse("T32-w4-s1-c4").as_dict(), skip_if_exists=False)
     orphan = study.ask(fixed_distributions=dists)
     assert "fixed_params" in next(t for t in study.get_trials() if t.number == orphan.number).system_attrs
     # a whole smoke search (two levels) five times over, plus the grace period: waiting forever fails here
