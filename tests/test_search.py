@@ -97,9 +97,9 @@ def test_kill_9_loses_at_most_the_running_trial_and_resume_completes(tmp_path, s
     trial a beat, so both go stale after the grace period, are re-queued and measured."""
     import optuna
 
-    from kernels.config import PARAM_NAMES
     from kernels.config import KernelConfig
     from tuner.space import load_space
+    from tuner.study import optuna_distributions
 
     path = tmp_path / "k.db"
     url = f"sqlite:///{path}"
@@ -125,8 +125,7 @@ def test_kill_9_loses_at_most_the_running_trial_and_resume_completes(tmp_path, s
     assert 1 <= before < 3
     (name,) = optuna.get_all_study_names(url)
     study = optuna.load_study(study_name=name, storage=url)
-    params = load_space(SMOKE).parameters
-    dists = {p: optuna.distributions.CategoricalDistribution(params[p]) for p in PARAM_NAMES}
+    dists = optuna_distributions(load_space(SMOKE))
     # a second process took the next queued config and died before beating: a config the grid needs (the
     # last launch of the grid is queued once more, so there is one to take whenever the kill came)
     study.enqueue_trial(KernelConfig.parse("T32-w4-s1-c4").as_dict(), skip_if_exists=False)

@@ -118,7 +118,7 @@ class StudyRun:
         self.reference_us: float | None = None  # the study's A/A baseline median; Optuna's value = ratio x this
         self._beats = hasattr(storage, "record_heartbeat")  # the replay backend's in-memory queue has none
         self.opts, self.stop, self.t_start = opts, stop, t_start
-        self.dists = {p: optuna.distributions.CategoricalDistribution(plan.space.parameters[p]) for p in PARAM_NAMES}
+        self.dists = optuna_distributions(plan.space)
 
     # --- opening -------------------------------------------------------------------------------
 
@@ -369,9 +369,10 @@ class StudyRun:
                 pg.done |= pg.targets  # nothing left anywhere
                 return None
         trial = study.ask(fixed_distributions=self.dists)
+        trial_id = self._trial_id(trial)
         if self._beats:  # at once: a trial without any heartbeat is never failed as stale
-            self.storage.record_heartbeat(self._trial_id(trial))
-        queued = "fixed_params" in self.storage.get_trial(self._trial_id(trial)).system_attrs
+            self.storage.record_heartbeat(trial_id)
+        queued = "fixed_params" in self.storage.get_trial(trial_id).system_attrs
         if self.plan.sampler == "grid" and not queued:
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)  # another host emptied the queue first
             return None
@@ -615,6 +616,11 @@ class StudyRun:
         self.study.add_trial(trial)
 
 
+def optuna_distributions(space: SearchSpace) -> dict[str, optuna.distributions.CategoricalDistribution]:
+    """Every declared parameter as the categorical distribution of its values in ``space`` (how a trial asks)."""
+    return {p: optuna.distributions.CategoricalDistribution(space.parameters[p]) for p in PARAM_NAMES}
+
+
 def new_value_variants(
     best: list[KernelConfig], measured: list[KernelConfig], parameters: dict[str, list]
 ) -> list[KernelConfig]:
@@ -625,14 +631,13 @@ def new_value_variants(
     may not try it there: on the H200, 20 TPE trials per level missed ``PREFETCH=2`` variants worth 10 %
     at V3.2 C=64..96. The caller keeps only what the space holds and what fits.
     """
-    seen = {name: {getattr(c, name) for c in measured} for name in parameters}
-    out: list[KernelConfig] = []
-    for cfg in best:
-        for name, values in parameters.items():
-            for v in values:
-                if measured and v not in seen[name]:
-                    out.append(cfg.replace(**{name: v}))
-    return list(dict.fromkeys(out))
+    if not measured:  # no previous kernel: nothing is new
+        return []
+    new = {
+        name: [v for v in values if v not in {getattr(c, name) for c in measured}]
+        for name, values in parameters.items()
+    }
+    return list(dict.fromkeys(cfg.replace(**{name: v}) for cfg in best for name, vs in new.items() for v in vs))
 
 
 def launch_key(cfg: KernelConfig, workload: Workload, concurrency: int) -> str:
