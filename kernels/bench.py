@@ -31,7 +31,7 @@ import torch
 from kernels import timing
 from kernels.config import KernelConfig
 from kernels.config import kernel_source_hash
-from kernels.config import num_splits_for
+from kernels.config import split_grid
 from kernels.decode import sparse_mla_decode
 from kernels.reference import compare
 from kernels.reference import sparse_mla_decode_ref
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                     "format": fmt,
                     "C": C,
                     "config": name,
-                    "splits": None if cfg is None else num_splits_for(cfg, C, args.heads, wl.topk)[0],
+                    "splits": None if cfg is None else split_grid(cfg, C, args.heads, wl.topk).slots,
                     "us": med,
                     "us_min": min(us),
                     "us_max": max(us),

@@ -115,6 +115,18 @@ PARAMS: tuple[Param, ...] = (
         "2: only tile i+1's indices (one register per token); 0: neither",
         always_in_key=False,
     ),
+    Param(
+        "BALANCED",
+        "b",
+        0,
+        Role.META,
+        "0 or 1",
+        lambda v: _is_int(v) and v in (0, 1),
+        "1: the batch's tiles, row after row, are dealt to ceil(TARGET_CTAS / head_blocks) programs in equal "
+        "contiguous runs that may cross rows (no partial wave of whole rows' splits); 0: every row is split "
+        "alike. A target of no more programs than rows runs the 0 kernel",
+        always_in_key=False,
+    ),
 )
 PARAM_NAMES: tuple[str, ...] = tuple(p.name for p in PARAMS)
 BY_NAME: dict[str, Param] = {p.name: p for p in PARAMS}
@@ -242,14 +254,61 @@ def num_splits_for(config: KernelConfig, batch: int, heads: int, topk: int) -> t
     return -(-n_tiles // per_split), per_split
 
 
+@dataclass(frozen=True)
+class SplitGrid:
+    """How one cache's top-k lists are dealt to the split kernel's programs (per head block).
+
+    ``programs``: the split programs per head block. ``slots``: partial outputs per row, the number the
+    combine merges (1 with one program per row: the split kernel writes the output itself).
+    ``tiles_per_split``: tiles per program of the per-row deal; 0 for the balanced deal, whose programs
+    take ``floor`` or ``ceil`` of ``rows * row_tiles / programs`` tiles each, across row ends.
+    """
+
+    programs: int
+    slots: int
+    tiles_per_split: int
+
+    @property
+    def balanced(self) -> bool:
+        return self.tiles_per_split == 0
+
+
+def split_grid(config: KernelConfig, batch: int, heads: int, topk: int) -> SplitGrid:
+    """The split geometry a call launches for ``batch`` rows (requests times query tokens).
+
+    ``BALANCED=1`` with a target of more programs than rows: ``min(ceil(TARGET_CTAS / head_blocks),
+    rows * row_tiles)`` programs share the rows' tiles equally. A row spans at most
+    ``1 + ceil((row_tiles - 1) / floor(units / programs))`` of them, which bounds its slots. Otherwise
+    (and always with ``BALANCED=0``) the per-row deal of :func:`num_splits_for`.
+    """
+    row_tiles = max(1, -(-topk // config.BLOCK_T))
+    programs = min(-(-config.TARGET_CTAS // head_blocks_for(heads)), batch * row_tiles)
+    if config.BALANCED and programs > batch:
+        least = batch * row_tiles // programs  # >= 1 tile per program
+        return SplitGrid(programs, min(programs, 1 + -(-(row_tiles - 1) // least)), 0)
+    splits, per_split = num_splits_for(config, batch, heads, topk)
+    return SplitGrid(batch * splits, splits, per_split)
+
+
+def effective_config(config: KernelConfig, batch: int, heads: int, topk: int) -> KernelConfig:
+    """The config whose kernel a call at ``batch`` runs: ``BALANCED=1`` that falls back to the per-row
+    deal (a target of no more programs than rows) runs the ``BALANCED=0`` binary."""
+    if config.BALANCED and not split_grid(config, batch, heads, topk).balanced:
+        return config.replace(BALANCED=0)
+    return config
+
+
 def launch_identity(config: KernelConfig, heads: int, topk: int, batch: int) -> tuple:
     """What a call actually launches: the compiled binary and the split geometry.
 
     Two configs with the same identity run exactly the same kernels on the same grid (TARGET_CTAS is
     clamped, so many values give one split count), so one measurement serves both.
     """
-    splits, per_split = num_splits_for(config, batch, heads, topk)
-    return (config.compile_key(), splits, per_split)
+    grid = split_grid(config, batch, heads, topk)
+    key = effective_config(config, batch, heads, topk).compile_key()
+    if grid.balanced:
+        return (key, "balanced", grid.programs, grid.slots)
+    return (key, grid.slots, grid.tiles_per_split)
 
 
 # --- which kernel produced a number --------------------------------------------------------------

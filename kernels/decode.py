@@ -1,11 +1,14 @@
 """Sparse MLA decode (MQA form) over one or two paged FP8 KV caches, in Triton.
 
 Two kernels:
-  ``_split_kernel``   grid (B * s_q * head_blocks, num_splits). One program takes BLOCK_H heads of one
-                      query token and one contiguous slice of its top-k list in one cache, walks it in
-                      BLOCK_T-token tiles (gather, dequantize, q.k^T, online softmax, p.v) and writes bf16
-                      partials and their fp32 lse -- or, when the whole call is one split of one cache,
-                      the final bf16 output (times the sink factor) and lse directly.
+  ``_split_kernel``   One program takes BLOCK_H heads of one query token and one contiguous slice of its
+                      top-k list in one cache, walks it in BLOCK_T-token tiles (gather, dequantize, q.k^T,
+                      online softmax, p.v) and writes bf16 partials and their fp32 lse -- or, when the
+                      whole call is one split of one cache, the final bf16 output (times the sink factor)
+                      and lse directly. How the slices are dealt (``BALANCED``, searched per level):
+                      0: grid (B * s_q * head_blocks, num_splits), every row cut alike. 1: grid
+                      (programs, head_blocks), the batch's tiles cut into equal runs that may cross a
+                      row's end (one partial per row touched), so no partial wave of whole rows' splits.
   ``_combine_kernel`` grid (B * s_q * H,). Merges the splits of one (query token, head) by log-sum-exp
                       in fp32, then applies the attention sink. Not launched when the call is a single split.
 
@@ -28,6 +31,11 @@ Partial outputs are bf16, like the final output: at V4 C=96 they halve the split
 Head blocking: BLOCK_H = max(16, next_pow2(H)) capped at 32 (tl.dot needs M >= 16; 32 heads of
 fp32 accumulators [32, 512] are already 128 registers/thread at 4 warps), so head_blocks = ceil(H / 32)
 for H > 32. Every KV tile is read once per head block.
+
+KV loads: fp8_v32's 512 e4m3 bytes per token are loaded as 128 32-bit words when the tile loop is not
+staged (``WORDS``, see :func:`kv_words`); the tile is then dequantized as four interleaved slices (byte j
+of word m is dim 4m + j), q is split the same way, and P.V fills four [BLOCK_H, 128] accumulators that are
+interleaved once per program, so no byte shuffle is left in the loop.
 
 Dequantization (see :func:`_dequant`): the dots take fp16 operands on the GPU. e4m3 converts to fp16
 exactly (one native cvt per byte pair on sm_89+, sm_120 included), and one fp16 multiply applies the
@@ -57,7 +65,8 @@ from triton.language.extra.cuda import gdc_wait
 from kernels.config import DEFAULT_CONFIG
 from kernels.config import KernelConfig
 from kernels.config import block_h_for
-from kernels.config import num_splits_for
+from kernels.config import effective_config
+from kernels.config import split_grid
 from kernels.kv_format import KVFormat
 from kernels.kv_format import check_cache
 from kernels.kv_format import get_format
@@ -95,15 +104,16 @@ def _dequant(b_u8, b_scale, NATIVE_FP8: tl.constexpr, DOT_F32: tl.constexpr):
 
 
 @triton.jit
-def _gather_kv_tile(KV8, KV16, KV32, b_idx, m_tok, FORMAT: tl.constexpr, PAGE_SIZE: tl.constexpr):
+def _gather_kv_tile(KV8, KV16, KV32, b_idx, m_tok, FORMAT: tl.constexpr, PAGE_SIZE: tl.constexpr, WORDS: tl.constexpr):
     """Issue the loads of one tile: (e4m3 bytes, their scales as stored, the bf16 rope part).
 
     fp8_model1: bytes [T, 8, 64] (group 7 is not read), ue8m0 exponents [T, 8] (uint8), rope [T, 64],
-    which is dims 448..511 of the key and of V. fp8_v32: bytes [T, 4, 128], fp32 scales [T, 4],
-    rope [T, 64] (keys only). Masked-out tokens (``m_tok`` false) are never read. Offsets are written
-    per view (bytes, bf16 or fp32 elements) from the token index so that Triton can prove their
-    alignment and vectorize the loads. Nothing here waits for the data: the loop issues the next
-    tile's gather before it computes on this one.
+    which is dims 448..511 of the key and of V. fp8_v32: bytes [T, 4, 128], or with ``WORDS`` the same
+    512 bytes as 128 32-bit words [T, 128] (word m holds dims 4m..4m+3); fp32 scales [T, 4], rope [T, 64]
+    (keys only). Masked-out tokens (``m_tok`` false) are never read. Offsets are written per view (bytes,
+    bf16 or fp32 elements) from the token index so that Triton can prove their alignment and vectorize
+    the loads. Nothing here waits for the data: the loop issues the next tile's gather before it
+    computes on this one.
     """
     b_idx = b_idx.to(tl.int64)
     o_rope = tl.arange(0, 64)
@@ -123,9 +133,14 @@ def _gather_kv_tile(KV8, KV16, KV32, b_idx, m_tok, FORMAT: tl.constexpr, PAGE_SI
         b_rope = tl.load(KV16 + o_rope16[:, None] + o_rope[None, :], mask=m_tok[:, None], other=0.0)
     else:
         o_g = tl.arange(0, 4)
-        o_j = tl.arange(0, 128)
-        o_nope = b_idx[:, None, None] * 656 + o_g[None, :, None] * 128 + o_j[None, None, :]
-        b_q8 = tl.load(KV8 + o_nope, mask=m_tok[:, None, None], other=0)
+        if WORDS:
+            o_w = tl.arange(0, 128)
+            b_q8 = tl.load(KV32 + b_idx[:, None] * 164 + o_w[None, :], mask=m_tok[:, None], other=0.0)
+            b_q8 = b_q8.to(tl.int32, bitcast=True)  # [T, 128]
+        else:
+            o_j = tl.arange(0, 128)
+            o_nope = b_idx[:, None, None] * 656 + o_g[None, :, None] * 128 + o_j[None, None, :]
+            b_q8 = tl.load(KV8 + o_nope, mask=m_tok[:, None, None], other=0)
         b_sc = tl.load(KV32 + (b_idx * 164 + 128)[:, None] + o_g[None, :], mask=m_tok[:, None], other=0.0)
         b_rope = tl.load(KV16 + (b_idx * 328 + 264)[:, None] + o_rope[None, :], mask=m_tok[:, None], other=0.0)
     return b_q8, b_sc, b_rope
@@ -135,7 +150,7 @@ def _gather_kv_tile(KV8, KV16, KV32, b_idx, m_tok, FORMAT: tl.constexpr, PAGE_SI
 def _dequant_kv_tile(
     b_q8, b_sc, b_rope, FORMAT: tl.constexpr, BLOCK_T: tl.constexpr, DOT_F32: tl.constexpr, NATIVE_FP8: tl.constexpr
 ):
-    """One gathered tile as the dots' operands: (k [BLOCK_T, 512], k_rope [BLOCK_T, 64]).
+    """One gathered byte tile as the dots' operands: (k [BLOCK_T, 512], k_rope [BLOCK_T, 64]).
 
     fp8_model1: k is the whole 512-dim key (448 nope + 64 rope, which is also V); k_rope is unused.
     fp8_v32:    k is the 512 nope dims (also V) and k_rope the 64 rope dims (keys only).
@@ -155,6 +170,16 @@ def _dequant_kv_tile(
 
 
 @triton.jit
+def _dequant_word_byte(
+    b_w, b_sc, J: tl.constexpr, BLOCK_T: tl.constexpr, DOT_F32: tl.constexpr, NATIVE_FP8: tl.constexpr
+):
+    """Byte J of every word [T, 128] as dims 4m + J of the key, scaled: [T, 128] (dim 4m + J is in group m // 32)."""
+    b_u8 = ((b_w >> (8 * J)) & 0xFF).to(tl.uint8)
+    b_x = _dequant(tl.reshape(b_u8, (BLOCK_T, 4, 32)), b_sc[:, :, None], NATIVE_FP8, DOT_F32)
+    return tl.reshape(b_x, (BLOCK_T, 128))
+
+
+@triton.jit
 def _tile_indices(p_idx, t_first, t_end, num_tokens, BLOCK_T: tl.constexpr):
     """Token indices of the tile starting at ``t_first`` and their mask (out of range: index 0, masked)."""
     o_t = t_first + tl.arange(0, BLOCK_T)
@@ -163,10 +188,230 @@ def _tile_indices(p_idx, t_first, t_end, num_tokens, BLOCK_T: tl.constexpr):
     return tl.where(m_tok, b_idx, 0), m_tok
 
 
+@triton.jit
+def _zero_state(BLOCK_H: tl.constexpr, WORDS: tl.constexpr):
+    """(m, l, a0, a1, a2, a3) of an empty softmax. The output accumulates in a0 [BLOCK_H, 512], or with
+    ``WORDS`` as four interleaved slices a_j [BLOCK_H, 128] (output dims 4m + j); unused ones are [1, 1]."""
+    b_m = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
+    b_l = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    if WORDS:
+        b_a0 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
+        b_a1 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
+        b_a2 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
+        b_a3 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
+    else:
+        b_a0 = tl.zeros((BLOCK_H, 512), dtype=tl.float32)
+        b_a1 = tl.zeros((1, 1), dtype=tl.float32)
+        b_a2 = tl.zeros((1, 1), dtype=tl.float32)
+        b_a3 = tl.zeros((1, 1), dtype=tl.float32)
+    return b_m, b_l, b_a0, b_a1, b_a2, b_a3
+
+
+@triton.jit
+def _tile_step(
+    p_q,
+    m_h,
+    c_q8,
+    c_sc,
+    c_rope,
+    m_tok,
+    qk_scale,
+    b_m,
+    b_l,
+    b_a0,
+    b_a1,
+    b_a2,
+    b_a3,
+    FORMAT: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    WORDS: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    NATIVE_FP8: tl.constexpr,
+):
+    """One gathered tile into the online softmax of BLOCK_H heads (q at ``p_q``): the updated state."""
+    o_d = tl.arange(0, 512)
+    if WORDS:
+        # q . k = sum over the four interleaved slices (dims 4m + j), so no byte shuffle is needed
+        b_k0 = _dequant_word_byte(c_q8, c_sc, 0, BLOCK_T, DOT_F32, NATIVE_FP8)
+        b_k1 = _dequant_word_byte(c_q8, c_sc, 1, BLOCK_T, DOT_F32, NATIVE_FP8)
+        b_k2 = _dequant_word_byte(c_q8, c_sc, 2, BLOCK_T, DOT_F32, NATIVE_FP8)
+        b_k3 = _dequant_word_byte(c_q8, c_sc, 3, BLOCK_T, DOT_F32, NATIVE_FP8)
+        dt = b_k0.dtype
+        # q read whole (vectorized), then split into its slices: dims 4m + 2a + b -> slice 2a + b
+        b_q = tl.load(p_q + o_d[None, :], mask=m_h[:, None], other=0.0).to(dt)
+        b_qa, b_qb = tl.split(tl.reshape(b_q, (b_q.shape[0], 128, 2, 2)))  # b = 0, 1
+        b_q0, b_q2 = tl.split(b_qa)
+        b_q1, b_q3 = tl.split(b_qb)
+        b_s = tl.dot(b_q0, tl.trans(b_k0))
+        b_s = tl.dot(b_q1, tl.trans(b_k1), b_s)
+        b_s = tl.dot(b_q2, tl.trans(b_k2), b_s)
+        b_s = tl.dot(b_q3, tl.trans(b_k3), b_s)
+        b_qr = tl.load(p_q + 512 + tl.arange(0, 64)[None, :], mask=m_h[:, None], other=0.0).to(dt)
+        b_s = tl.dot(b_qr, tl.trans(c_rope.to(dt)), b_s)
+    else:
+        b_k, b_kr = _dequant_kv_tile(c_q8, c_sc, c_rope, FORMAT, BLOCK_T, DOT_F32, NATIVE_FP8)
+        dt = b_k.dtype
+        # q is re-read every tile (an L1 hit) on purpose: kept live across the loop as an mma operand
+        # it costs every warp 16 x 576 x 2 / 32 = 576 B of registers and halves occupancy.
+        b_q = tl.load(p_q + o_d[None, :], mask=m_h[:, None], other=0.0).to(dt)  # [BLOCK_H, 512]
+        b_s = tl.dot(b_q, tl.trans(b_k))  # [BLOCK_H, BLOCK_T]
+        if FORMAT == 1:
+            b_qr = tl.load(p_q + 512 + tl.arange(0, 64)[None, :], mask=m_h[:, None], other=0.0).to(dt)
+            b_s = tl.dot(b_qr, tl.trans(b_kr), b_s)
+    b_s = tl.where(m_tok[None, :], b_s * qk_scale, float("-inf"))
+    b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))
+    b_m_use = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)  # no (-inf) - (-inf)
+    b_alpha = tl.exp2(b_m - b_m_use)
+    b_p = tl.exp2(b_s - b_m_use[:, None])
+    b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
+    b_pk = b_p.to(dt)
+    if WORDS:
+        b_a0 = b_a0 * b_alpha[:, None] + tl.dot(b_pk, b_k0)  # [BLOCK_H, 128]: output dims 4m + 0
+        b_a1 = b_a1 * b_alpha[:, None] + tl.dot(b_pk, b_k1)
+        b_a2 = b_a2 * b_alpha[:, None] + tl.dot(b_pk, b_k2)
+        b_a3 = b_a3 * b_alpha[:, None] + tl.dot(b_pk, b_k3)
+    else:
+        b_a0 = b_a0 * b_alpha[:, None] + tl.dot(b_pk, b_k)  # [BLOCK_H, 512]
+    return b_m_new, b_l, b_a0, b_a1, b_a2, b_a3
+
+
+@triton.jit
+def _softmax_result(b_m, b_l, b_a0, b_a1, b_a2, b_a3, WORDS: tl.constexpr):
+    """(o [BLOCK_H, 512] normalized, lse natural log, empty) of a softmax state; an empty row has o = 0."""
+    if WORDS:  # dims 4m + 2a + b <- slice 2a + b: one interleave per result, outside the tile loop
+        b_acc = tl.reshape(tl.join(tl.join(b_a0, b_a2), tl.join(b_a1, b_a3)), (b_a0.shape[0], 512))
+    else:
+        b_acc = b_a0
+    m_empty = b_l == 0.0
+    b_o = b_acc / tl.where(m_empty, 1.0, b_l)[:, None]
+    b_lse = (b_m + tl.log2(tl.where(m_empty, 1.0, b_l))) * 0.6931471805599453  # natural log
+    return b_o, b_lse, m_empty
+
+
+@triton.jit
+def _store_partial(OPart, LPart, b_o, b_lse, m_empty, o_row, m_h):
+    """A split's partial output (bf16) and lse (fp32, -inf when it saw no valid token) at rows ``o_row``."""
+    o_d = tl.arange(0, 512)
+    tl.store(OPart + o_row[:, None] * 512 + o_d[None, :], b_o.to(OPart.dtype.element_ty), mask=m_h[:, None])
+    tl.store(LPart + o_row, tl.where(m_empty, float("-inf"), b_lse), mask=m_h)
+
+
+@triton.jit
+def _attend(
+    Out,
+    Lse,
+    OPart,
+    LPart,
+    Q,
+    KV8,
+    KV16,
+    KV32,
+    Idx,
+    TopkLen,
+    Sink,
+    stride_qb,
+    stride_qs,
+    stride_qh,
+    sm_scale,
+    topk,
+    num_tokens,
+    split_base,
+    total_splits,
+    q_tokens,
+    i_r,
+    i_hb,
+    i_slot,
+    t_begin,
+    t_stop,
+    H: tl.constexpr,
+    FORMAT: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    WORDS: tl.constexpr,
+    HAS_TOPK_LEN: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    WRITE_FINAL: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    NATIVE_FP8: tl.constexpr,
+):
+    """BLOCK_H heads of query row ``i_r`` over tokens [t_begin, t_stop) of its top-k list: the tile loop,
+    then the final output (WRITE_FINAL) or the partial output and lse in slot ``i_slot`` of the row."""
+    i_b = i_r // q_tokens
+    i_q = i_r % q_tokens
+    n_valid = topk
+    if HAS_TOPK_LEN:
+        n_valid = tl.minimum(tl.maximum(tl.load(TopkLen + i_b), 0), topk)
+    t_end = tl.minimum(t_stop, n_valid)
+    # tiles wholly past topk_length are skipped, not masked
+    n_tiles = tl.maximum(t_end - t_begin + BLOCK_T - 1, 0) // BLOCK_T
+
+    o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    m_h = o_h < H
+    p_q = Q + i_b * stride_qb + i_q * stride_qs + o_h[:, None] * stride_qh
+    qk_scale = sm_scale * 1.4426950408889634  # softmax in base 2
+    b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _zero_state(BLOCK_H, WORDS)
+    p_idx = Idx + i_r * topk
+    if PREFETCH == 1:
+        # Tile prefetch: tile i+1's indices and KV bytes are loaded before tile i's math, so the two
+        # dependent global latencies (index, then KV) overlap the dots. A tile past t_end is fully masked.
+        b_idx, m_next = _tile_indices(p_idx, t_begin, t_end, num_tokens, BLOCK_T)
+        r_q8, r_sc, r_rope = _gather_kv_tile(KV8, KV16, KV32, b_idx, m_next, FORMAT, PAGE_SIZE, WORDS)
+    elif PREFETCH == 2:
+        # Index prefetch only: one register per token instead of the whole tile; the KV gather's
+        # address is ready at the top of the iteration, so one of the two latencies is hidden.
+        n_idx, m_next = _tile_indices(p_idx, t_begin, t_end, num_tokens, BLOCK_T)
+    for i_t in range(0, n_tiles):
+        if PREFETCH == 2:
+            b_idx, m_tok = n_idx, m_next
+            c_q8, c_sc, c_rope = _gather_kv_tile(KV8, KV16, KV32, b_idx, m_tok, FORMAT, PAGE_SIZE, WORDS)
+            n_idx, m_next = _tile_indices(p_idx, t_begin + (i_t + 1) * BLOCK_T, t_end, num_tokens, BLOCK_T)
+        elif PREFETCH == 1:
+            m_tok = m_next
+            c_q8, c_sc, c_rope = r_q8, r_sc, r_rope
+            b_idx, m_next = _tile_indices(p_idx, t_begin + (i_t + 1) * BLOCK_T, t_end, num_tokens, BLOCK_T)
+            r_q8, r_sc, r_rope = _gather_kv_tile(KV8, KV16, KV32, b_idx, m_next, FORMAT, PAGE_SIZE, WORDS)
+        else:
+            b_idx, m_tok = _tile_indices(p_idx, t_begin + i_t * BLOCK_T, t_end, num_tokens, BLOCK_T)
+            c_q8, c_sc, c_rope = _gather_kv_tile(KV8, KV16, KV32, b_idx, m_tok, FORMAT, PAGE_SIZE, WORDS)
+        b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _tile_step(
+            p_q, m_h, c_q8, c_sc, c_rope, m_tok, qk_scale, b_m, b_l, b_a0, b_a1, b_a2, b_a3,
+            FORMAT, BLOCK_T, WORDS, DOT_F32, NATIVE_FP8,
+        )  # fmt: skip
+
+    b_o, b_lse, m_empty = _softmax_result(b_m, b_l, b_a0, b_a1, b_a2, b_a3, WORDS)
+    if WRITE_FINAL:
+        if HAS_SINK:
+            # exp(lse) / (exp(lse) + exp(sink)); an empty row stays zero whatever the sink
+            b_sink = tl.load(Sink + o_h, mask=m_h, other=0.0)
+            b_w = 1.0 / (1.0 + tl.exp(b_sink - tl.where(m_empty, 0.0, b_lse)))
+            b_o = b_o * tl.where(m_empty, 0.0, b_w)[:, None]
+        o_d = tl.arange(0, 512)
+        p_o = Out + (i_r * H + o_h)[:, None] * 512 + o_d[None, :]  # Out [B, s_q, H, 512]
+        tl.store(p_o, b_o.to(tl.bfloat16), mask=m_h[:, None])
+        p_lse = Lse + (i_b * H + o_h) * q_tokens + i_q  # Lse [B, H, s_q]
+        tl.store(p_lse, tl.where(m_empty, float("inf"), b_lse), mask=m_h)
+    else:
+        o_row = (i_r * total_splits + split_base + i_slot) * H + o_h  # OPart [B * s_q, total_splits, H, 512]
+        _store_partial(OPart, LPart, b_o, b_lse, m_empty, o_row, m_h)
+
+
 # Integer arguments are not value-specialized (==1, %16): one compile per config and format serves
 # every batch size and query-token count, which keeps the tuner's compile time to two variants
 # (WRITE_FINAL) per config and format.
-@triton.jit(do_not_specialize=["topk", "num_tokens", "tiles_per_split", "split_base", "total_splits", "q_tokens"])
+@triton.jit(
+    do_not_specialize=[
+        "topk",
+        "num_tokens",
+        "tiles_per_split",
+        "split_base",
+        "total_splits",
+        "q_tokens",
+        "rows",
+        "slots",
+    ]
+)
 def _split_kernel(
     Out,
     Lse,
@@ -189,12 +434,16 @@ def _split_kernel(
     split_base,
     total_splits,
     q_tokens,
+    rows,
+    slots,
     H: tl.constexpr,
     FORMAT: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr,
     PREFETCH: tl.constexpr,
+    BALANCED: tl.constexpr,
+    WORDS: tl.constexpr,
     HAS_TOPK_LEN: tl.constexpr,
     HAS_SINK: tl.constexpr,
     WRITE_FINAL: tl.constexpr,
@@ -205,88 +454,57 @@ def _split_kernel(
     if USE_PDL:  # programmatic dependent launch: wait for the kernel before, then let the next one start
         gdc_wait()
         gdc_launch_dependents()
-    i_bh = tl.program_id(0).to(tl.int64)
-    i_s = tl.program_id(1).to(tl.int64)
-    head_blocks: tl.constexpr = (H + BLOCK_H - 1) // BLOCK_H
-    i_r = i_bh // head_blocks  # query row: request * q_tokens + token
-    i_hb = i_bh % head_blocks
-    i_b = i_r // q_tokens
-    i_q = i_r % q_tokens
-
-    n_valid = topk
-    if HAS_TOPK_LEN:
-        n_valid = tl.minimum(tl.maximum(tl.load(TopkLen + i_b), 0), topk)
-    t_begin = i_s * tiles_per_split * BLOCK_T
-    t_end = tl.minimum(t_begin + tiles_per_split * BLOCK_T, n_valid)
-    # tiles wholly past topk_length are skipped, not masked
-    n_tiles = tl.maximum(t_end - t_begin + BLOCK_T - 1, 0) // BLOCK_T
-
-    o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    m_h = o_h < H
-    o_d = tl.arange(0, 512)
-    p_q = Q + i_b * stride_qb + i_q * stride_qs + o_h[:, None] * stride_qh
-
-    qk_scale = sm_scale * 1.4426950408889634  # softmax in base 2
-    b_m = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
-    b_l = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    b_acc = tl.zeros((BLOCK_H, 512), dtype=tl.float32)
-    p_idx = Idx + i_r * topk
-    if PREFETCH == 1:
-        # Tile prefetch: tile i+1's indices and KV bytes are loaded before tile i's math, so the two
-        # dependent global latencies (index, then KV) overlap the dots. A tile past t_end is fully masked.
-        b_idx, m_next = _tile_indices(p_idx, t_begin, t_end, num_tokens, BLOCK_T)
-        r_q8, r_sc, r_rope = _gather_kv_tile(KV8, KV16, KV32, b_idx, m_next, FORMAT, PAGE_SIZE)
-    elif PREFETCH == 2:
-        # Index prefetch only: one register per token instead of the whole tile; the KV gather's
-        # address is ready at the top of the iteration, so one of the two latencies is hidden.
-        n_idx, m_next = _tile_indices(p_idx, t_begin, t_end, num_tokens, BLOCK_T)
-    for i_t in range(0, n_tiles):
-        if PREFETCH == 2:
-            b_idx, m_tok = n_idx, m_next
-            c_q8, c_sc, c_rope = _gather_kv_tile(KV8, KV16, KV32, b_idx, m_tok, FORMAT, PAGE_SIZE)
-            n_idx, m_next = _tile_indices(p_idx, t_begin + (i_t + 1) * BLOCK_T, t_end, num_tokens, BLOCK_T)
-        elif PREFETCH == 1:
-            m_tok = m_next
-            c_q8, c_sc, c_rope = r_q8, r_sc, r_rope
-            b_idx, m_next = _tile_indices(p_idx, t_begin + (i_t + 1) * BLOCK_T, t_end, num_tokens, BLOCK_T)
-            r_q8, r_sc, r_rope = _gather_kv_tile(KV8, KV16, KV32, b_idx, m_next, FORMAT, PAGE_SIZE)
-        else:
-            b_idx, m_tok = _tile_indices(p_idx, t_begin + i_t * BLOCK_T, t_end, num_tokens, BLOCK_T)
-            c_q8, c_sc, c_rope = _gather_kv_tile(KV8, KV16, KV32, b_idx, m_tok, FORMAT, PAGE_SIZE)
-        b_k, b_kr = _dequant_kv_tile(c_q8, c_sc, c_rope, FORMAT, BLOCK_T, DOT_F32, NATIVE_FP8)
-        # q is re-read every tile (an L1 hit) on purpose: kept live across the loop as an mma operand
-        # it costs every warp 16 x 576 x 2 / 32 = 576 B of registers and halves occupancy.
-        b_q = tl.load(p_q + o_d[None, :], mask=m_h[:, None], other=0.0).to(b_k.dtype)  # [BLOCK_H, 512]
-        b_s = tl.dot(b_q, tl.trans(b_k))  # [BLOCK_H, BLOCK_T]
-        if FORMAT == 1:
-            b_qr = tl.load(p_q + 512 + tl.arange(0, 64)[None, :], mask=m_h[:, None], other=0.0).to(b_k.dtype)
-            b_s = tl.dot(b_qr, tl.trans(b_kr), b_s)
-        b_s = tl.where(m_tok[None, :], b_s * qk_scale, float("-inf"))
-        b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))
-        b_m_use = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)  # no (-inf) - (-inf)
-        b_alpha = tl.exp2(b_m - b_m_use)
-        b_p = tl.exp2(b_s - b_m_use[:, None])
-        b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
-        b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_k.dtype), b_k)  # [BLOCK_H, 512]
-        b_m = b_m_new
-
-    m_empty = b_l == 0.0
-    b_o = b_acc / tl.where(m_empty, 1.0, b_l)[:, None]
-    b_lse = (b_m + tl.log2(tl.where(m_empty, 1.0, b_l))) * 0.6931471805599453  # natural log
-    if WRITE_FINAL:
-        if HAS_SINK:
-            # exp(lse) / (exp(lse) + exp(sink)); an empty row stays zero whatever the sink
-            b_sink = tl.load(Sink + o_h, mask=m_h, other=0.0)
-            b_w = 1.0 / (1.0 + tl.exp(b_sink - tl.where(m_empty, 0.0, b_lse)))
-            b_o = b_o * tl.where(m_empty, 0.0, b_w)[:, None]
-        p_o = Out + (i_r * H + o_h)[:, None] * 512 + o_d[None, :]  # Out [B, s_q, H, 512]
-        tl.store(p_o, b_o.to(tl.bfloat16), mask=m_h[:, None])
-        p_lse = Lse + (i_b * H + o_h) * q_tokens + i_q  # Lse [B, H, s_q]
-        tl.store(p_lse, tl.where(m_empty, float("inf"), b_lse), mask=m_h)
-    else:
-        o_row = (i_r * total_splits + split_base + i_s) * H + o_h  # OPart [B * s_q, total_splits, H, 512]
-        tl.store(OPart + o_row[:, None] * 512 + o_d[None, :], b_o.to(OPart.dtype.element_ty), mask=m_h[:, None])
-        tl.store(LPart + o_row, tl.where(m_empty, float("-inf"), b_lse), mask=m_h)
+    if BALANCED:
+        # grid (programs, head_blocks): the batch's rows * row_tiles tiles, row after row, are cut into
+        # equal contiguous runs (floor or ceil of units / programs), one per program, so every program
+        # does the same work whatever the batch size. Programs outnumber rows, so a run is at most
+        # row_tiles long and touches at most two rows: the end of row i_r, then the start of the next.
+        # A straight-line second segment, not a loop over segments: the loop nest spilled on sm_120.
+        i_c = tl.program_id(0)
+        i_hb = tl.program_id(1)
+        n_progs = tl.num_programs(0)
+        row_tiles = tl.cdiv(topk, BLOCK_T)
+        n_units = rows * row_tiles
+        u = (i_c.to(tl.int64) * n_units // n_progs).to(tl.int32)
+        u_end = ((i_c + 1).to(tl.int64) * n_units // n_progs).to(tl.int32)
+        i_r = u // row_tiles
+        row_end = (i_r + 1) * row_tiles
+        seg_end = tl.minimum(u_end, row_end)
+        # slot = this program's place among the row's: the row's first tile belongs to program
+        # ((first tile + 1) * programs - 1) // units (the inverse of the deal)
+        i_slot = i_c - (((i_r * row_tiles + 1).to(tl.int64) * n_progs - 1) // n_units).to(tl.int32)
+        _attend(
+            Out, Lse, OPart, LPart, Q, KV8, KV16, KV32, Idx, TopkLen, Sink, stride_qb, stride_qs, stride_qh,
+            sm_scale, topk, num_tokens, split_base, total_splits, q_tokens, i_r.to(tl.int64), i_hb, i_slot,
+            (u - i_r * row_tiles) * BLOCK_T, (seg_end - i_r * row_tiles) * BLOCK_T,
+            H, FORMAT, PAGE_SIZE, BLOCK_H, BLOCK_T, PREFETCH, WORDS, HAS_TOPK_LEN, False, False, DOT_F32,
+            NATIVE_FP8,
+        )  # fmt: skip
+        if seg_end == row_end:  # the row's last program marks the slots no program of this row uses
+            o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
+            for i_k in range(i_slot + 1, slots):
+                o_row = (i_r.to(tl.int64) * total_splits + split_base + i_k) * H + o_h
+                tl.store(LPart + o_row, tl.full((BLOCK_H,), float("-inf"), tl.float32), mask=o_h < H)
+        if u_end > row_end:  # the next row's first tiles: this program is that row's slot 0
+            _attend(
+                Out, Lse, OPart, LPart, Q, KV8, KV16, KV32, Idx, TopkLen, Sink, stride_qb, stride_qs, stride_qh,
+                sm_scale, topk, num_tokens, split_base, total_splits, q_tokens, i_r.to(tl.int64) + 1, i_hb, 0,
+                0, (u_end - row_end) * BLOCK_T,
+                H, FORMAT, PAGE_SIZE, BLOCK_H, BLOCK_T, PREFETCH, WORDS, HAS_TOPK_LEN, False, False, DOT_F32,
+                NATIVE_FP8,
+            )  # fmt: skip
+    else:  # grid (rows * head_blocks, splits): split i_s of one row takes tiles_per_split tiles
+        i_bh = tl.program_id(0).to(tl.int64)
+        i_s = tl.program_id(1).to(tl.int64)
+        head_blocks: tl.constexpr = (H + BLOCK_H - 1) // BLOCK_H
+        t0 = i_s * tiles_per_split * BLOCK_T
+        _attend(
+            Out, Lse, OPart, LPart, Q, KV8, KV16, KV32, Idx, TopkLen, Sink, stride_qb, stride_qs, stride_qh,
+            sm_scale, topk, num_tokens, split_base, total_splits, q_tokens, i_bh // head_blocks, i_bh % head_blocks,
+            i_s, t0, t0 + tiles_per_split * BLOCK_T,
+            H, FORMAT, PAGE_SIZE, BLOCK_H, BLOCK_T, PREFETCH, WORDS, HAS_TOPK_LEN, HAS_SINK, WRITE_FINAL, DOT_F32,
+            NATIVE_FP8,
+        )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["num_splits", "q_tokens"])
@@ -322,8 +540,9 @@ def _combine_kernel(
     b_acc = tl.zeros((512,), dtype=tl.float32)
     for i_s in range(0, num_splits):
         o_row = (i_r * num_splits + i_s) * H + i_h
-        b_w = tl.exp(tl.load(LPart + o_row) - b_lse)  # 0 for an empty split
-        b_acc += b_w * tl.load(OPart + o_row * 512 + o_d).to(tl.float32)
+        b_w = tl.exp(tl.load(LPart + o_row) - b_lse)  # 0 for an empty split or a slot no program used
+        b_o = tl.load(OPart + o_row * 512 + o_d, mask=o_d < tl.where(b_w > 0.0, 512, 0), other=0.0)  # not read there
+        b_acc += b_w * b_o.to(tl.float32)
     if HAS_SINK:
         b_sink = tl.load(Sink + i_h)
         b_acc = b_acc * tl.where(m_empty, 0.0, 1.0 / (1.0 + tl.exp(b_sink - b_lse)))
@@ -408,6 +627,18 @@ def use_pdl(device: torch.device) -> bool:
     return _compiled_for(device, (9, 0))
 
 
+def kv_words(fmt: KVFormat, config: KernelConfig) -> bool:
+    """Whether the split kernel loads the cache's e4m3 bytes as 32-bit words (``WORDS``).
+
+    fp8_v32 in a tile loop that Triton does not stage (one stage, or the register prefetch, which the
+    pipeliner leaves alone): 4x fewer loads and no byte shuffle (measured -15 to -21 % at C >= 48 on
+    the H200, docs/benchmarks.md, kernel v6). A staged loop keeps the byte tile: staged as words it
+    grows to 109 824 B of shared memory at BLOCK_T 64, over sm_120's 101 376 B, where the byte tile fits.
+    fp8_model1 keeps its byte path (a 448-byte nope part in 64-byte groups).
+    """
+    return fmt.name == "fp8_v32" and (config.num_stages == 1 or config.PREFETCH == 1)
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -462,8 +693,8 @@ def _plan(
     lse = torch.empty(B, H, s_q, dtype=torch.float32, device=dev)
     block_h = block_h_for(H)
     head_blocks = -(-H // block_h)
-    splits = [num_splits_for(config, rows, H, c.indices.shape[-1]) for c in caches]
-    total_splits = sum(n for n, _ in splits)
+    grids = [split_grid(config, rows, H, c.indices.shape[-1]) for c in caches]
+    total_splits = sum(g.slots for g in grids)
     write_final = total_splits == 1
     if write_final:
         o_part, l_part = out, lse  # unused
@@ -474,13 +705,15 @@ def _plan(
     pdl_option = {"launch_pdl": True} if pdl else {}
     launches = []
     split_base = 0
-    for c, (num_splits, tiles_per_split) in zip(caches, splits, strict=True):
+    for c, grid in zip(caches, grids, strict=True):
         num_pages, page_size, _ = c.kv.shape
+        topk = c.indices.shape[-1]
+        effective = effective_config(config, rows, H, topk)
         launches.append(
             Launch(
                 "split",
                 _split_kernel,
-                (rows * head_blocks, num_splits),
+                (grid.programs, head_blocks) if grid.balanced else (rows * head_blocks, grid.slots),
                 {
                     "Out": out,
                     "Lse": lse,
@@ -497,19 +730,22 @@ def _plan(
                     "stride_qs": q.stride(1),
                     "stride_qh": q.stride(2),
                     "sm_scale": float(sm_scale),
-                    "topk": c.indices.shape[-1],
+                    "topk": topk,
                     "num_tokens": num_pages * page_size,
-                    "tiles_per_split": tiles_per_split,
+                    "tiles_per_split": grid.tiles_per_split,
                     "split_base": split_base,
                     "total_splits": total_splits,
                     "q_tokens": s_q,
+                    "rows": rows,
+                    "slots": grid.slots,
                 },
                 {
                     "H": H,
                     "FORMAT": FORMAT_IDS[c.fmt.name],
                     "PAGE_SIZE": page_size,
                     "BLOCK_H": block_h,
-                    **config.meta(),
+                    **effective.meta(),
+                    "WORDS": kv_words(c.fmt, effective),
                     "HAS_TOPK_LEN": c.topk_length is not None,
                     "HAS_SINK": write_final and attn_sink is not None,
                     "WRITE_FINAL": write_final,
@@ -520,7 +756,7 @@ def _plan(
                 {**config.options(), **pdl_option},
             )
         )
-        split_base += num_splits
+        split_base += grid.slots
     if not write_final:
         launches.append(
             Launch(

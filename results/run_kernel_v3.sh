@@ -8,6 +8,8 @@
 # reports what it measured. Each column is a variant's fastest correct config at that point.
 #   VARIANTS="a_bf16_partials a_bf16_partials+c_fp16_operands" bash results/run_kernel_v3.sh
 #   PATCH_DIR=docs/experiments/kernel_v4 VARIANTS="e_prefetch" VCONFIGS=T32-w8-s1-c512 bash results/run_kernel_v3.sh
+# Optional: BASE_CONFIGS (more configs for the base run), VFORMATS (the formats the variants run on; default both),
+# VC (the variants' concurrency levels; default $C).
 set -euo pipefail
 OUT=${OUT:-results/out}
 mkdir -p "$OUT"
@@ -17,14 +19,17 @@ VARIANTS=${VARIANTS:-"d_fused_combine"}
 PATCH_DIR=${PATCH_DIR:-docs/experiments/kernel_v3}
 VCONFIGS=${VCONFIGS:+,$VCONFIGS}
 LIMIT=${LIMIT:-0}  # seconds per bench run; 0 = no limit
+BASE_CONFIGS=${BASE_CONFIGS:+,$BASE_CONFIGS}
+VFORMATS=${VFORMATS:-fp8_model1,fp8_v32}
+VC=${VC:-$C}
 clean=$(mktemp -d)
 cp kernels/*.py "$clean"  # each variant starts from the kernel as it is now (a patch may touch any of its files)
-timeout "$LIMIT" python3 -m kernels.bench --configs table --concurrency "$C" --samples "$SAMPLES" ${BASE_FLAGS:-} \
+timeout "$LIMIT" python3 -m kernels.bench --configs "table$BASE_CONFIGS" --concurrency "$C" --samples "$SAMPLES" ${BASE_FLAGS:-} \
   --out "$OUT/bench_base.json" > "$OUT/bench_base.log" 2>&1 || true
 for v in $VARIANTS; do
   cp "$clean"/*.py kernels/
   for p in ${v//+/ }; do git apply "$PATCH_DIR/$p.patch"; done
-  timeout "$LIMIT" python3 -m kernels.bench --configs "table$VCONFIGS" --concurrency "$C" --samples "$SAMPLES" \
+  timeout "$LIMIT" python3 -m kernels.bench --configs "table$VCONFIGS" --concurrency "$VC" --formats "$VFORMATS" --samples "$SAMPLES" \
     --no-ref --no-flashmla \
     --out "$OUT/bench_${v//+/_}.json" > "$OUT/bench_${v//+/_}.log" 2>&1 || true
 done
@@ -47,11 +52,11 @@ def best(rs, key):
 
 base = rows("base")
 runs = {n: rows(n) for n in names}
-print("format    C   base  " + "  ".join(f"{k[-24:]:>24}" for k in runs) + "  FlashMLA  torch.compile")
+print("format    C   base  " + f"{'base, best config':>24}  " + "  ".join(f"{k[-24:]:>24}" for k in runs) + "  FlashMLA  torch.compile")
 for r in [r for r in base if r["config"] == "table"]:
     key = (r["format"], r["C"])
     cells = []
-    for v in runs.values():
+    for v in [base, *runs.values()]:
         b = best(v, key)
         cells.append(f"{b['us']:6.1f} {b['config'][:17]:>17}" if b else f"{'-':>24}")
     peer = r.get("flashmla_us", math.nan)

@@ -51,9 +51,11 @@ def test_roles_decide_compile_key_options_and_triton_config():
     assert cfg.compile_key() == cfg.replace(TARGET_CTAS=1).compile_key()  # the grid is not the binary
     assert cfg.compile_key() != cfg.replace(maxnreg=128).compile_key()
     kw = cfg.triton_config_kwargs()
-    assert kw == {"kwargs": {"BLOCK_T": 32, "PREFETCH": 0}, "num_warps": 8, "num_stages": 3}  # maxnreg 0: no option
+    assert kw == {"kwargs": {"BLOCK_T": 32, "PREFETCH": 0, "BALANCED": 0}, "num_warps": 8, "num_stages": 3}  # maxnreg 0
     assert cfg.compile_key() != cfg.replace(PREFETCH=1).compile_key()
     assert str(cfg.replace(PREFETCH=1)) == "T32-w8-s3-c512-p1"  # printed only when set: old keys still parse
+    assert str(cfg.replace(BALANCED=1)) == "T32-w8-s3-c512-b1" and KernelConfig.parse("T32-w8-s3-c512-b1").BALANCED == 1
+    assert cfg.compile_key() != cfg.replace(BALANCED=1).compile_key()
     assert cfg.replace(maxnreg=128).options()["maxnreg"] == 128
     assert str(cfg) == "T32-w8-s3-c512" and str(cfg.replace(maxnreg=128)) == "T32-w8-s3-c512-r128"
     assert cfg.compile_label() == "T32-w8-s3"

@@ -8,7 +8,11 @@ from kernels import KernelConfig
 from kernels import Workload
 from kernels import make_batch
 from kernels import sparse_mla_decode
+from kernels.config import effective_config
+from kernels.config import launch_identity
 from kernels.config import num_splits_for
+from kernels.config import split_grid
+from kernels.kv_format import get_format
 from kernels.reference import compare
 from kernels.reference import sparse_mla_decode_ref
 from kernels.table import lookup_config
@@ -20,6 +24,9 @@ MANY_SPLITS = KernelConfig(BLOCK_T=16, num_warps=4, num_stages=2, TARGET_CTAS=64
 # end must be fully masked): topk 100 at BLOCK_T 16 is 7 tiles, in 4 splits at B=1 and 2 at B=3
 PREFETCH_SPLITS = KernelConfig(BLOCK_T=16, num_warps=4, num_stages=1, TARGET_CTAS=4, PREFETCH=1)
 INDEX_PREFETCH_SPLITS = PREFETCH_SPLITS.replace(PREFETCH=2)  # the next tile's indices only
+# the balanced deal: 7 tiles per row over 5 programs at B=3 (runs of 4 or 5 tiles, crossing row ends;
+# rows use 2 or 3 of their 3 slots, so the combine must skip the unused one) and over 3 at B=1
+BALANCED_RUNS = PREFETCH_SPLITS.replace(TARGET_CTAS=5, BALANCED=1)
 
 CASES = [
     pytest.param(fmt, B, H, topk, cfg, id=f"{fmt}-B{B}-H{H}-topk{topk}-{name}")
@@ -32,9 +39,15 @@ CASES = [
         ("splits", MANY_SPLITS),
         ("prefetch", PREFETCH_SPLITS),
         ("index-prefetch", INDEX_PREFETCH_SPLITS),
+        ("balanced", BALANCED_RUNS),
+        ("balanced-index-prefetch", BALANCED_RUNS.replace(PREFETCH=2)),
+        ("balanced-staged", BALANCED_RUNS.replace(PREFETCH=0, num_stages=2)),  # fp8_v32 byte loads
     )
-    # the prefetch's loop is the same at every head count; the index prefetch's uneven last split is at B=3
-    if "prefetch" not in name or ((H, topk) == (16, 100) and (name == "prefetch" or B == 3))
+    # the prefetch's loop is the same at every head count; the index prefetch's uneven last split is at B=3;
+    # the balanced deal at both batch sizes and 32 heads (two head blocks) with the register prefetch
+    if not ("prefetch" in name or "balanced" in name)
+    or ((H, topk) == (16, 100) and (name == "prefetch" or B == 3))
+    or (name == "balanced" and topk == 100)
 ]
 
 
@@ -103,6 +116,45 @@ def test_splits_formula_and_skipped_empty_splits():
     assert num_splits_for(cfg, batch=8, heads=64, topk=512) == (16, 2)  # 64 heads = 2 head blocks
 
 
+@pytest.mark.parametrize("row_tiles", [1, 2, 7, 16, 64])
+@pytest.mark.parametrize("rows", [1, 3, 96])
+def test_balanced_grid_deals_every_tile_once_and_bounds_the_slots(rows, row_tiles):
+    """The deal of the balanced kernel, in its integer arithmetic: runs of floor or ceil(units / programs)
+    tiles cover each tile once, every row's programs fit its slots, and a run touches at most two rows."""
+    topk = row_tiles * 16
+    for target in (rows + 1, 2 * rows + 1, 5 * rows, 1000):
+        grid = split_grid(KernelConfig(16, 4, 1, target, BALANCED=1), rows, 16, topk)
+        if row_tiles == 1:  # no more tiles than rows: nothing to balance
+            assert not grid.balanced and grid.programs == rows
+            continue
+        assert grid.balanced and rows < grid.programs <= min(target, rows * row_tiles)
+        units = rows * row_tiles
+        runs = [(c * units // grid.programs, (c + 1) * units // grid.programs) for c in range(grid.programs)]
+        assert [u for a, b in runs for u in range(a, b)] == list(range(units))
+        assert {b - a for a, b in runs} <= {units // grid.programs, -(-units // grid.programs)}
+        assert all((b - 1) // row_tiles - a // row_tiles <= 1 for a, b in runs)
+        for r in range(rows):
+            users = [c for c, (a, b) in enumerate(runs) if a < (r + 1) * row_tiles and b > r * row_tiles]
+            first = ((r * row_tiles + 1) * grid.programs - 1) // units  # the kernel's inverse of the deal
+            assert users[0] == first and len(users) <= grid.slots
+    # a target of no more programs than rows: the per-row kernel, one program per row
+    grid = split_grid(KernelConfig(16, 4, 1, rows, BALANCED=1), rows, 16, topk)
+    assert not grid.balanced and (grid.programs, grid.slots) == (rows, 1)
+    cfg = KernelConfig(16, 4, 1, rows, BALANCED=1)
+    assert effective_config(cfg, rows, 16, topk) == cfg.replace(BALANCED=0)
+    assert launch_identity(cfg, 16, topk, rows) == launch_identity(cfg.replace(BALANCED=0), 16, topk, rows)
+
+
+def test_fp8_v32_loads_words_only_in_a_loop_the_pipeliner_does_not_stage():
+    v32, model1 = get_format("fp8_v32"), get_format("fp8_model1")
+    assert decode.kv_words(v32, KernelConfig(32, 4, 1, 256)) and decode.kv_words(
+        v32, KernelConfig(32, 4, 3, 256, PREFETCH=1)
+    )
+    assert not decode.kv_words(v32, KernelConfig(64, 4, 2, 256)) and not decode.kv_words(
+        model1, KernelConfig(32, 4, 1, 256)
+    )
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
@@ -112,6 +164,7 @@ def test_splits_formula_and_skipped_empty_splits():
         ({"num_stages": 0}, "num_stages must be an integer in 1..8"),
         ({"TARGET_CTAS": 0}, "TARGET_CTAS must be a positive integer"),
         ({"TARGET_CTAS": 1.5}, "TARGET_CTAS"),
+        ({"BALANCED": 2}, "BALANCED must be 0 or 1"),
     ],
 )
 def test_config_rejects_bad_values(kwargs, match):
@@ -171,9 +224,10 @@ def test_config_none_uses_the_table_by_nearest_batch_key(tmp_path, monkeypatch):
             ("splits", MANY_SPLITS),
             ("prefetch", PREFETCH_SPLITS),
             ("index-prefetch", INDEX_PREFETCH_SPLITS),
+            ("balanced", BALANCED_RUNS),
         )
         for native in (False, True)
-        if name != "index-prefetch" or native  # the decoding does not depend on what is prefetched
+        if name not in ("index-prefetch", "balanced") or native  # the decoding does not depend on the deal
     ],
 )
 def test_the_gpu_path_fp16_operands_match_the_reference(fmt, cfg, native, monkeypatch, nan_outputs):

@@ -131,8 +131,8 @@ def test_sidecar_and_export_row_hold_no_password(h200, tmp_path):
     assert contents and not any("s3cr3t-pw" in c or "other-secret" in c for c in contents)
 
 
-@triton.jit
-def _copy_kernel(X, Y, n, BLOCK_T: tl.constexpr, PREFETCH: tl.constexpr):  # module level: the interpreter re-reads it
+@triton.jit  # module level: the interpreter re-reads it
+def _copy_kernel(X, Y, n, BLOCK_T: tl.constexpr, PREFETCH: tl.constexpr, BALANCED: tl.constexpr):
     offs = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     m = offs < n
     tl.store(Y + offs, tl.load(X + offs, mask=m), mask=m)
@@ -148,7 +148,7 @@ def test_triton_module_imports_and_autotunes_a_kernel(h200, tmp_path):
     configs = mod.CONFIGS_FP8_V32_H16_TOPK2048_NVIDIA_H200
     assert isinstance(configs, list) and len(configs) > 1
     # the kernel's meta-parameters, and nothing else (options and TARGET_CTAS are not kwargs)
-    assert all(isinstance(c, triton.Config) and set(c.kwargs) == {"BLOCK_T", "PREFETCH"} for c in configs)
+    assert all(isinstance(c, triton.Config) and set(c.kwargs) == {"BLOCK_T", "PREFETCH", "BALANCED"} for c in configs)
     index, ctas = mod.CONFIG_INDEX_FP8_V32_H16_TOPK2048_NVIDIA_H200, mod.TARGET_CTAS_FP8_V32_H16_TOPK2048_NVIDIA_H200
     assert set(index) == set(ctas) == {1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96}
     timed = []

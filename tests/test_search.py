@@ -295,7 +295,7 @@ def test_export_writes_the_table_the_kernel_reads(smoke_db, tmp_path):
     table = json.loads((out / f"{name}.json").read_text())
     assert set(table) == {"1", "4"}
     for entry in table.values():
-        assert set(entry) == {"BLOCK_T", "num_warps", "num_stages", "TARGET_CTAS", "maxnreg", "PREFETCH"}
+        assert set(entry) == {"BLOCK_T", "num_warps", "num_stages", "TARGET_CTAS", "maxnreg", "PREFETCH", "BALANCED"}
         assert entry["BLOCK_T"] * entry["num_stages"] < 64  # never the infeasible T32-s2
     side = json.loads((out / f"{name}.provenance.json").read_text())
     assert {e["verdict"] for e in side["entries"].values()} == {"ok"}

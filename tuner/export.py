@@ -212,7 +212,7 @@ def triton_module(store: Store, backend: str | None = None) -> str:
         f"({meta}) and compile options ({options}; a 0 maxnreg is left out);",
         "CONFIG_INDEX_<NAME>, the winner per batch size; TARGET_CTAS_<NAME>, the launch-side split target",
         "per batch size (it sizes the grid, so the launcher reads it for the nearest batch key; it is not",
-        "a kernel argument).",
+        "a kernel argument). BALANCED=1 changes the grid's shape too: kernels.config.split_grid gives it.",
         f"Source: {redact_url(store.url)}; only configs that passed the correctness gate.",
         '"""',
         "",

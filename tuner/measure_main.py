@@ -30,7 +30,7 @@ import kernels.decode as decode  # noqa: E402
 from db.verdicts import Verdict  # noqa: E402
 from kernels import timing  # noqa: E402
 from kernels.config import KernelConfig  # noqa: E402
-from kernels.config import num_splits_for  # noqa: E402
+from kernels.config import split_grid  # noqa: E402
 from kernels.reference import compare  # noqa: E402
 from kernels.reference import sparse_mla_decode_ref  # noqa: E402
 from kernels.workload import Workload  # noqa: E402
@@ -191,7 +191,7 @@ class Runner:
     def measure(self, req: MeasureRequest) -> MeasureReply:
         wl, batch, cand, base = req.workload, req.batch, req.candidate, req.baseline
         _inject_fault(cand)
-        num_splits = num_splits_for(cand, batch, wl.heads, wl.topk)[0]
+        num_splits = split_grid(cand, batch, wl.heads, wl.topk).slots
         errs = {}
         if req.check:
             g = self.gate(wl, batch, cand, req.seed)
@@ -213,7 +213,7 @@ class Runner:
         samples, reps = self._pairs(
             lambda: self._capture(pools[0], wl, cfg), lambda: self._capture(pools[1], wl, cfg), req.pairs
         )
-        return MeasureReply(Verdict.OK, "", samples, reps, num_splits_for(cfg, batch, wl.heads, wl.topk)[0])
+        return MeasureReply(Verdict.OK, "", samples, reps, split_grid(cfg, batch, wl.heads, wl.topk).slots)
 
 
 def _inject_fault(cfg: KernelConfig) -> None:
