@@ -2,8 +2,8 @@
 
 This is Kernel Tuner's simulation mode for this tuner: try a new policy, sampler or subset of a space
 without a GPU. Each measurement draws ``rounds`` rounds from the samples recorded for the same
-(workload, concurrency, config, device), with replacement, keeping each round's (candidate, baseline)
-pairing. A config with no recorded samples is ``missing`` and never picked; a recorded ``infeasible``,
+(workload, concurrency, config, device) by the newest kernel measured at that concurrency, with
+replacement, keeping each round's (candidate, baseline) pairing. A config with no recorded samples is ``missing`` and never picked; a recorded ``infeasible``,
 ``wrong``, ``crashed`` or ``timeout`` verdict is replayed as it was. A config that was not recorded
 itself but launches exactly what a recorded one launches (same binary, same split count: TARGET_CTAS
 values that clamp alike) replays that recording, as the live search would have measured it once.
@@ -123,20 +123,30 @@ class ReplaySource:
 
     @staticmethod
     def _recorded_trials(con, device: str) -> dict[tuple, _Recorded]:
-        """Every recorded trial on ``device`` by (shape, concurrency, config), with its samples (a
-        duplicate takes its original's samples and verdict)."""
+        """The recorded trials on ``device`` by (shape, concurrency, config), with their samples (a
+        duplicate takes its original's samples and verdict): at each (shape, concurrency) only those of
+        the newest kernel measured there, as ``tuner best`` reads them. A ratio is against the baseline
+        measured with its own kernel, so an older kernel's ratio does not compare with a newer one's
+        (kernel v6's masked combine slowed the V3.2 baseline at C=1 from 20.2 to 24.2 us, and the
+        baseline-relative ratios of v5's recordings then beat every v6 config)."""
         cols = set(c["name"] for c in inspect(con).get_columns("tuner_trials"))
         dup = "t.duplicate_of" if "duplicate_of" in cols else "NULL"
         rows = con.execute(
             text(
                 f"SELECT t.id, t.concurrency, t.config_key, t.verdict, t.reason, t.num_splits, t.shared_bytes, "
                 f"t.limit_bytes, t.registers, t.spill_bytes, t.estimate_bytes, {dup} AS duplicate_of, "
-                "w.kv_format, w.heads, w.topk, w.page_size, w.context "
+                "t.kernel_id, w.kv_format, w.heads, w.topk, w.page_size, w.context "
                 "FROM tuner_trials t JOIN tuner_workloads w ON t.workload_id = w.id "
                 "JOIN tuner_environments e ON t.environment_id = e.id WHERE e.gpu_name = :d ORDER BY t.id"
             ),
             {"d": device},
         ).mappings()
+        rows = list(rows)
+        newest: dict[tuple, int] = {}  # (shape, concurrency) -> the kernel of its latest trial
+        for r in rows:  # ordered by id
+            newest[(_shape(r["kv_format"], r["heads"], r["topk"], r["page_size"], r["context"]), r["concurrency"])] = r[
+                "kernel_id"
+            ]
         by_id: dict[int, _Recorded] = {}
         trials: dict[tuple, _Recorded] = {}
         for r in rows:
@@ -153,10 +163,10 @@ class ReplaySource:
                 [],
                 r["id"],
             )
-            by_id[r["id"]] = rec
+            by_id[r["id"]] = rec  # a duplicate's original may be of any kernel
             key = (_shape(r["kv_format"], r["heads"], r["topk"], r["page_size"], r["context"]), r["concurrency"])
-            # a config measured in several studies (re-runs, newer kernels): the latest recording stands
-            trials[(*key, str(KernelConfig.parse(r["config_key"])))] = rec
+            if r["kernel_id"] == newest[key]:  # a config measured in several of its studies: the latest stands
+                trials[(*key, str(KernelConfig.parse(r["config_key"])))] = rec
         for trial_id, c, b in con.execute(text("SELECT trial_id, candidate_us, baseline_us FROM tuner_samples")):
             if trial_id in by_id:
                 by_id[trial_id].samples.append((c, b))
