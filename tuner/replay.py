@@ -3,8 +3,9 @@
 This is Kernel Tuner's simulation mode for this tuner: try a new policy, sampler or subset of a space
 without a GPU. Each measurement draws ``rounds`` rounds from the samples recorded for the same
 (workload, concurrency, config, device) by the newest kernel measured at that concurrency, with
-replacement, keeping each round's (candidate, baseline) pairing. A config with no recorded samples is ``missing`` and never picked; a recorded ``infeasible``,
-``wrong``, ``crashed`` or ``timeout`` verdict is replayed as it was. A config that was not recorded
+replacement, keeping each round's (candidate, baseline) pairing. A config with no recorded samples is
+``missing`` and never picked; a recorded ``infeasible``, ``wrong``, ``crashed`` or ``timeout`` verdict
+is replayed as it was. A config that was not recorded
 itself but launches exactly what a recorded one launches (same binary, same split count: TARGET_CTAS
 values that clamp alike) replays that recording, as the live search would have measured it once.
 The A/A comes from the source's calibration (or, in databases older than calibrations, its per-study
