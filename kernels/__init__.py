@@ -3,10 +3,12 @@
 File roles (fla style): ``decode.py`` kernels + launcher + public function + ``compile_spec``;
 ``reference.py`` the pure-torch ground truth with the same signature; ``kv_format.py`` byte layouts;
 ``config.py`` the declaration of the tunable parameters; ``table.py`` the exported autotune table;
-``workload.py`` realistic random batches; ``bench.py`` the GPU benchmark.
+``workload.py`` realistic random batches; ``bench.py`` the GPU benchmark; ``_interpreter.py`` a speed-up
+of Triton's interpreter, installed under ``TRITON_INTERPRET=1``.
 """
 
 import importlib
+import os
 
 from kernels.config import DEFAULT_CONFIG
 from kernels.config import KernelConfig
@@ -29,6 +31,12 @@ __all__ = [
     "make_batch",
     "sparse_mla_decode",
 ]
+
+
+if os.environ.get("TRITON_INTERPRET", "0") == "1":  # the interpreter's per-call overhead (kernels/_interpreter.py)
+    from kernels import _interpreter
+
+    _interpreter.install()
 
 
 def __getattr__(name: str):

@@ -146,6 +146,28 @@ def test_balanced_grid_deals_every_tile_once_and_bounds_the_slots(rows, row_tile
     assert launch_identity(cfg, 16, topk, rows) == launch_identity(cfg.replace(BALANCED=0), 16, topk, rows)
 
 
+def test_the_interpreter_patches_the_language_once_per_launch_and_module(monkeypatch):
+    """kernels/_interpreter.py: a device call repeats the language patch only the first time its module is
+    called in a launch (Triton 3.6 repeats it at every call, about a third of the interpreted time)."""
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter only")
+    import triton.runtime.interpreter as interp
+
+    assert getattr(interp.GridExecutor.__call__, "_skips_device_repatch", False)
+    calls = []
+    real = interp._patch_lang
+    monkeypatch.setattr(interp, "_patch_lang", lambda fn: calls.append(fn.__module__) or real(fn))
+    seen = []
+    monkeypatch.setattr(decode, "LAUNCH_LISTENERS", [lambda kind, cfg, grid: seen.append(grid)])
+    bt = _batch("fp8_v32", 3, 16, 100, "cpu")
+    out, lse = sparse_mla_decode(*bt.args(), **bt.kwargs(), config=MANY_SPLITS)
+    programs = sum(g[0] * g[1] if len(g) > 1 else g[0] for g in seen)
+    assert len(seen) == 2 and programs > 20  # the split kernel and the combine
+    # per launch: the kernel's module (the launch itself) and the language's own jit functions, once each
+    assert calls == ["kernels.decode", "triton.language.standard"] * 2
+    assert compare(out, lse, *sparse_mla_decode_ref(*bt.args(), **bt.kwargs()))[0]
+
+
 def test_fp8_v32_loads_words_only_in_a_loop_the_pipeliner_does_not_stage():
     v32, model1 = get_format("fp8_v32"), get_format("fp8_model1")
     assert decode.kv_words(v32, KernelConfig(32, 4, 1, 256)) and decode.kv_words(

@@ -1,0 +1,55 @@
+"""Triton 3.6's interpreter without its per-call re-patching of ``triton.language``.
+
+The interpreter patches ``triton.language`` once per launch (``GridExecutor.__call__``), and then again
+at every call of a ``@triton.jit`` device function (``InterpretedFunction.__call__``), ours and the
+language's own (``tl.sum``, ``tl.cdiv``, ...). Those walks over the modules with ``inspect.getmembers``
+took about a third of the kernel's interpreted time: about 0.9 ms per call, and a program makes some 20.
+Here a device call patches only the first time in a launch that a function of its module is called: the
+patch it makes is never undone within the launch (the interpreter's own device calls do not restore
+it either), so the later calls would only repeat it.
+
+``kernels/__init__.py`` installs this under ``TRITON_INTERPRET=1`` only, for the Triton version it was
+written against; the compiled path is untouched, and so is the kernel's source hash.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.runtime.interpreter as interp
+
+VERSION = "3.6.0"  # the internals patched here are this version's
+
+
+def install() -> bool:
+    """Patch the interpreter once; False (nothing done) on another Triton version."""
+    grid_call = interp.GridExecutor.__call__
+    if getattr(grid_call, "_skips_device_repatch", False):
+        return True
+    if triton.__version__ != VERSION or not hasattr(interp.InterpretedFunction, "rewrite"):
+        return False
+    device_call = interp.InterpretedFunction.__call__
+    patched: list[set[int]] = []  # per running launch: the modules (globals) whose language is patched
+
+    def launch(self, *args, **kwargs):
+        patched.append({id(self.fn.__globals__)})
+        try:
+            return grid_call(self, *args, **kwargs)
+        finally:
+            patched.pop()
+
+    def call(self, *args, **kwargs):
+        module = id(self.fn.__globals__)
+        if not patched or module not in patched[-1]:
+            if patched:
+                patched[-1].add(module)
+            return device_call(self, *args, **kwargs)
+        fn = self.rewrite()  # what device_call runs, without repeating the patch
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            raise interp.InterpreterError(repr(e)) from e
+
+    launch._skips_device_repatch = True
+    interp.GridExecutor.__call__ = launch
+    interp.InterpretedFunction.__call__ = call
+    return True
