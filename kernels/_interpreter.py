@@ -1,12 +1,14 @@
-"""Triton 3.6's interpreter without its per-call re-patching of ``triton.language``.
+"""Triton 3.6's interpreter without rebinding ``triton.language`` at every device call.
 
-The interpreter patches ``triton.language`` once per launch (``GridExecutor.__call__``), and then again
-at every call of a ``@triton.jit`` device function (``InterpretedFunction.__call__``), ours and the
-language's own (``tl.sum``, ``tl.cdiv``, ...). Those walks over the modules with ``inspect.getmembers``
-took about a third of the kernel's interpreted time: about 0.9 ms per call, and a program makes some 20.
-Here a device call patches only the first time in a launch that a function of its module is called: the
-patch it makes is never undone within the launch (the interpreter's own device calls do not restore
-it either), so the later calls would only repeat it.
+The interpreter rebinds ``triton.language``'s functions to its own implementations once per launch
+(``GridExecutor.__call__``), and then again at every call of a ``@triton.jit`` device function
+(``InterpretedFunction.__call__``), ours and the language's own (``tl.sum``, ``tl.cdiv``, ...). Those
+walks over the modules with ``inspect.getmembers`` took about a third of the kernel's interpreted time:
+about 0.9 ms per call, and a program makes some 20.
+
+Here a device call rebinds only the first time in a launch that a function of its module is called: the
+rebinding is never undone within the launch (the interpreter's own device calls do not restore it
+either), so the later calls would only repeat it.
 
 ``kernels/__init__.py`` installs this under ``TRITON_INTERPRET=1`` only, for the Triton version it was
 written against; the compiled path is untouched, and so is the kernel's source hash.
@@ -43,7 +45,7 @@ def install() -> bool:
             if patched:
                 patched[-1].add(module)
             return device_call(self, *args, **kwargs)
-        fn = self.rewrite()  # what device_call runs, without repeating the patch
+        fn = self.rewrite()  # what device_call runs, without rebinding again
         try:
             return fn(*args, **kwargs)
         except Exception as e:

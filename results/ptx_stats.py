@@ -1,15 +1,19 @@
-"""Compile the fp8_v32 split kernel for sm_120 (no GPU needed) and count, per config, what its PTX does.
+"""Compile the split kernel (no GPU needed) and count, per config, what its PTX does.
 
-    python results/ptx_stats.py T32-w4-s2-c512 T32-w4-s1-c512-p1 ...   # one JSON line per config
+    python results/ptx_stats.py T32-w4-s2-c512 T32-w4-s1-c512-p1 ...   # fp8_v32, sm_120, one JSON line each
+    python results/ptx_stats.py --format fp8_model1 --arch 90 --batch 96 T32-w4-s1-c256-p1-b1
+
+``--batch`` compiles exactly the launch of a call at that batch (a ``BALANCED=1`` config's balanced
+kernel needs one: without it the first variant is the one-split kernel, which runs the per-row code).
 
 Registers and stack come from the cubin (as ``tuner check`` reads them); the counts are static PTX
 instructions: byte and wide shared-memory loads, ldmatrix, cp.async, global loads and mma. Used to
 check a kernel variant's register, spill and shared-memory cost before it is timed on a GPU.
 """
 
+import argparse
 import json
 import re
-import sys
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -30,11 +34,11 @@ PATTERNS = {
 }
 
 
-def stats(key: str, wl: Workload) -> dict:
-    spec = next(s for s in compile_spec(KernelConfig.parse(key), wl, 120) if s.name == "split")
+def stats(key: str, wl: Workload, arch: int = 120, batch: int | None = None) -> dict:
+    spec = next(s for s in compile_spec(KernelConfig.parse(key), wl, arch, batch) if s.name == "split")
     k = triton.compile(
         ASTSource(spec.kernel, spec.signature, spec.constexprs, spec.attrs),
-        target=GPUTarget("cuda", 120, 32),
+        target=GPUTarget("cuda", arch, 32),
         options=spec.options,
     )
     regs, stack = _resources(k.asm["cubin"])
@@ -44,6 +48,12 @@ def stats(key: str, wl: Workload) -> dict:
 
 
 if __name__ == "__main__":
-    workload = Workload("fp8_v32", 16, 2048, 64, 8192)
-    for key in sys.argv[1:]:
-        print(json.dumps(stats(key, workload)), flush=True)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("configs", nargs="+")
+    ap.add_argument("--format", default="fp8_v32", choices=["fp8_model1", "fp8_v32"])
+    ap.add_argument("--arch", type=int, default=120, help="compute capability, e.g. 120 or 90")
+    ap.add_argument("--batch", type=int, default=None, help="the launch of a call at this batch size")
+    args = ap.parse_args()
+    workload = Workload(args.format, 16, {"fp8_model1": 512, "fp8_v32": 2048}[args.format], 64, 8192)
+    for key in args.configs:
+        print(json.dumps(stats(key, workload, args.arch, args.batch)), flush=True)
