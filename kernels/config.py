@@ -108,11 +108,12 @@ PARAMS: tuple[Param, ...] = (
         "p",
         0,
         Role.META,
-        "0, 1 or 2",
-        lambda v: _is_int(v) and v in (0, 1, 2),
+        "0, 1, 2 or 3",
+        lambda v: _is_int(v) and v in (0, 1, 2, 3),
         "1: the tile loop loads tile i+1's indices and KV bytes into registers before tile i's math "
         "(Triton's pipeliner then leaves the loop alone, so num_stages changes nothing); "
-        "2: only tile i+1's indices (one register per token); 0: neither",
+        "2: only tile i+1's indices (one register per token); 3: as 1, and tile i+2's indices too, "
+        "so no gather waits for its addresses; 0: none",
         always_in_key=False,
     ),
     Param(
@@ -272,6 +273,11 @@ class SplitGrid:
     def balanced(self) -> bool:
         return self.tiles_per_split == 0
 
+    def binary(self, config: KernelConfig) -> KernelConfig:
+        """The config whose kernel runs on this grid: ``BALANCED=1`` that fell back to the per-row deal
+        (a target of no more programs than rows) runs the ``BALANCED=0`` binary."""
+        return config.replace(BALANCED=0) if config.BALANCED and not self.balanced else config
+
 
 def split_grid(config: KernelConfig, batch: int, heads: int, topk: int) -> SplitGrid:
     """The split geometry a call launches for ``batch`` rows (requests times query tokens).
@@ -291,11 +297,8 @@ def split_grid(config: KernelConfig, batch: int, heads: int, topk: int) -> Split
 
 
 def effective_config(config: KernelConfig, batch: int, heads: int, topk: int) -> KernelConfig:
-    """The config whose kernel a call at ``batch`` runs: ``BALANCED=1`` that falls back to the per-row
-    deal (a target of no more programs than rows) runs the ``BALANCED=0`` binary."""
-    if config.BALANCED and not split_grid(config, batch, heads, topk).balanced:
-        return config.replace(BALANCED=0)
-    return config
+    """The config whose kernel a call at ``batch`` runs (see :meth:`SplitGrid.binary`)."""
+    return split_grid(config, batch, heads, topk).binary(config)
 
 
 def launch_identity(config: KernelConfig, heads: int, topk: int, batch: int) -> tuple:
@@ -305,7 +308,7 @@ def launch_identity(config: KernelConfig, heads: int, topk: int, batch: int) -> 
     clamped, so many values give one split count), so one measurement serves both.
     """
     grid = split_grid(config, batch, heads, topk)
-    key = effective_config(config, batch, heads, topk).compile_key()
+    key = grid.binary(config).compile_key()
     if grid.balanced:
         return (key, "balanced", grid.programs, grid.slots)
     return (key, grid.slots, grid.tiles_per_split)

@@ -14,10 +14,12 @@ Two kernels:
 
 Latency hiding (``PREFETCH``, searched per concurrency level): a tile needs two dependent global loads,
 its indices and then the KV bytes they point to. 0: both wait at the top of the tile. 1: tile i+1's indices
-and KV bytes are loaded into registers before tile i's math, hiding both latencies behind the dots at the
+and KV bytes are loaded into registers before tile i's math, so the KV latency hides behind the dots at the
 cost of a second tile in registers (Triton's pipeliner then leaves the loop alone, so num_stages changes
-nothing). 2: only tile i+1's indices are loaded ahead (one register per token), so the KV gather's address
-is ready when the tile starts; the choice where the whole tile does not fit in the registers (fp8_v32).
+nothing); the gather still waits for the indices it was just given. 3: as 1, with tile i+2's indices loaded
+too, so no gather waits for its addresses (the index registers of a third tile: fp8_model1 spills more).
+2: only tile i+1's indices are loaded ahead (one register per token), so the KV gather's address is ready
+when the tile starts; the choice where the whole tile does not fit in the registers.
 
 Programmatic dependent launch (sm_90+, sm_120 included): both kernels are launched with ``launch_pdl``,
 wait for the kernel before them (``griddepcontrol.wait``) before reading anything and then let the next
@@ -65,7 +67,6 @@ from triton.language.extra.cuda import gdc_wait
 from kernels.config import DEFAULT_CONFIG
 from kernels.config import KernelConfig
 from kernels.config import block_h_for
-from kernels.config import effective_config
 from kernels.config import split_grid
 from kernels.kv_format import KVFormat
 from kernels.kv_format import check_cache
@@ -79,6 +80,13 @@ FORMAT_IDS = {"fp8_model1": 0, "fp8_v32": 1}
 # Fill outputs and workspace with NaN before launching, so an unwritten element fails the
 # correctness gate loudly (the tuner's gate and the tests set it; never needed in production).
 POISON_OUTPUTS = False
+
+# The combine reads 8 splits per iteration when it runs at most this many programs (rows x heads) and
+# merges at most COMBINE_UNROLL_MAX_SPLITS, else one. Measured on the H200 (docs/benchmarks.md, kernel v7):
+# at C=1 the unrolled merge of 16 and 32 splits saves 0.6 us (V4) and 1.1 us (V3.2) of the call, but of 64
+# splits costs 6.3 us, and from C=8 up (128 programs) it costs up to 0.9 us.
+COMBINE_UNROLL_MAX_PROGRAMS = 64
+COMBINE_UNROLL_MAX_SPLITS = 32
 
 # Called as fn(kernel_name, config, grid) before every launch; the tuner counts launches with it.
 LAUNCH_LISTENERS: list[Callable[[str, KernelConfig, tuple], None]] = []
@@ -189,25 +197,6 @@ def _tile_indices(p_idx, t_first, t_end, num_tokens, BLOCK_T: tl.constexpr):
 
 
 @triton.jit
-def _zero_state(BLOCK_H: tl.constexpr, WORDS: tl.constexpr):
-    """(m, l, a0, a1, a2, a3) of an empty softmax. The output accumulates in a0 [BLOCK_H, 512], or with
-    ``WORDS`` as four interleaved slices a_j [BLOCK_H, 128] (output dims 4m + j); unused ones are [1, 1]."""
-    b_m = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
-    b_l = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    if WORDS:
-        b_a0 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
-        b_a1 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
-        b_a2 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
-        b_a3 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
-    else:
-        b_a0 = tl.zeros((BLOCK_H, 512), dtype=tl.float32)
-        b_a1 = tl.zeros((1, 1), dtype=tl.float32)
-        b_a2 = tl.zeros((1, 1), dtype=tl.float32)
-        b_a3 = tl.zeros((1, 1), dtype=tl.float32)
-    return b_m, b_l, b_a0, b_a1, b_a2, b_a3
-
-
-@triton.jit
 def _tile_step(
     p_q,
     m_h,
@@ -276,27 +265,6 @@ def _tile_step(
 
 
 @triton.jit
-def _softmax_result(b_m, b_l, b_a0, b_a1, b_a2, b_a3, WORDS: tl.constexpr):
-    """(o [BLOCK_H, 512] normalized, lse natural log, empty) of a softmax state; an empty row has o = 0."""
-    if WORDS:  # dims 4m + 2a + b <- slice 2a + b: one interleave per result, outside the tile loop
-        b_acc = tl.reshape(tl.join(tl.join(b_a0, b_a2), tl.join(b_a1, b_a3)), (b_a0.shape[0], 512))
-    else:
-        b_acc = b_a0
-    m_empty = b_l == 0.0
-    b_o = b_acc / tl.where(m_empty, 1.0, b_l)[:, None]
-    b_lse = (b_m + tl.log2(tl.where(m_empty, 1.0, b_l))) * 0.6931471805599453  # natural log
-    return b_o, b_lse, m_empty
-
-
-@triton.jit
-def _store_partial(OPart, LPart, b_o, b_lse, m_empty, o_row, m_h):
-    """A split's partial output (bf16) and lse (fp32, -inf when it saw no valid token) at rows ``o_row``."""
-    o_d = tl.arange(0, 512)
-    tl.store(OPart + o_row[:, None] * 512 + o_d[None, :], b_o.to(OPart.dtype.element_ty), mask=m_h[:, None])
-    tl.store(LPart + o_row, tl.where(m_empty, float("-inf"), b_lse), mask=m_h)
-
-
-@triton.jit
 def _attend(
     Out,
     Lse,
@@ -351,13 +319,30 @@ def _attend(
     m_h = o_h < H
     p_q = Q + i_b * stride_qb + i_q * stride_qs + o_h[:, None] * stride_qh
     qk_scale = sm_scale * 1.4426950408889634  # softmax in base 2
-    b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _zero_state(BLOCK_H, WORDS)
+    # the empty softmax: the output accumulates in a0 [BLOCK_H, 512], or with WORDS as four interleaved
+    # slices a_j [BLOCK_H, 128] (output dims 4m + j); unused ones are [1, 1]
+    b_m = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
+    b_l = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    if WORDS:
+        b_a0 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
+        b_a1 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
+        b_a2 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
+        b_a3 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
+    else:
+        b_a0 = tl.zeros((BLOCK_H, 512), dtype=tl.float32)
+        b_a1 = tl.zeros((1, 1), dtype=tl.float32)
+        b_a2 = tl.zeros((1, 1), dtype=tl.float32)
+        b_a3 = tl.zeros((1, 1), dtype=tl.float32)
     p_idx = Idx + i_r * topk
-    if PREFETCH == 1:
-        # Tile prefetch: tile i+1's indices and KV bytes are loaded before tile i's math, so the two
-        # dependent global latencies (index, then KV) overlap the dots. A tile past t_end is fully masked.
+    if PREFETCH == 1 or PREFETCH == 3:
+        # Tile prefetch: tile i+1's indices and KV bytes are loaded before tile i's math, so the KV latency
+        # overlaps the dots, but the gather first waits for the indices just loaded. 3 also loads tile
+        # i+2's indices, so no gather waits for its addresses, for the index registers of a third tile
+        # (fp8_model1 spills more). A tile past t_end is fully masked.
         b_idx, m_next = _tile_indices(p_idx, t_begin, t_end, num_tokens, BLOCK_T)
         r_q8, r_sc, r_rope = _gather_kv_tile(KV8, KV16, KV32, b_idx, m_next, FORMAT, PAGE_SIZE, WORDS)
+        if PREFETCH == 3:
+            n_idx, m_after = _tile_indices(p_idx, t_begin + BLOCK_T, t_end, num_tokens, BLOCK_T)
     elif PREFETCH == 2:
         # Index prefetch only: one register per token instead of the whole tile; the KV gather's
         # address is ready at the top of the iteration, so one of the two latencies is hidden.
@@ -372,6 +357,11 @@ def _attend(
             c_q8, c_sc, c_rope = r_q8, r_sc, r_rope
             b_idx, m_next = _tile_indices(p_idx, t_begin + (i_t + 1) * BLOCK_T, t_end, num_tokens, BLOCK_T)
             r_q8, r_sc, r_rope = _gather_kv_tile(KV8, KV16, KV32, b_idx, m_next, FORMAT, PAGE_SIZE, WORDS)
+        elif PREFETCH == 3:
+            m_tok, m_next = m_next, m_after
+            c_q8, c_sc, c_rope = r_q8, r_sc, r_rope
+            r_q8, r_sc, r_rope = _gather_kv_tile(KV8, KV16, KV32, n_idx, m_next, FORMAT, PAGE_SIZE, WORDS)
+            n_idx, m_after = _tile_indices(p_idx, t_begin + (i_t + 2) * BLOCK_T, t_end, num_tokens, BLOCK_T)
         else:
             b_idx, m_tok = _tile_indices(p_idx, t_begin + i_t * BLOCK_T, t_end, num_tokens, BLOCK_T)
             c_q8, c_sc, c_rope = _gather_kv_tile(KV8, KV16, KV32, b_idx, m_tok, FORMAT, PAGE_SIZE, WORDS)
@@ -380,21 +370,29 @@ def _attend(
             FORMAT, BLOCK_T, WORDS, DOT_F32, NATIVE_FP8,
         )  # fmt: skip
 
-    b_o, b_lse, m_empty = _softmax_result(b_m, b_l, b_a0, b_a1, b_a2, b_a3, WORDS)
+    if WORDS:  # dims 4m + 2a + b <- slice 2a + b: one interleave per program, outside the tile loop
+        b_acc = tl.reshape(tl.join(tl.join(b_a0, b_a2), tl.join(b_a1, b_a3)), (BLOCK_H, 512))
+    else:
+        b_acc = b_a0
+    m_empty = b_l == 0.0  # no valid token: o = 0
+    b_o = b_acc / tl.where(m_empty, 1.0, b_l)[:, None]
+    b_lse = (b_m + tl.log2(tl.where(m_empty, 1.0, b_l))) * 0.6931471805599453  # natural log
+    o_d = tl.arange(0, 512)
     if WRITE_FINAL:
         if HAS_SINK:
             # exp(lse) / (exp(lse) + exp(sink)); an empty row stays zero whatever the sink
             b_sink = tl.load(Sink + o_h, mask=m_h, other=0.0)
             b_w = 1.0 / (1.0 + tl.exp(b_sink - tl.where(m_empty, 0.0, b_lse)))
             b_o = b_o * tl.where(m_empty, 0.0, b_w)[:, None]
-        o_d = tl.arange(0, 512)
         p_o = Out + (i_r * H + o_h)[:, None] * 512 + o_d[None, :]  # Out [B, s_q, H, 512]
         tl.store(p_o, b_o.to(tl.bfloat16), mask=m_h[:, None])
         p_lse = Lse + (i_b * H + o_h) * q_tokens + i_q  # Lse [B, H, s_q]
         tl.store(p_lse, tl.where(m_empty, float("inf"), b_lse), mask=m_h)
     else:
-        o_row = (i_r * total_splits + split_base + i_slot) * H + o_h  # OPart [B * s_q, total_splits, H, 512]
-        _store_partial(OPart, LPart, b_o, b_lse, m_empty, o_row, m_h)
+        # bf16 partial and fp32 lse (-inf for a split that saw no valid token); OPart [B * s_q, total_splits, H, 512]
+        o_row = (i_r * total_splits + split_base + i_slot) * H + o_h
+        tl.store(OPart + o_row[:, None] * 512 + o_d[None, :], b_o.to(OPart.dtype.element_ty), mask=m_h[:, None])
+        tl.store(LPart + o_row, tl.where(m_empty, float("-inf"), b_lse), mask=m_h)
 
 
 # Integer arguments are not value-specialized (==1, %16): one compile per config and format serves
@@ -518,6 +516,7 @@ def _combine_kernel(
     q_tokens,
     H: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    UNROLL: tl.constexpr,
     HAS_SINK: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -538,11 +537,18 @@ def _combine_kernel(
     b_lse = b_max_use + tl.log(tl.where(m_empty, 1.0, b_sum))
     o_d = tl.arange(0, 512)
     b_acc = tl.zeros((512,), dtype=tl.float32)
-    for i_s in range(0, num_splits):
-        o_row = (i_r * num_splits + i_s) * H + i_h
-        b_w = tl.exp(tl.load(LPart + o_row) - b_lse)  # 0 for an empty split or a slot no program used
-        b_o = tl.load(OPart + o_row * 512 + o_d, mask=o_d < tl.where(b_w > 0.0, 512, 0), other=0.0)  # not read there
-        b_acc += b_w * b_o.to(tl.float32)
+    # UNROLL splits per iteration, their row loads independent of each other and of the weights, so that
+    # UNROLL loads are in flight at once; with 1, a load latency per split (see COMBINE_UNROLL_MAX_PROGRAMS)
+    for i_s in range(0, num_splits, UNROLL):
+        for i_u in tl.static_range(UNROLL):
+            m_s = (i_s + i_u < num_splits) | (UNROLL == 1)  # no mask without the unroll
+            o_row = (i_r * num_splits + i_s + i_u) * H + i_h
+            # weight 0 for an empty split, a slot no program used, or past the last split
+            b_w = tl.exp(tl.load(LPart + o_row, mask=m_s, other=float("-inf")) - b_lse)
+            # loaded whatever the weight, so that the row load need not wait for the lse and exp (a load
+            # masked on the weight cost up to 0.8 us at C=1); an unwritten slot's garbage is dropped below
+            b_o = tl.load(OPart + o_row * 512 + o_d, mask=m_s, other=0.0).to(tl.float32)
+            b_acc += tl.where(b_w > 0.0, b_w * b_o, 0.0)
     if HAS_SINK:
         b_sink = tl.load(Sink + i_h)
         b_acc = b_acc * tl.where(m_empty, 0.0, 1.0 / (1.0 + tl.exp(b_sink - b_lse)))
@@ -636,7 +642,7 @@ def kv_words(fmt: KVFormat, config: KernelConfig) -> bool:
     grows to 109 824 B of shared memory at BLOCK_T 64, over sm_120's 101 376 B, where the byte tile fits.
     fp8_model1 keeps its byte path (a 448-byte nope part in 64-byte groups).
     """
-    return fmt.name == "fp8_v32" and (config.num_stages == 1 or config.PREFETCH == 1)
+    return fmt.name == "fp8_v32" and (config.num_stages == 1 or config.PREFETCH in (1, 3))
 
 
 def device_name(device: torch.device) -> str:
@@ -708,7 +714,7 @@ def _plan(
     for c, grid in zip(caches, grids, strict=True):
         num_pages, page_size, _ = c.kv.shape
         topk = c.indices.shape[-1]
-        effective = effective_config(config, rows, H, topk)
+        effective = grid.binary(config)
         launches.append(
             Launch(
                 "split",
@@ -758,6 +764,7 @@ def _plan(
         )
         split_base += grid.slots
     if not write_final:
+        unroll = rows * H <= COMBINE_UNROLL_MAX_PROGRAMS and total_splits <= COMBINE_UNROLL_MAX_SPLITS
         launches.append(
             Launch(
                 "combine",
@@ -775,6 +782,7 @@ def _plan(
                 {
                     "H": H,
                     "BLOCK_S": triton.next_power_of_2(total_splits),
+                    "UNROLL": min(8, triton.next_power_of_2(total_splits)) if unroll else 1,
                     "HAS_SINK": attn_sink is not None,
                     "USE_PDL": pdl,
                 },
@@ -939,6 +947,11 @@ def _meta_cache(workload: Workload, rows: int, q_tokens: int, topk_length: bool)
     return _Cache(kv, idx, tl_, fmt)
 
 
+def _rows_past_unroll(workload: Workload) -> int:
+    """The fewest rows whose combine runs without the unroll (see ``COMBINE_UNROLL_MAX_PROGRAMS``)."""
+    return COMBINE_UNROLL_MAX_PROGRAMS // workload.heads + 1
+
+
 def compile_spec(
     config: KernelConfig,
     workload: Workload,
@@ -955,7 +968,8 @@ def compile_spec(
 
     With ``batch``, exactly the launches of a call at that batch size. Without, every variant a call
     with this config can launch for this workload: the one-split kernel that writes the output, and
-    the split kernel that writes partials with the combine kernel at the largest split count.
+    the split kernel that writes partials with the combine kernel at the largest split count, at one
+    row and at enough rows to run the combine without its unroll.
     The keywords describe the call: ``topk_length``/``extra_topk_length`` given, an ``extra`` cache
     (its format, topk, page size and context; its heads are ``workload``'s), an ``attn_sink``, and
     ``q_tokens`` query tokens per request (s_q; it changes the grid, not the binary).
@@ -965,7 +979,11 @@ def compile_spec(
         raise RuntimeError("compile_spec needs a process started without TRITON_INTERPRET")
     cc = int(str(arch).removeprefix("sm_"))
     fmt = get_format(workload.kv_format)
-    cases = [(batch, config)] if batch else [(1, config.replace(TARGET_CTAS=1)), (1, config.replace(TARGET_CTAS=2**30))]
+    most = config.replace(TARGET_CTAS=2**30)  # the most splits
+    if batch:
+        cases = [(batch, config)]
+    else:  # the combine at one row (unrolled up to COMBINE_UNROLL_MAX_SPLITS) and at enough rows to run it without
+        cases = [(1, config.replace(TARGET_CTAS=1)), (1, most), (_rows_past_unroll(workload), most)]
     specs: dict[tuple, CompileSpec] = {}
     for b, cfg in cases:
         q = torch.empty(b, q_tokens, workload.heads, fmt.d_qk, dtype=torch.bfloat16, device="meta")

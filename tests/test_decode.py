@@ -24,6 +24,7 @@ MANY_SPLITS = KernelConfig(BLOCK_T=16, num_warps=4, num_stages=2, TARGET_CTAS=64
 # end must be fully masked): topk 100 at BLOCK_T 16 is 7 tiles, in 4 splits at B=1 and 2 at B=3
 PREFETCH_SPLITS = KernelConfig(BLOCK_T=16, num_warps=4, num_stages=1, TARGET_CTAS=4, PREFETCH=1)
 INDEX_PREFETCH_SPLITS = PREFETCH_SPLITS.replace(PREFETCH=2)  # the next tile's indices only
+DEEP_PREFETCH_SPLITS = PREFETCH_SPLITS.replace(PREFETCH=3)  # and the indices of the tile after it
 # the balanced deal: 7 tiles per row over 5 programs at B=3 (runs of 4 or 5 tiles, crossing row ends;
 # rows use 2 or 3 of their 3 slots, so the combine must skip the unused one) and over 3 at B=1
 BALANCED_RUNS = PREFETCH_SPLITS.replace(TARGET_CTAS=5, BALANCED=1)
@@ -39,15 +40,22 @@ CASES = [
         ("splits", MANY_SPLITS),
         ("prefetch", PREFETCH_SPLITS),
         ("index-prefetch", INDEX_PREFETCH_SPLITS),
+        ("deep-prefetch", DEEP_PREFETCH_SPLITS),
         ("balanced", BALANCED_RUNS),
         ("balanced-index-prefetch", BALANCED_RUNS.replace(PREFETCH=2)),
+        ("balanced-deep-prefetch", BALANCED_RUNS.replace(PREFETCH=3)),
         ("balanced-staged", BALANCED_RUNS.replace(PREFETCH=0, num_stages=2)),  # fp8_v32's byte loads
     )
     # two head blocks (H=32) at the uneven topk only; the prefetch's loop is the same at every head count;
     # the index prefetch's uneven last split is at B=3; the balanced deal at both batch sizes and at two
-    # head blocks with the register prefetch; the staged balanced loop for fp8_v32's byte loads
+    # head blocks with the register prefetch; the staged balanced loop for fp8_v32's byte loads; the deeper
+    # prefetch (3) at both batch sizes
     if ((H, topk) != (32, 64) and not ("prefetch" in name or "balanced" in name))
-    or ((H, topk) == (16, 100) and (name == "prefetch" or B == 3) and (name, fmt) != ("balanced-staged", "fp8_model1"))
+    or (
+        (H, topk) == (16, 100)
+        and (name in ("prefetch", "deep-prefetch") or B == 3)
+        and (name, fmt) != ("balanced-staged", "fp8_model1")
+    )
     or (name == "balanced" and topk == 100 and (B, H) != (1, 32))
 ]
 
@@ -173,6 +181,7 @@ def test_fp8_v32_loads_words_only_in_a_loop_the_pipeliner_does_not_stage():
     assert decode.kv_words(v32, KernelConfig(32, 4, 1, 256)) and decode.kv_words(
         v32, KernelConfig(32, 4, 3, 256, PREFETCH=1)
     )
+    assert decode.kv_words(v32, KernelConfig(32, 4, 3, 256, PREFETCH=3))
     assert not decode.kv_words(v32, KernelConfig(64, 4, 2, 256)) and not decode.kv_words(
         model1, KernelConfig(32, 4, 1, 256)
     )
@@ -247,10 +256,12 @@ def test_config_none_uses_the_table_by_nearest_batch_key(tmp_path, monkeypatch):
             ("splits", MANY_SPLITS),
             ("prefetch", PREFETCH_SPLITS),
             ("index-prefetch", INDEX_PREFETCH_SPLITS),
+            ("deep-prefetch", DEEP_PREFETCH_SPLITS),
             ("balanced", BALANCED_RUNS),
         )
         for native in (False, True)
-        if name not in ("index-prefetch", "balanced") or native  # the decoding does not depend on the deal
+        # the decoding does not depend on the deal
+        if name not in ("index-prefetch", "deep-prefetch", "balanced") or native
     ],
 )
 def test_the_gpu_path_fp16_operands_match_the_reference(fmt, cfg, native, monkeypatch, nan_outputs):

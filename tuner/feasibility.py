@@ -77,7 +77,7 @@ def estimate_shared(config: KernelConfig, workload: Workload) -> int:
       dependent gather a pipeline distance of 1 whatever ``num_stages`` > 2 says, so stages 3 and 4
       cost next to nothing more): 512 e4m3 + 128 rope + 4 index bytes per token (fp8_model1), the
       rope, scales and index only (180 B, fp8_v32: the e4m3 bytes land in the byte tile above);
-    - ``PREFETCH=1`` instead: the pipeliner leaves the loop alone, and the dequantized fp16 key tile
+    - ``PREFETCH=1`` (or 3) instead: the pipeliner leaves the loop alone, and the dequantized fp16 key tile
       is what changes layout: ``1024 * BLOCK_T`` plus the scales as fp32 (32 B per token,
       fp8_model1) or the fp16 rope part (128 B per token, fp8_v32), whatever ``num_stages`` says;
     - ``PREFETCH=2`` (the indices only, in registers) stages what ``PREFETCH=0`` stages;
@@ -88,7 +88,7 @@ def estimate_shared(config: KernelConfig, workload: Workload) -> int:
     fmt = get_format(workload.kv_format)
     T, block_h = config.BLOCK_T, block_h_for(workload.heads)
     q_tile = block_h * fmt.d_qk * 2
-    if config.PREFETCH == 1:
+    if config.PREFETCH in (1, 3):
         loop = q_tile + T * (1024 + (32 if fmt.name == "fp8_model1" else 128))
     elif fmt.name == "fp8_model1":
         loop = q_tile + T * 512 * 4 + (T * (512 + 128 + 4) if config.num_stages >= 2 else 0)
