@@ -81,12 +81,13 @@ FORMAT_IDS = {"fp8_model1": 0, "fp8_v32": 1}
 # correctness gate loudly (the tuner's gate and the tests set it; never needed in production).
 POISON_OUTPUTS = False
 
-# The combine reads 8 splits per iteration when it runs at most this many programs (rows x heads) and
-# merges at most COMBINE_UNROLL_MAX_SPLITS, else one. Measured on the H200 (docs/benchmarks.md, kernel v7):
-# at C=1 the unrolled merge of 16 and 32 splits saves 0.6 us (V4) and 1.1 us (V3.2) of the call, but of 64
-# splits costs 6.3 us, and from C=8 up (128 programs) it costs up to 0.9 us.
-COMBINE_UNROLL_MAX_PROGRAMS = 64
+# The combine reads 8 splits per iteration when it merges at most COMBINE_UNROLL_MAX_SPLITS splits and at
+# most COMBINE_UNROLL_MAX_ROWS partial rows in all (rows x heads x splits), else one. Measured on the H200
+# (docs/benchmarks.md, kernel v7): the unroll saved 0.3-1.9 us where a call has up to 1024 partial rows of
+# up to 32 splits (C=1, 2 and 4 of V4, C=1 and 2 of V3.2), and cost 0.9-2.0 us at 2048 partial rows (V3.2
+# C=4 and 8) and 6.3 us for 64 splits at V3.2 C=1.
 COMBINE_UNROLL_MAX_SPLITS = 32
+COMBINE_UNROLL_MAX_ROWS = 1024
 
 # Called as fn(kernel_name, config, grid) before every launch; the tuner counts launches with it.
 LAUNCH_LISTENERS: list[Callable[[str, KernelConfig, tuple], None]] = []
@@ -538,7 +539,7 @@ def _combine_kernel(
     o_d = tl.arange(0, 512)
     b_acc = tl.zeros((512,), dtype=tl.float32)
     # UNROLL splits per iteration, their row loads independent of each other and of the weights, so that
-    # UNROLL loads are in flight at once; with 1, a load latency per split (see COMBINE_UNROLL_MAX_PROGRAMS)
+    # UNROLL loads are in flight at once; with 1, a load latency per split (see COMBINE_UNROLL_MAX_ROWS)
     for i_s in range(0, num_splits, UNROLL):
         for i_u in tl.static_range(UNROLL):
             m_s = (i_s + i_u < num_splits) | (UNROLL == 1)  # no mask without the unroll
@@ -764,7 +765,7 @@ def _plan(
         )
         split_base += grid.slots
     if not write_final:
-        unroll = rows * H <= COMBINE_UNROLL_MAX_PROGRAMS and total_splits <= COMBINE_UNROLL_MAX_SPLITS
+        unroll = total_splits <= COMBINE_UNROLL_MAX_SPLITS and rows * H * total_splits <= COMBINE_UNROLL_MAX_ROWS
         launches.append(
             Launch(
                 "combine",
@@ -948,8 +949,8 @@ def _meta_cache(workload: Workload, rows: int, q_tokens: int, topk_length: bool)
 
 
 def _rows_past_unroll(workload: Workload) -> int:
-    """The fewest rows whose combine runs without the unroll (see ``COMBINE_UNROLL_MAX_PROGRAMS``)."""
-    return COMBINE_UNROLL_MAX_PROGRAMS // workload.heads + 1
+    """Rows enough for the combine to run without its unroll at any split count (``COMBINE_UNROLL_MAX_ROWS``)."""
+    return COMBINE_UNROLL_MAX_ROWS // workload.heads + 1
 
 
 def compile_spec(

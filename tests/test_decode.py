@@ -102,6 +102,52 @@ def test_kernel_matches_reference(fmt, B, H, topk, cfg, seed, device, nan_output
     assert out.shape == (B, H, 512) and out.dtype == torch.bfloat16 and lse.dtype == torch.float32
 
 
+@pytest.mark.parametrize("cfg, unrolled", [(MANY_SPLITS, 8), (BALANCED_RUNS, 4)], ids=["splits", "balanced"])
+@pytest.mark.parametrize("unroll", [False, True], ids=["one-split-per-iteration", "unrolled"])
+def test_the_combine_with_and_without_its_unroll_matches_the_reference(cfg, unrolled, unroll, monkeypatch, nan_outputs):
+    """Both of the combine's binaries: the small shapes here are under the unroll's limits, so a limit of 0
+    forces the loop of one split per iteration that large calls run. 7 splits under an unroll of 8, and the
+    balanced deal's 3 slots (one unused in some rows) under 4, leave masked lanes."""
+    if not unroll:
+        monkeypatch.setattr(decode, "COMBINE_UNROLL_MAX_ROWS", 0)
+    seen = []
+    monkeypatch.setattr(decode, "LAUNCH_LISTENERS", [lambda kind, c, grid: seen.append(kind)])
+    real_plan = decode._plan
+    unrolls = []
+
+    def spy(*args, **kwargs):
+        plan = real_plan(*args, **kwargs)
+        unrolls.extend(x.constexprs["UNROLL"] for x in plan.launches if x.name == "combine")
+        return plan
+
+    monkeypatch.setattr(decode, "_plan", spy)
+    bt = _batch("fp8_v32", 3, 16, 100, "cpu", seed=1)
+    out, lse = sparse_mla_decode(*bt.args(), **bt.kwargs(), config=cfg)
+    assert seen[-1] == "combine" and unrolls == ([unrolled] if unroll else [1])
+    ok, _, _, reason = compare(out, lse, *sparse_mla_decode_ref(*bt.args(), **bt.kwargs()))
+    assert ok, reason
+    assert torch.isposinf(lse[1]).all() and (out[1] == 0).all()
+
+
+def test_the_combine_unrolls_only_small_calls():
+    """The rule, on the plans (meta tensors, nothing runs) of calls too large to run here: 8 splits per
+    iteration up to 32 splits and 1024 partial rows, one beyond."""
+    v32 = Workload("fp8_v32", 16, 2048, 64, 8192)
+
+    def unroll(config, rows):
+        q = torch.empty(rows, 1, 16, 576, dtype=torch.bfloat16, device="meta")
+        cache = decode._meta_cache(v32, rows, 1, False)
+        plan = decode._plan(q, [cache], None, KernelConfig.parse(config), 1.0, native=True, pdl=True)
+        return [x.constexprs["UNROLL"] for x in plan.launches if x.name == "combine"]
+
+    assert unroll("T64-w8-s1-c256-p1", 1) == [8]  # 32 splits x 16 heads: 512 partial rows
+    assert unroll("T64-w8-s1-c256-p1", 2) == [8]  # 1024
+    assert unroll("T64-w4-s2-c512", 4) == [1]  # 32 splits at 4 rows: 2048
+    assert unroll("T32-w4-s1-c256-p1", 1) == [1]  # 64 splits
+    assert unroll("T32-w4-s1-c256-p1", 96) == [1]
+    assert unroll("T32-w4-s1-c32", 1) == [8] and unroll("T64-w8-s1-c16", 1) == [8]  # 32 and 16 splits
+
+
 def test_corrupt_scale_byte_is_caught(device):
     """The comparison can fail: one scale byte of one referenced token changed by x4 must be caught."""
     bt = _batch("fp8_model1", 1, 16, 64, device)
