@@ -41,9 +41,9 @@ def test_v4_space_is_the_v4_flash_tp4_decode_layer():
     w = sp.workloads[0]
     assert (w.kv_format, w.heads, w.tp, w.topk, w.page_size, w.context) == ("fp8_model1", 64, 4, 512, 64, 8192)
     graph_sizes = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96]  # the engines' CUDA-graph batch sizes
-    # BLOCK_T x num_warps x num_stages x TARGET_CTAS without the prefetch, and with each of its two kinds at one
-    # stage; each of them with both deals (BALANCED 0 and 1)
-    assert sp.concurrency == graph_sizes and len(sp.configs()) == (3 * 3 * 4 * 6 + 2 * 3 * 3 * 1 * 6) * 2
+    # BLOCK_T x num_warps x num_stages x TARGET_CTAS without the prefetch, and with each of its three kinds at
+    # one stage; each of them with both deals (BALANCED 0 and 1)
+    assert sp.concurrency == graph_sizes and len(sp.configs()) == (3 * 3 * 4 * 6 + 3 * 3 * 3 * 1 * 6) * 2
     assert str(sp.baseline) == "T16-w4-s2-c256"
 
 
