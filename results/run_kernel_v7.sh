@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Kernel v7 on one GPU, in two calls of under ten minutes each (the searches resume what results/h200.db
+# Kernel v7 on one GPU, in two parts (each step has its own time limit; the searches resume what results/h200.db
 # holds, so a step cut short by its limit stops after its running trial and a later run continues it):
 #   OUT=out PHASE=1 bash results/run_kernel_v7.sh   # bounded TPE re-tunes of the V3.2 and V4 spaces
 #   OUT=out PHASE=2 bash results/run_kernel_v7.sh   # the layer space, export, final bench, layer call, GPU tests

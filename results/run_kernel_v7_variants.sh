@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Kernel v7's variant runs on one GPU, one call each: the GPU tests, the kernel against the variants of
+# Kernel v7's variant runs on one GPU, each in one run: the GPU tests, the kernel against the variants of
 # docs/experiments/kernel_v7 (results/run_kernel_v3.sh), then where each call's time goes
 # (results/launch_times.py), for the kernel and, with LAST_PATCH, with that patch applied.
 #   OUT=out VARIANTS=n_combine_unrolled LAST_PATCH=n_combine_unrolled bash results/run_kernel_v7_variants.sh
