@@ -1,6 +1,10 @@
 """Compile-only feasibility for the target arch (real cross-compiles of the real kernel, no GPU)."""
 
+import os
 import re
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -117,3 +121,60 @@ def test_max_spill_bytes_makes_spilling_configs_infeasible(store):
     assert plain.spill_bytes > 0 and plain.feasible and "spills" in plain.reason
     strict = check(cfg, V32, "sm_120", max_spill_bytes=0, store=store)
     assert not strict.feasible and "max_spill_bytes" in strict.reason
+
+
+def _stat(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (state, ppid, ...); None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (st := _stat(int(name))) is not None and int(st[1]) == pid:
+            kids.append(int(name))
+    return kids
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the compile processes' parent-death signal is Linux's"
+)
+def test_a_check_killed_by_sigterm_leaves_no_compile_running(tmp_path):
+    """SIGTERM ends a Python process without running its exception handlers, so only the compile
+    processes' own parent-death signal stops them. Before it, the orphaned compile process failed on its
+    next progress line and its pool then finished every queued job: minutes for a shipped space's 126."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path / "triton"), TUNER_COMPILE_JOBS="2")  # a cold cache: real compiles
+    cmd = [
+        sys.executable,
+        "-m",
+        "tuner",
+        "check",
+        "search_spaces/v4_flash_tp4.yaml",
+        "--db",
+        f"sqlite:///{tmp_path}/t.db",
+    ]
+    check_proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    # the compile process and its two workers start within a few seconds (imports); allow 30x that
+    deadline, tree = time.monotonic() + 120, []
+    while time.monotonic() < deadline and check_proc.poll() is None:
+        tree = [(c, _children(c)) for c in _children(check_proc.pid)]
+        if any(len(workers) == 2 for _, workers in tree):
+            break
+        time.sleep(0.05)
+    assert check_proc.poll() is None, "the check ended before its compiles could be caught running"
+    pids = [p for c, workers in tree for p in (c, *workers)]
+    assert len(pids) == 3
+    check_proc.send_signal(signal.SIGTERM)
+    check_proc.wait(timeout=60)
+    deadline = time.monotonic() + 30  # the signal is immediate; a compile takes seconds
+    while time.monotonic() < deadline and any((st := _stat(p)) is not None and st[0] != "Z" for p in pids):
+        time.sleep(0.05)
+    running = [p for p in pids if (st := _stat(p)) is not None and st[0] != "Z"]
+    for p in running:  # no stray compiles left behind by a failing test
+        os.kill(p, signal.SIGKILL)
+    assert not running, f"compile processes {running} outlived the check"

@@ -75,7 +75,18 @@ def _report(done: int, total: int, job: dict) -> None:
     print(PROGRESS_FORMAT.format(done=done, total=total, label=label), file=sys.stderr, flush=True)
 
 
+def _die_with_parent() -> None:
+    """On Linux, this process is killed when the process that started it ends, however it ends: a
+    ``tuner check`` stopped by SIGTERM or SIGKILL would otherwise leave its compiles running."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
 def main() -> int:
+    _die_with_parent()
     jobs = json.load(sys.stdin)
     n = min(len(jobs), int(os.environ.get("TUNER_COMPILE_JOBS") or os.cpu_count() or 1))
     results: list[dict | None] = [None] * len(jobs)
@@ -84,7 +95,7 @@ def main() -> int:
             results[i] = compile_one(job)
             _report(i + 1, len(jobs), job)
     else:
-        with ProcessPoolExecutor(max_workers=n) as pool:
+        with ProcessPoolExecutor(max_workers=n, initializer=_die_with_parent) as pool:
             futures = {pool.submit(compile_one, job): i for i, job in enumerate(jobs)}
             for done, fut in enumerate(as_completed(futures), 1):
                 i = futures[fut]
