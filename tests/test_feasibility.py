@@ -57,6 +57,7 @@ def test_estimate_tracks_the_compiled_value(space, store):
         and (c.num_warps == 4 or c.BLOCK_T == 32)  # every tile size at 4 warps; the other widths at one size
         and (c.PREFETCH == 0 or c.num_warps == 4)  # the prefetch's terms: three tile sizes at one width
         and (c.PREFETCH != 2 or c.BLOCK_T == 32)  # the index prefetch stages what PREFETCH=0 stages: one size
+        and (c.PREFETCH != 3 or c.BLOCK_T == 32)  # the deeper prefetch, what PREFETCH=1 stages: one size
         and (
             c.BALANCED == 0 or (c.BLOCK_T == 32 and c.num_warps == 4 and c.num_stages == 2)
         )  # so does the balanced deal

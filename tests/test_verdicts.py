@@ -192,7 +192,7 @@ def test_replay_of_the_h200_database_reproduces_its_picks(tmp_path):
             f"sqlite:///{db}",
             "-q",
             "--sampler",
-            "grid",  # every recorded launch (648 configs per level is over the grid-by-default limit)
+            "grid",  # every recorded launch (756 configs per level is over the grid-by-default limit)
             "--concurrency",
             ",".join(map(str, levels)),
         )
