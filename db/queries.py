@@ -18,6 +18,7 @@ from db.models import StudyModel
 from db.models import TrialModel
 from db.models import WorkloadModel
 from db.models import get_or_create
+from db.models import utcnow
 from db.verdicts import Phase
 from db.verdicts import Verdict
 
@@ -178,8 +179,23 @@ def feasibility_get(session: Session, keys: list[str]) -> dict[str, dict]:
 
 
 def feasibility_put(session: Session, items: dict[str, dict]) -> None:
-    for k, v in items.items():
-        session.merge(FeasibilityModel(key=k, value=json.dumps(v)))
+    """Cache verdicts. Processes that start on one database at once compile the same keys and write them
+    together; a key's value is the same whoever computed it, so the first write stands and the others are
+    skipped (a read-then-insert ``merge`` let two inserts of one key collide on a unique-key error)."""
+    if not items:
+        return
+    now = utcnow()
+    rows = [{"key": k, "value": json.dumps(v), "created_at": now} for k, v in items.items()]
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    elif dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+    else:
+        for row in rows:
+            session.merge(FeasibilityModel(**row))
+        return
+    session.execute(insert(FeasibilityModel).values(rows).on_conflict_do_nothing(index_elements=["key"]))
 
 
 def latest_calibration(

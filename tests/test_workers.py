@@ -143,3 +143,35 @@ def test_four_first_starts_on_a_new_postgresql_database(db_url):
         assert con.execute(text("SELECT COUNT(*) FROM tuner_alembic_version")).scalar() == 1
         assert con.execute(text("SELECT COUNT(*) FROM tuner_studies")).scalar() == 1
     print(f"four first starts: {time.monotonic() - t0:.0f} s")
+
+
+def test_a_verdict_cached_by_two_processes_at_once_is_written_once(db_url):
+    """Searches that start together compile the same configs and cache the same verdicts at the same
+    time. The second write of a key waits for the first and is skipped: with a read-then-insert the two
+    inserts collided (a unique-key error, SQLite and PostgreSQL alike), and one of four first starts failed."""
+    import threading
+
+    from db import queries
+    from db.store import Store
+
+    store = Store(db_url)
+    first, second = {"shared": 1024, "registers": 96, "stack": 0}, {"shared": 1, "registers": 1, "stack": 1}
+    errors = []
+
+    def late_writer():
+        try:
+            with store.session() as s:
+                queries.feasibility_put(s, {"k": second})
+        except Exception as e:  # reported below, not lost in the thread
+            errors.append(e)
+
+    with store.session() as s:
+        queries.feasibility_put(s, {"k": first})
+        s.flush()  # the first insert holds the key, uncommitted, while the second one starts
+        t = threading.Thread(target=late_writer)
+        t.start()
+        t.join(timeout=1.0)  # the second writer waits for the first transaction
+    t.join(timeout=120)
+    assert not t.is_alive() and not errors, errors
+    with store.session() as s:
+        assert queries.feasibility_get(s, ["k"]) == {"k": first}
