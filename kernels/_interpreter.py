@@ -1,4 +1,4 @@
-"""Triton 3.6's interpreter without rebinding ``triton.language`` at every device call.
+"""Triton 3.6's interpreter without rebinding ``triton.language`` at every call of a jit function from a kernel.
 
 The interpreter rebinds ``triton.language``'s functions to its own implementations once per launch
 (``GridExecutor.__call__``), and then again at every call of a ``@triton.jit`` device function
@@ -6,8 +6,8 @@ The interpreter rebinds ``triton.language``'s functions to its own implementatio
 walks over the modules with ``inspect.getmembers`` took about a third of the kernel's interpreted time:
 about 0.9 ms per call, and a program makes some 20.
 
-Here a device call rebinds only the first time in a launch that a function of its module is called: the
-rebinding is never undone within the launch (the interpreter's own device calls do not restore it
+Here a call of a jit function rebinds only the first time in a launch that a function of its module is called: the
+rebinding is never undone within the launch (the interpreter's own jit-function calls do not restore it
 either), so the later calls would only repeat it.
 
 ``kernels/__init__.py`` installs this under ``TRITON_INTERPRET=1`` only, for the Triton version it was

@@ -7,8 +7,7 @@ set -u
 OUT=${OUT:-results/out}
 DB=${TUNER_DB:-sqlite:///results/h200.db}
 mkdir -p "$OUT"
-step() { local name=$1 limit=$2; shift 2; local t=$(date +%s)
-  timeout -s INT "$limit" "$@" > "$OUT/$name.log" 2>&1; echo "$name: rc=$? $(( $(date +%s) - t )) s"; }
+. "$(dirname "$0")/step.sh"
 step v4_search 220 python3 -m tuner search search_spaces/v4_flash_tp4.yaml --db "$DB" --sampler tpe --n-trials 9 \
   --first T32-w4-s1-c256-p2-b1,T32-w4-s1-c512-p1 -q
 step layer_search 150 python3 -m tuner search search_spaces/v4_flash_layer_tp4.yaml --db "$DB" --sampler tpe --n-trials 7 -q

@@ -10,8 +10,7 @@ set -u
 OUT=${OUT:-results/out}
 DB=${TUNER_DB:-sqlite:///results/h200.db}
 mkdir -p "$OUT"
-step() { local name=$1 limit=$2; shift 2; local t=$(date +%s)
-  timeout -s INT "$limit" "$@" > "$OUT/$name.log" 2>&1; echo "$name: rc=$? $(( $(date +%s) - t )) s"; }
+. "$(dirname "$0")/step.sh"
 if [ "${PHASE:-1}" = 1 ]; then
   step v32_search 240 python3 -m tuner search search_spaces/v32_tp8.yaml --db "$DB" --sampler tpe --n-trials 8 -q
   step v4_search 240 python3 -m tuner search search_spaces/v4_flash_tp4.yaml --db "$DB" --sampler tpe --n-trials 8 -q

@@ -6,8 +6,7 @@
 set -u
 OUT=${OUT:-results/out}
 mkdir -p "$OUT"
-step() { local name=$1 limit=$2; shift 2; local t=$(date +%s)
-  timeout -s INT "$limit" "$@" > "$OUT/$name.log" 2>&1; echo "$name: rc=$? $(( $(date +%s) - t )) s"; }
+. "$(dirname "$0")/step.sh"
 CONFIGS=${CONFIGS:-T32-w4-s1-c256-p1,T32-w4-s1-c512-p1,T32-w4-s1-c256-p3,T32-w4-s1-c512-p3,T32-w4-s1-c256-p1-b1,T32-w4-s1-c256-p3-b1}
 step gpu_tests 120 python3 -m pytest -q tests/test_gpu.py tests/test_flashmla_gpu.py
 step variants 400 env OUT="$OUT/variants" C=1,8,48,96 PATCH_DIR=docs/experiments/kernel_v7 \

@@ -201,7 +201,7 @@ def test_balanced_grid_deals_every_tile_once_and_bounds_the_slots(rows, row_tile
 
 
 def test_the_interpreter_patches_the_language_once_per_launch_and_module(monkeypatch):
-    """kernels/_interpreter.py: a device call rebinds triton.language only the first time its module is
+    """kernels/_interpreter.py: a jit-function call rebinds triton.language only the first time its module is
     called in a launch (Triton 3.6 rebinds it at every call, about a third of the interpreted time)."""
     if torch.cuda.is_available():
         pytest.skip("the interpreter only")
