@@ -17,6 +17,7 @@ import statistics
 from tabulate import tabulate
 
 from kernels.bench import TOPK
+from kernels.bench import _calls
 from kernels.bench import parse_config
 from kernels.bench import time_graph
 from kernels.config import split_grid
@@ -69,10 +70,8 @@ def main() -> None:
                 def part(kind, plans=plans):
                     return lambda j: [run(x) for x in plans[j].launches if x.name == kind]
 
-                def call(i, cfg=cfg, qs=qs, idx=idx, kv=pool.kv_cache, name=name):
-                    return sparse_mla_decode(qs[i], kv, idx[i], kv_format=name, config=cfg)
-
                 row = {"format": name, "C": C, "config": str(cfg), "splits": split_grid(cfg, C, 16, wl.topk).slots}
+                call = _calls(sparse_mla_decode, qs, pool.kv_cache, idx, {"kv_format": name, "config": cfg})
                 row["call_us"] = statistics.median(time_graph(call, n_sets, args.samples))
                 row["split_us"] = statistics.median(time_graph(part("split"), n_sets, args.samples))
                 has_combine = any(x.name == "combine" for x in plans[0].launches)
