@@ -81,11 +81,17 @@ FORMAT_IDS = {"fp8_model1": 0, "fp8_v32": 1}
 # correctness gate loudly (the tuner's gate and the tests set it; never needed in production).
 POISON_OUTPUTS = False
 
-# The combine reads 8 splits per iteration when it merges at most COMBINE_UNROLL_MAX_SPLITS splits and at
-# most COMBINE_UNROLL_MAX_ROWS partial rows in all (rows x heads x splits), else one. Measured on the H200
-# (docs/benchmarks.md, kernel v7): the unroll saved 0.3-1.9 us where a call has up to 1024 partial rows of
-# up to 32 splits (C=1, 2 and 4 of V4, C=1 and 2 of V3.2), and cost 0.9-2.0 us at 2048 partial rows (V3.2
-# C=4 and 8) and 6.3 us for 64 splits at V3.2 C=1.
+# The combine's shape (combine_shape). A call of many splits and few rows, at least COMBINE_TILE_MIN_SPLITS
+# splits and at most COMBINE_TILE_MAX_ROWS partial rows (rows x heads x splits), splits the 512 columns over
+# 8 programs, each merging a [splits, 64] tile (up to COMBINE_TILE elements) per iteration; other calls of up
+# to COMBINE_UNROLL_MAX_SPLITS splits and COMBINE_UNROLL_MAX_ROWS partial rows merge 8 rows of 512 per
+# iteration, and larger calls one. Measured on the H200 (docs/benchmarks.md, kernels v7 and v8): the tile
+# cut V3.2's calls of 32 splits at C=1, 2 and 4 by 0.4-1.9 us and of 64 splits at C=1-4 by 5-8 us; it lost
+# 0.1-4.6 us with 8 or 16 splits from 64 rows x heads up, and 64 columns beat 128 and 256 per program. The
+# rows of 512 saved 0.3-1.9 us at up to 1024 partial rows of up to 32 splits, and cost 0.9-2.0 us beyond.
+COMBINE_TILE_MIN_SPLITS = 32
+COMBINE_TILE_MAX_ROWS = 4096
+COMBINE_TILE = 4096
 COMBINE_UNROLL_MAX_SPLITS = 32
 COMBINE_UNROLL_MAX_ROWS = 1024
 
@@ -517,15 +523,21 @@ def _combine_kernel(
     q_tokens,
     H: tl.constexpr,
     BLOCK_S: tl.constexpr,
-    UNROLL: tl.constexpr,
+    CHUNK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     HAS_SINK: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    """out = sum_s exp(lse_s - lse) * o_s, lse = logsumexp_s(lse_s), then the sink; empty rows: out 0, lse +inf."""
+    """out = sum_s exp(lse_s - lse) * o_s, lse = logsumexp_s(lse_s), then the sink; empty rows: out 0, lse +inf.
+
+    Program (row x head, column block) merges BLOCK_D of the 512 columns, CHUNK_S splits per iteration
+    (see combine_shape).
+    """
     if USE_PDL:  # launched while the split kernel still runs: wait for its partials
         gdc_wait()
         gdc_launch_dependents()
     i_rh = tl.program_id(0).to(tl.int64)
+    i_d = tl.program_id(1) if BLOCK_D < 512 else 0
     i_r = i_rh // H
     i_h = i_rh % H
     o_s = tl.arange(0, BLOCK_S)
@@ -536,26 +548,45 @@ def _combine_kernel(
     b_max_use = tl.where(m_empty, 0.0, b_max)
     b_sum = tl.sum(tl.exp(b_ls - b_max_use), axis=0)
     b_lse = b_max_use + tl.log(tl.where(m_empty, 1.0, b_sum))
-    o_d = tl.arange(0, 512)
-    b_acc = tl.zeros((512,), dtype=tl.float32)
-    # UNROLL splits per iteration, their row loads independent of each other and of the weights, so that
-    # UNROLL loads are in flight at once; with 1, a load latency per split (see COMBINE_UNROLL_MAX_ROWS)
-    for i_s in range(0, num_splits, UNROLL):
-        for i_u in tl.static_range(UNROLL):
-            m_s = (i_s + i_u < num_splits) | (UNROLL == 1)  # no mask without the unroll
-            o_row = (i_r * num_splits + i_s + i_u) * H + i_h
-            # weight 0 for an empty split, a slot no program used, or past the last split
-            b_w = tl.exp(tl.load(LPart + o_row, mask=m_s, other=float("-inf")) - b_lse)
-            # loaded whatever the weight, so that the row load need not wait for the lse and exp (a load
-            # masked on the weight cost up to 0.8 us at C=1); an unwritten slot's garbage is dropped below
-            b_o = tl.load(OPart + o_row * 512 + o_d, mask=m_s, other=0.0).to(tl.float32)
+    o_d = i_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    if BLOCK_D == 512:  # CHUNK_S rows per iteration, their loads independent of each other and of the weights
+        b_out = tl.zeros((512,), dtype=tl.float32)
+        for i_s in range(0, num_splits, CHUNK_S):
+            for i_u in tl.static_range(CHUNK_S):
+                m_s = (i_s + i_u < num_splits) | (CHUNK_S == 1)  # no mask for one split per iteration
+                o_row = (i_r * num_splits + i_s + i_u) * H + i_h
+                # weight 0 for an empty split, a slot no program used, or past the last split
+                b_w = tl.exp(tl.load(LPart + o_row, mask=m_s, other=float("-inf")) - b_lse)
+                # loaded whatever the weight, so that the row load need not wait for the lse and exp (a load
+                # masked on the weight cost up to 0.8 us at C=1); an unwritten slot's garbage is dropped below
+                b_o = tl.load(OPart + o_row * 512 + o_d, mask=m_s, other=0.0).to(tl.float32)
+                b_out += tl.where(b_w > 0.0, b_w * b_o, 0.0)
+    else:  # a [CHUNK_S, BLOCK_D] tile per iteration, as above
+        o_c = tl.arange(0, CHUNK_S)
+        b_acc = tl.zeros((CHUNK_S, BLOCK_D), dtype=tl.float32)
+        for i_s in range(0, num_splits, CHUNK_S):
+            m_s = i_s + o_c < num_splits
+            o_row = (i_r * num_splits + i_s + o_c) * H + i_h
+            b_w = tl.exp(tl.load(LPart + o_row, mask=m_s, other=float("-inf")) - b_lse)[:, None]
+            b_o = tl.load(OPart + o_row[:, None] * 512 + o_d[None, :], mask=m_s[:, None], other=0.0).to(tl.float32)
             b_acc += tl.where(b_w > 0.0, b_w * b_o, 0.0)
+        b_out = tl.sum(b_acc, axis=0)
     if HAS_SINK:
         b_sink = tl.load(Sink + i_h)
-        b_acc = b_acc * tl.where(m_empty, 0.0, 1.0 / (1.0 + tl.exp(b_sink - b_lse)))
-    tl.store(Out + i_rh * 512 + o_d, b_acc.to(tl.bfloat16))
+        b_out = b_out * tl.where(m_empty, 0.0, 1.0 / (1.0 + tl.exp(b_sink - b_lse)))
+    tl.store(Out + i_rh * 512 + o_d, b_out.to(tl.bfloat16))
     p_lse = Lse + ((i_r // q_tokens) * H + i_h) * q_tokens + i_r % q_tokens  # Lse [B, H, s_q]
-    tl.store(p_lse, tl.where(m_empty, float("inf"), b_lse))
+    tl.store(p_lse, tl.where(m_empty, float("inf"), b_lse), mask=i_d == 0)
+
+
+def combine_shape(rows: int, heads: int, splits: int) -> tuple[int, int]:
+    """(CHUNK_S, BLOCK_D) of the combine that merges ``splits`` partials of each of ``rows`` x ``heads`` outputs."""
+    partial_rows = rows * heads * splits
+    if splits >= COMBINE_TILE_MIN_SPLITS and partial_rows <= COMBINE_TILE_MAX_ROWS:
+        return min(triton.next_power_of_2(splits), COMBINE_TILE // 64), 64
+    if splits <= COMBINE_UNROLL_MAX_SPLITS and partial_rows <= COMBINE_UNROLL_MAX_ROWS:
+        return min(8, triton.next_power_of_2(splits)), 512
+    return 1, 512
 
 
 @dataclass(frozen=True)
@@ -765,12 +796,12 @@ def _plan(
         )
         split_base += grid.slots
     if not write_final:
-        unroll = total_splits <= COMBINE_UNROLL_MAX_SPLITS and rows * H * total_splits <= COMBINE_UNROLL_MAX_ROWS
+        chunk_s, block_d = combine_shape(rows, H, total_splits)
         launches.append(
             Launch(
                 "combine",
                 _combine_kernel,
-                (rows * H,),
+                (rows * H, 512 // block_d),
                 {
                     "Out": out,
                     "Lse": lse,
@@ -783,7 +814,8 @@ def _plan(
                 {
                     "H": H,
                     "BLOCK_S": triton.next_power_of_2(total_splits),
-                    "UNROLL": min(8, triton.next_power_of_2(total_splits)) if unroll else 1,
+                    "CHUNK_S": chunk_s,
+                    "BLOCK_D": block_d,
                     "HAS_SINK": attn_sink is not None,
                     "USE_PDL": pdl,
                 },
@@ -948,9 +980,9 @@ def _meta_cache(workload: Workload, rows: int, q_tokens: int, topk_length: bool)
     return _Cache(kv, idx, tl_, fmt)
 
 
-def _rows_past_unroll(workload: Workload) -> int:
-    """Rows enough for the combine to run without its unroll at any split count (``COMBINE_UNROLL_MAX_ROWS``)."""
-    return COMBINE_UNROLL_MAX_ROWS // workload.heads + 1
+def _rows_past_tile(workload: Workload) -> int:
+    """Rows enough for the combine to merge one split per iteration at any split count."""
+    return max(COMBINE_TILE_MAX_ROWS, COMBINE_UNROLL_MAX_ROWS) // workload.heads + 1
 
 
 def compile_spec(
@@ -969,8 +1001,9 @@ def compile_spec(
 
     With ``batch``, exactly the launches of a call at that batch size. Without, every variant a call
     with this config can launch for this workload: the one-split kernel that writes the output, and
-    the split kernel that writes partials with the combine kernel at the largest split count, at one
-    row and at enough rows to run the combine without its unroll.
+    the split kernel that writes partials with the combine kernel's code paths: at one row, with 16
+    splits (rows of 512 per iteration) and with the most (a tile of splits, from 32), and at enough rows
+    for the combine to merge one split per iteration.
     The keywords describe the call: ``topk_length``/``extra_topk_length`` given, an ``extra`` cache
     (its format, topk, page size and context; its heads are ``workload``'s), an ``attn_sink``, and
     ``q_tokens`` query tokens per request (s_q; it changes the grid, not the binary).
@@ -983,8 +1016,9 @@ def compile_spec(
     most = config.replace(TARGET_CTAS=2**30)  # the most splits
     if batch:
         cases = [(batch, config)]
-    else:  # the combine at one row (unrolled up to COMBINE_UNROLL_MAX_SPLITS) and at enough rows to run it without
-        cases = [(1, config.replace(TARGET_CTAS=1)), (1, most), (_rows_past_unroll(workload), most)]
+    else:  # one split; the combine at one row, of 16 splits (rows of 512) and of the most (the tile from 32
+        # splits), and at enough rows to merge one split at a time
+        cases = [(1, config.replace(TARGET_CTAS=n)) for n in (1, 16, 2**30)] + [(_rows_past_tile(workload), most)]
     specs: dict[tuple, CompileSpec] = {}
     for b, cfg in cases:
         q = torch.empty(b, q_tokens, workload.heads, fmt.d_qk, dtype=torch.bfloat16, device="meta")

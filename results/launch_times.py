@@ -1,21 +1,25 @@
 """Where a call's time goes: the whole call, its split launch alone and its combine alone, per point.
 
     python results/launch_times.py [--formats fp8_model1,fp8_v32] [--concurrency 1,8,48,96] \
-        [--configs table,T32-w4-s1-c512-p1]
+        [--configs table,T32-w4-s1-c512-p1] [--rules default,programs=1,max_rows=4096+max_splits=64]
 
 Each is timed as ``kernels.bench`` times the call: rotating request sets (cold L2) captured in one CUDA
 graph, median of ``--samples``. The split and combine launches are the call's own (``kernels.decode._plan``),
 so their grids and binaries are those of the call; the combine alone reads partials a split run left.
 With programmatic dependent launch the two overlap inside the call, so call <= split + combine.
-One JSON line per (format, C, config), then a table.
+``--rules`` times the call and its combine under each named setting of the combine's shape rule
+(``kernels.decode.combine_shape``'s constants: programs, tile, max_splits, max_rows; ``default`` leaves
+them), the split launch once per point. One JSON line per (format, C, config, rule), then a table.
 """
 
 import argparse
+import contextlib
 import json
 import statistics
 
 from tabulate import tabulate
 
+from kernels import decode
 from kernels.bench import TOPK
 from kernels.bench import _calls
 from kernels.bench import parse_config
@@ -30,9 +34,51 @@ from kernels.table import lookup_config
 from kernels.workload import Workload
 from kernels.workload import make_batch
 
+RULE_CONSTANTS = {
+    "programs": "COMBINE_PROGRAMS",
+    "tile": "COMBINE_TILE",
+    "max_splits": "COMBINE_TILE_MAX_SPLITS",
+    "max_rows": "COMBINE_TILE_MAX_ROWS",
+}
+
 
 def run(launch) -> None:
     launch.kernel[launch.grid](**launch.args, **launch.constexprs, **launch.options)
+
+
+def call_plans(kv_cache, fmt, qs, idx, cfg) -> list:
+    """The call's launches (``kernels.decode._plan``) on each request set."""
+    return [
+        _plan(
+            q.unsqueeze(1),
+            [_Cache(kv_cache, ix.unsqueeze(1), None, fmt)],
+            None,
+            cfg,
+            fmt.d_qk**-0.5,
+            native=True,
+            pdl=True,
+        )
+        for q, ix in zip(qs, idx, strict=True)
+    ]
+
+
+def part(kind: str, plans: list):
+    """step(j): the launches named ``kind`` of request set j's call."""
+    return lambda j: [run(x) for x in plans[j].launches if x.name == kind]
+
+
+@contextlib.contextmanager
+def combine_rule(rule: str):
+    """``programs=1+max_rows=4096``: those constants of kernels.decode for the block, then restored."""
+    pairs = [] if rule == "default" else [kv.split("=") for kv in rule.split("+")]
+    saved = {RULE_CONSTANTS[k]: getattr(decode, RULE_CONSTANTS[k]) for k, _ in pairs}
+    for k, v in pairs:
+        setattr(decode, RULE_CONSTANTS[k], int(v))
+    try:
+        yield
+    finally:
+        for name, v in saved.items():
+            setattr(decode, name, v)
 
 
 def main() -> None:
@@ -42,6 +88,7 @@ def main() -> None:
     ap.add_argument("--configs", default="table")
     ap.add_argument("--pool", type=int, default=384)
     ap.add_argument("--samples", type=int, default=7)
+    ap.add_argument("--rules", default="default")
     args = ap.parse_args()
     rows = []
     for name in args.formats.split(","):
@@ -54,32 +101,31 @@ def main() -> None:
             idx = [pool.indices[i * C : (i + 1) * C] for i in range(n_sets)]
             for text in args.configs.split(","):
                 cfg = parse_config(text) or lookup_config(device_name(qs[0].device), name, 16, wl.topk, C)
-                plans = [
-                    _plan(
-                        q.unsqueeze(1),
-                        [_Cache(pool.kv_cache, ix.unsqueeze(1), None, fmt)],
-                        None,
-                        cfg,
-                        fmt.d_qk**-0.5,
-                        native=True,
-                        pdl=True,
-                    )
-                    for q, ix in zip(qs, idx, strict=True)
-                ]
 
-                def part(kind, plans=plans):
-                    return lambda j: [run(x) for x in plans[j].launches if x.name == kind]
-
-                row = {"format": name, "C": C, "config": str(cfg), "splits": split_grid(cfg, C, 16, wl.topk).slots}
-                call = _calls(sparse_mla_decode, qs, pool.kv_cache, idx, {"kv_format": name, "config": cfg})
-                row["call_us"] = statistics.median(time_graph(call, n_sets, args.samples))
-                row["split_us"] = statistics.median(time_graph(part("split"), n_sets, args.samples))
-                has_combine = any(x.name == "combine" for x in plans[0].launches)
-                row["combine_us"] = (
-                    statistics.median(time_graph(part("combine"), n_sets, args.samples)) if has_combine else 0.0
+                split_us = statistics.median(
+                    time_graph(part("split", call_plans(pool.kv_cache, fmt, qs, idx, cfg)), n_sets, args.samples)
                 )
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+                for rule in args.rules.split(","):
+                    with combine_rule(rule):
+                        ps = call_plans(pool.kv_cache, fmt, qs, idx, cfg)
+                        for i in range(n_sets):  # partials for the combine alone to read
+                            part("split", ps)(i)
+                        combine = [x for x in ps[0].launches if x.name == "combine"]
+                        row = {"format": name, "C": C, "config": str(cfg), "rule": rule}
+                        row["splits"] = split_grid(cfg, C, 16, wl.topk).slots
+                        row["shape"] = (
+                            "x".join(str(combine[0].constexprs.get(k, "-")) for k in ("CHUNK_S", "BLOCK_D"))
+                            if combine
+                            else "-"
+                        )
+                        call = _calls(sparse_mla_decode, qs, pool.kv_cache, idx, {"kv_format": name, "config": cfg})
+                        row["call_us"] = statistics.median(time_graph(call, n_sets, args.samples))
+                        row["split_us"] = split_us
+                        row["combine_us"] = (
+                            statistics.median(time_graph(part("combine", ps), n_sets, args.samples)) if combine else 0.0
+                        )
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
     print(tabulate(rows, headers="keys", floatfmt=".1f"))
 
 

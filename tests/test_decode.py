@@ -102,50 +102,68 @@ def test_kernel_matches_reference(fmt, B, H, topk, cfg, seed, device, nan_output
     assert out.shape == (B, H, 512) and out.dtype == torch.bfloat16 and lse.dtype == torch.float32
 
 
-@pytest.mark.parametrize("cfg, unrolled", [(MANY_SPLITS, 8), (BALANCED_RUNS, 4)], ids=["splits", "balanced"])
-@pytest.mark.parametrize("unroll", [False, True], ids=["one-split-per-iteration", "unrolled"])
-def test_the_combine_with_and_without_its_unroll_matches_the_reference(cfg, unrolled, unroll, monkeypatch, nan_outputs):
-    """Both of the combine's binaries: the small shapes here are under the unroll's limits, so a limit of 0
-    forces the loop of one split per iteration that large calls run. 7 splits under an unroll of 8, and the
-    balanced deal's 3 slots (one unused in some rows) under 4, leave masked lanes."""
-    if not unroll:
-        monkeypatch.setattr(decode, "COMBINE_UNROLL_MAX_ROWS", 0)
+SHAPES = {  # module constants -> the combine's (CHUNK_S, BLOCK_D) for MANY_SPLITS (7 splits) and BALANCED_RUNS (3)
+    "one-split-per-iteration": ({"COMBINE_TILE_MAX_ROWS": 0, "COMBINE_UNROLL_MAX_ROWS": 0}, (1, 512), (1, 512)),
+    "rows-of-512": ({}, (8, 512), (4, 512)),
+    "tile-of-all-splits": ({"COMBINE_TILE_MIN_SPLITS": 2}, (8, 64), (4, 64)),
+    "tile-in-two-iterations": ({"COMBINE_TILE_MIN_SPLITS": 2, "COMBINE_TILE": 256}, (4, 64), (4, 64)),
+}
+
+
+@pytest.mark.parametrize("cfg", [MANY_SPLITS, BALANCED_RUNS], ids=["splits", "balanced"])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_every_shape_of_the_combine_matches_the_reference(cfg, shape, monkeypatch, nan_outputs):
+    """The combine's code paths, forced on these small calls by its constants: one split per iteration (as
+    large calls run), rows of 512 (8 at a time), and the tile of splits x 64 columns, in one iteration or in
+    two. 7 splits under 8 (or 2 x 4), and the balanced deal's 3 slots (one unused in some rows) under 4,
+    leave masked lanes."""
+    constants, want_splits, want_balanced = SHAPES[shape]
+    for name, value in constants.items():
+        monkeypatch.setattr(decode, name, value)
     seen = []
     monkeypatch.setattr(decode, "LAUNCH_LISTENERS", [lambda kind, c, grid: seen.append(kind)])
     real_plan = decode._plan
-    unrolls = []
+    shapes = []
 
     def spy(*args, **kwargs):
         plan = real_plan(*args, **kwargs)
-        unrolls.extend(x.constexprs["UNROLL"] for x in plan.launches if x.name == "combine")
+        shapes.extend((x.constexprs["CHUNK_S"], x.constexprs["BLOCK_D"]) for x in plan.launches if x.name == "combine")
         return plan
 
     monkeypatch.setattr(decode, "_plan", spy)
     bt = _batch("fp8_v32", 3, 16, 100, "cpu", seed=1)
     out, lse = sparse_mla_decode(*bt.args(), **bt.kwargs(), config=cfg)
-    assert seen[-1] == "combine" and unrolls == ([unrolled] if unroll else [1])
+    assert seen[-1] == "combine" and shapes == [want_splits if cfg is MANY_SPLITS else want_balanced]
     ok, _, _, reason = compare(out, lse, *sparse_mla_decode_ref(*bt.args(), **bt.kwargs()))
     assert ok, reason
     assert torch.isposinf(lse[1]).all() and (out[1] == 0).all()
 
 
-def test_the_combine_unrolls_only_small_calls():
-    """The rule, on the plans (meta tensors, nothing runs) of calls too large to run here: 8 splits per
-    iteration up to 32 splits and 1024 partial rows, one beyond."""
+def test_the_combine_tiles_only_calls_of_many_splits_and_few_rows():
+    """The rule, on the plans (meta tensors, nothing runs) of calls too large to run here: the tile of splits x
+    64 columns from 32 splits up to 4096 partial rows (rows x heads x splits), 8 rows of 512 up to 32 splits
+    and 1024 partial rows, one row beyond."""
     v32 = Workload("fp8_v32", 16, 2048, 64, 8192)
 
-    def unroll(config, rows):
+    def shape(config, rows):
         q = torch.empty(rows, 1, 16, 576, dtype=torch.bfloat16, device="meta")
         cache = decode._meta_cache(v32, rows, 1, False)
         plan = decode._plan(q, [cache], None, KernelConfig.parse(config), 1.0, native=True, pdl=True)
-        return [x.constexprs["UNROLL"] for x in plan.launches if x.name == "combine"]
+        return [
+            (x.grid, x.constexprs["CHUNK_S"], x.constexprs["BLOCK_D"]) for x in plan.launches if x.name == "combine"
+        ]
 
-    assert unroll("T64-w8-s1-c256-p1", 1) == [8]  # 32 splits x 16 heads: 512 partial rows
-    assert unroll("T64-w8-s1-c256-p1", 2) == [8]  # 1024
-    assert unroll("T64-w4-s2-c512", 4) == [1]  # 32 splits at 4 rows: 2048
-    assert unroll("T32-w4-s1-c256-p1", 1) == [1]  # 64 splits
-    assert unroll("T32-w4-s1-c256-p1", 96) == [1]
-    assert unroll("T32-w4-s1-c32", 1) == [8] and unroll("T64-w8-s1-c16", 1) == [8]  # 32 and 16 splits
+    assert shape("T64-w8-s1-c256-p1", 1) == [((16, 8), 32, 64)]  # 32 splits x 16 heads: 512 partial rows
+    assert shape("T64-w8-s1-c256-p1", 2) == [((32, 8), 32, 64)]  # 1024
+    assert shape("T64-w4-s2-c512", 4) == [((64, 8), 32, 64)]  # 2048
+    assert shape("T64-w8-s1-c256-p1", 8) == [((128, 8), 32, 64)]  # 4096
+    assert shape("T64-w8-s1-c256-p1", 16) == [((256, 1), 1, 512)]  # 8192
+    assert shape("T32-w4-s1-c256-p1", 1) == [((16, 8), 64, 64)]  # 64 splits
+    assert shape("T16-w4-s1-c1024", 1) == [((16, 8), 64, 64)]  # 128 splits, two tiles of 64
+    assert shape("T64-w8-s1-c16", 1) == [((16, 1), 8, 512)]  # 16 splits
+    assert shape("T64-w8-s1-c64-p1", 8) == [((128, 1), 8, 512)]  # 8 splits at 8 rows: 1024
+    assert shape("T64-w8-s1-c128-p1", 8) == [((128, 1), 1, 512)]  # 16 splits at 8 rows: 2048
+    assert shape("T32-w4-s1-c256-p1", 96) == [((1536, 1), 1, 512)]
 
 
 def test_corrupt_scale_byte_is_caught(device):

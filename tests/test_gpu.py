@@ -31,3 +31,24 @@ def test_config_none_uses_the_exported_table_on_this_gpu(monkeypatch):
     if name != "NVIDIA H200":
         pytest.skip(f"no exported table for {name}")
     assert cfg != DEFAULT_CONFIG
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [{}, {"COMBINE_TILE_MAX_ROWS": 0, "COMBINE_UNROLL_MAX_ROWS": 0}, {"COMBINE_TILE_MIN_SPLITS": 2}],
+    ids=["default", "one-split-per-iteration", "tile-from-2-splits"],
+)
+@pytest.mark.parametrize("config", ["T64-w8-s1-c256-p1", "T32-w4-s1-c256-p3"])  # 32 and 64 splits of V3.2
+@pytest.mark.parametrize("fmt, topk", [("fp8_model1", 512), ("fp8_v32", 2048)])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_every_combine_shape_matches_reference_at_full_size(fmt, topk, batch, config, rule, monkeypatch):
+    from kernels import decode
+    from kernels.config import KernelConfig
+
+    monkeypatch.setattr(decode, "POISON_OUTPUTS", True)
+    for name, value in rule.items():
+        monkeypatch.setattr(decode, name, value)
+    bt = make_batch(Workload(fmt, 16, topk, 64, 8192), batch, device="cuda", seed=3, invalid_fraction=0.05)
+    out, lse = sparse_mla_decode(*bt.args(), kv_format=fmt, config=KernelConfig.parse(config))
+    ok, rel, lse_err, reason = compare(out, lse, *sparse_mla_decode_ref(*bt.args(), kv_format=fmt))
+    assert ok, reason
