@@ -1,15 +1,16 @@
 """Where a call's time goes: the whole call, its split launch alone and its combine alone, per point.
 
     python results/launch_times.py [--formats fp8_model1,fp8_v32] [--concurrency 1,8,48,96] \
-        [--configs table,T32-w4-s1-c512-p1] [--rules default,programs=1,max_rows=4096+max_splits=64]
+        [--configs table,T32-w4-s1-c512-p1] [--rules default,min_splits=16,max_rows=8192+unroll_rows=0]
 
 Each is timed as ``kernels.bench`` times the call: rotating request sets (cold L2) captured in one CUDA
 graph, median of ``--samples``. The split and combine launches are the call's own (``kernels.decode._plan``),
 so their grids and binaries are those of the call; the combine alone reads partials a split run left.
-With programmatic dependent launch the two overlap inside the call, so call <= split + combine.
+With programmatic dependent launch the two overlap inside the call, and so do back-to-back launches of
+one part, so a part alone can look cheaper than it is in the call (docs/benchmarks.md, kernel v8).
 ``--rules`` times the call and its combine under each named setting of the combine's shape rule
-(``kernels.decode.combine_shape``'s constants: programs, tile, max_splits, max_rows; ``default`` leaves
-them), the split launch once per point. One JSON line per (format, C, config, rule), then a table.
+(constants of ``kernels.decode``, named as in ``RULE_CONSTANTS``; ``default`` leaves them), the split
+launch once per point. One JSON line per (format, C, config, rule), then a table.
 """
 
 import argparse
@@ -34,11 +35,15 @@ from kernels.table import lookup_config
 from kernels.workload import Workload
 from kernels.workload import make_batch
 
-RULE_CONSTANTS = {
-    "programs": "COMBINE_PROGRAMS",
+RULE_CONSTANTS = {  # rule key -> kernels.decode constant (the last two exist with o_large_combine_knobs.patch)
+    "programs": "COMBINE_PROGRAMS",  # kernel v8's first draft, docs/data/kernel_v8/variants
     "tile": "COMBINE_TILE",
+    "min_splits": "COMBINE_TILE_MIN_SPLITS",
     "max_splits": "COMBINE_TILE_MAX_SPLITS",
     "max_rows": "COMBINE_TILE_MAX_ROWS",
+    "unroll_rows": "COMBINE_UNROLL_MAX_ROWS",
+    "large_chunk": "COMBINE_LARGE_CHUNK",
+    "warps": "COMBINE_WARPS",
 }
 
 
@@ -69,7 +74,7 @@ def part(kind: str, plans: list):
 
 @contextlib.contextmanager
 def combine_rule(rule: str):
-    """``programs=1+max_rows=4096``: those constants of kernels.decode for the block, then restored."""
+    """``min_splits=16+max_rows=8192``: those constants of kernels.decode for the block, then restored."""
     pairs = [] if rule == "default" else [kv.split("=") for kv in rule.split("+")]
     saved = {RULE_CONSTANTS[k]: getattr(decode, RULE_CONSTANTS[k]) for k, _ in pairs}
     for k, v in pairs:
