@@ -16,13 +16,6 @@ if [ "${PHASE:-1}" = 1 ]; then
   step v4_search 240 python3 -m tuner search search_spaces/v4_flash_tp4.yaml --db "$DB" --sampler tpe --n-trials 8 -q
 else
   step layer_search 260 python3 -m tuner search search_spaces/v4_flash_layer_tp4.yaml --db "$DB" --sampler tpe --n-trials 8 -q
-  step export 60 python3 -m tuner export --db "$DB"
-  step bench_final 150 python3 -m kernels.bench --configs table --samples 7 --out "$OUT/bench_final.json"
-  step bench_call 60 python3 -m kernels.bench_call --out "$OUT/bench_call.json"
-  step gpu_tests 90 python3 -m pytest -q tests/test_gpu.py tests/test_flashmla_gpu.py
-  tar czf "$OUT/configs.tgz" kernels/configs
+  release_steps
 fi
-gzip -c results/h200.db > "$OUT/h200.db.gz"
-for f in "$OUT"/*_search.log "$OUT"/bench_final.log; do
-  if [ -f "$f" ]; then echo "== $f"; tail -18 "$f" | cut -c1-150; fi
-done
+wrap_up
