@@ -165,7 +165,7 @@ def _picks(url):
             out.setdefault(key, []).append(t)
         picks = {}
         for key, ts in out.items():
-            b = queries.best_of(ts)
+            b = queries.best_of(queries.newest_kernel(ts))  # as `tuner best`: the newest kernel measured there
             w = b.workload
             picks[key] = (launch_identity(b.config(), w.heads, w.topk, b.concurrency), b.config_key)
     return picks
