@@ -35,15 +35,18 @@ from kernels.table import lookup_config
 from kernels.workload import Workload
 from kernels.workload import make_batch
 
-RULE_CONSTANTS = {  # rule key -> kernels.decode constant (the last two exist with o_large_combine_knobs.patch)
+# rule key -> kernels.decode constant (the last four exist with the patches of docs/experiments/kernel_v8)
+RULE_CONSTANTS = {
     "programs": "COMBINE_PROGRAMS",  # kernel v8's first draft, docs/data/kernel_v8/variants
     "tile": "COMBINE_TILE",
     "min_splits": "COMBINE_TILE_MIN_SPLITS",
     "max_splits": "COMBINE_TILE_MAX_SPLITS",
     "max_rows": "COMBINE_TILE_MAX_ROWS",
     "unroll_rows": "COMBINE_UNROLL_MAX_ROWS",
-    "large_chunk": "COMBINE_LARGE_CHUNK",
-    "warps": "COMBINE_WARPS",
+    "large_chunk": "COMBINE_LARGE_CHUNK",  # o_large_combine_knobs.patch
+    "warps": "COMBINE_WARPS",  # o_large_combine_knobs.patch
+    "pdl": "COMBINE_PDL",  # p_combine_launch_order.patch
+    "late": "COMBINE_LATE_TRIGGER",
 }
 
 

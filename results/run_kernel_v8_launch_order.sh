@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Why more combine programs cost the call more than they cost alone (kernel v8, small calls), on one GPU in one
+# run, with docs/experiments/kernel_v8/p_combine_launch_order.patch: the call, its split launch and its combine
+# (results/launch_times.py) at the exported tables' configs, with the tile from 32 splits (v8), 16 or 8, each
+# with the combine under programmatic dependent launch as in v8, letting the next kernel launch only after its
+# stores, or launched without it.
+#   OUT=out bash results/run_kernel_v8_launch_order.sh
+set -u
+OUT=${OUT:-results/out}
+mkdir -p "$OUT"
+. "$(dirname "$0")/step.sh"
+keep=$(mktemp -d); cp kernels/decode.py "$keep"
+git apply docs/experiments/kernel_v8/p_combine_launch_order.patch
+step launch_order 400 python3 results/launch_times.py --concurrency "${C:-1,4,8,16}" --configs table \
+  --rules "${RULES:-default,late=1,pdl=0,min_splits=16,min_splits=16+late=1,min_splits=16+pdl=0,min_splits=8,min_splits=8+pdl=0}"
+cp "$keep/decode.py" kernels/
+grep -v '^{' "$OUT/launch_order.log" | tail -80 | cut -c1-150
