@@ -35,7 +35,7 @@ from kernels.table import lookup_config
 from kernels.workload import Workload
 from kernels.workload import make_batch
 
-# rule key -> kernels.decode constant (the last four exist with the patches of docs/experiments/kernel_v8)
+# rule key -> kernels.decode constant (the last five exist with the patches of docs/experiments/kernel_v8)
 RULE_CONSTANTS = {
     "programs": "COMBINE_PROGRAMS",  # kernel v8's first draft, docs/data/kernel_v8/variants
     "tile": "COMBINE_TILE",
@@ -47,6 +47,7 @@ RULE_CONSTANTS = {
     "warps": "COMBINE_WARPS",  # o_large_combine_knobs.patch
     "pdl": "COMBINE_PDL",  # p_combine_launch_order.patch
     "late": "COMBINE_LATE_TRIGGER",
+    "split_late": "SPLIT_LATE_TRIGGER",  # q_split_late_trigger.patch, on top of p_combine_launch_order.patch
 }
 
 
