@@ -7,9 +7,7 @@ set -u
 OUT=${OUT:-results/out}
 mkdir -p "$OUT"
 . "$(dirname "$0")/step.sh"
-keep=$(mktemp -d); cp kernels/decode.py "$keep"
-git apply docs/experiments/kernel_v8/o_large_combine_knobs.patch
+patched docs/experiments/kernel_v8/o_large_combine_knobs.patch
 step large 400 python3 results/launch_times.py --concurrency "${C:-16,48,64,80,96}" --configs table \
   --rules "${RULES:-default,large_chunk=2,large_chunk=4,warps=1,warps=2,warps=8,large_chunk=2+warps=2}"
-cp "$keep/decode.py" kernels/
 grep -v '^{' "$OUT/large.log" | tail -80 | cut -c1-150

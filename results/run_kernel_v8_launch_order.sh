@@ -11,9 +11,7 @@ set -u
 OUT=${OUT:-results/out}
 mkdir -p "$OUT"
 . "$(dirname "$0")/step.sh"
-keep=$(mktemp -d); cp kernels/decode.py "$keep"
-for patch in ${PATCHES:-p_combine_launch_order}; do git apply "docs/experiments/kernel_v8/$patch.patch"; done
+patched $(for p in ${PATCHES:-p_combine_launch_order}; do echo "docs/experiments/kernel_v8/$p.patch"; done)
 step launch_order 400 python3 results/launch_times.py --concurrency "${C:-1,4,8,16}" --configs table \
   --rules "${RULES:-default,late=1,pdl=0,min_splits=16,min_splits=16+late=1,min_splits=16+pdl=0,min_splits=8,min_splits=8+pdl=0}"
-cp "$keep/decode.py" kernels/
 grep -v '^{' "$OUT/launch_order.log" | tail -80 | cut -c1-150

@@ -21,3 +21,8 @@ wrap_up() {
     if [ -f "$f" ]; then echo "== $f"; tail -18 "$f" | cut -c1-150; fi
   done
 }
+
+# `patched PATCH...`: kernels/decode.py with each patch applied in turn, restored when the script exits.
+patched() { local keep; keep=$(mktemp -d); cp kernels/decode.py "$keep/"
+  trap "cp '$keep/decode.py' kernels/decode.py" EXIT
+  for p in "$@"; do git apply "$p"; done; }
