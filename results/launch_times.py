@@ -111,6 +111,7 @@ def main() -> None:
             for text in args.configs.split(","):
                 cfg = parse_config(text) or lookup_config(device_name(qs[0].device), name, 16, wl.topk, C)
 
+                splits = split_grid(cfg, C, 16, wl.topk).slots  # the split launch, whatever the rule
                 split_us = statistics.median(
                     time_graph(part("split", call_plans(pool.kv_cache, fmt, qs, idx, cfg)), n_sets, args.samples)
                 )
@@ -120,8 +121,7 @@ def main() -> None:
                         for i in range(n_sets):  # partials for the combine alone to read
                             part("split", ps)(i)
                         combine = [x for x in ps[0].launches if x.name == "combine"]
-                        row = {"format": name, "C": C, "config": str(cfg), "rule": rule}
-                        row["splits"] = split_grid(cfg, C, 16, wl.topk).slots
+                        row = {"format": name, "C": C, "config": str(cfg), "rule": rule, "splits": splits}
                         row["shape"] = (
                             "x".join(str(combine[0].constexprs.get(k, "-")) for k in ("CHUNK_S", "BLOCK_D"))
                             if combine

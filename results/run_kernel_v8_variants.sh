@@ -2,6 +2,8 @@
 # Kernel v8's combine variants on one GPU, in one run: the GPU tests, then where each call's time goes
 # (results/launch_times.py) under several settings of the combine's shape rule, and for kernel v7's combine
 # (kernels/decode.py at V7_REV) on the same points.
+# The default rules name COMBINE_PROGRAMS, a constant of the rule's first draft only: run it as it was run, on
+# kernels/decode.py at d50539d (the adopted rule has COMBINE_TILE_MIN_SPLITS instead, see results/launch_times.py).
 #   OUT=out V7_REV=9808445 bash results/run_kernel_v8_variants.sh
 set -u
 OUT=${OUT:-results/out}
