@@ -29,6 +29,7 @@ from kernels.config import split_grid
 from kernels.decode import _Cache
 from kernels.decode import _plan
 from kernels.decode import device_name
+from kernels.decode import sm_count
 from kernels.decode import sparse_mla_decode
 from kernels.kv_format import get_format
 from kernels.table import lookup_config
@@ -66,6 +67,7 @@ def call_plans(kv_cache, fmt, qs, idx, cfg) -> list:
             fmt.d_qk**-0.5,
             native=True,
             pdl=True,
+            sms=sm_count(kv_cache.device),
         )
         for q, ix in zip(qs, idx, strict=True)
     ]

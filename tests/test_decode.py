@@ -353,3 +353,24 @@ def test_the_gpu_path_fp16_operands_match_the_reference(fmt, cfg, native, monkey
     # fp16 operands round K, V, q and p to 2^-11: no worse than the fp32-operand path (which still
     # rounds partials and output to bf16), up to noise
     assert rel <= 1.25 * rel_f32 + 1e-3, (rel, rel_f32)
+
+
+def test_the_split_kernel_triggers_the_combine_late_only_with_more_programs_than_sms():
+    """The rule, on meta-tensor plans: the late trigger when the split launch has more programs than the GPU has
+    SMs (under programmatic dependent launch, with a combine to launch); the early one otherwise, or with the SM
+    count unknown."""
+    v32 = Workload("fp8_v32", 16, 2048, 64, 8192)
+
+    def late(config, rows, sms, pdl=True):
+        q = torch.empty(rows, 1, 16, 576, dtype=torch.bfloat16, device="meta")
+        cache = decode._meta_cache(v32, rows, 1, False)
+        plan = decode._plan(q, [cache], None, KernelConfig.parse(config), 1.0, native=True, pdl=pdl, sms=sms)
+        return [x.constexprs["LATE_TRIGGER"] for x in plan.launches if x.name == "split"]
+
+    assert late("T32-w4-s1-c256-p1", 4, 132) == [True]  # 4 rows x 64 splits: 256 programs
+    assert late("T32-w4-s1-c256-p1", 1, 132) == [False]  # 64 programs
+    assert late("T32-w4-s1-c256-p1", 2, 128) == [False] and late("T32-w4-s1-c256-p1", 2, 127) == [True]  # 128
+    assert late("T32-w4-s1-c256-p3-b1", 48, 132) == [True]  # the balanced deal: 256 programs
+    assert late("T32-w4-s1-c256-p1", 4, None) == [False]  # SMs unknown (no GPU)
+    assert late("T32-w4-s1-c256-p1", 4, 132, pdl=False) == [False]  # no dependent launch to trigger
+    assert late("T32-w4-s1-c1", 400, 132) == [False]  # one split: no combine

@@ -192,10 +192,15 @@ for spec in compile_spec(KernelConfig(), main, "sm_120", extra=extra, attn_sink=
     k = triton.compile(ASTSource(spec.kernel, spec.signature, spec.constexprs, spec.attrs),
                        target=GPUTarget("cuda", 120, 32), options=spec.options)
     c = spec.constexprs
-    rows.append([spec.name, c.get("PAGE_SIZE"), c.get("WRITE_FINAL"), c.get("HAS_SINK"), k.metadata.shared])
+    rows.append([spec.name, c.get("PAGE_SIZE"), c.get("WRITE_FINAL"), c.get("HAS_SINK"), k.metadata.shared,
+                 c.get("LATE_TRIGGER")])
 plain = compile_spec(KernelConfig(), main, "sm_120")
 sq2 = compile_spec(KernelConfig(), main, "sm_120", q_tokens=2)
-json.dump({"rows": rows, "sq_same_binaries": [s.key() for s in plain] == [s.key() for s in sq2]}, sys.stdout)
+at = {n: sorted({s.constexprs["LATE_TRIGGER"]
+                  for s in compile_spec(KernelConfig(), main, "sm_120", batch=8, sms=n, extra=extra)
+                  if s.name == "split"}) for n in (None, 132, 1000)}
+json.dump({"rows": rows, "sq_same_binaries": [s.key() for s in plain] == [s.key() for s in sq2],
+           "late_at_batch_8": {str(n): v for n, v in at.items()}}, sys.stdout)
 """
 
 
@@ -213,4 +218,10 @@ def test_compile_spec_lists_the_new_variants_and_they_compile_for_sm120():
     assert ("split", 256, False, False) in variants and ("split", 64, False, False) in variants
     assert {r[3] for r in got["rows"] if r[0] == "combine"} == {True}
     assert all(r[4] <= 101_376 for r in got["rows"]), got["rows"]
+    # both triggers of the split kernel (late: with more split programs than SMs), the same shared memory
+    split = {(r[1], r[5]): r[4] for r in got["rows"] if r[0] == "split" and not r[2]}
+    assert split[(256, False)] == split[(256, True)] and split[(64, False)] == split[(64, True)], split
+    # at a batch the GPU's SMs decide, per cache: 8 rows of the default config are 64 programs on the window and
+    # 256 on the compressed cache; SMs unknown: the early trigger
+    assert got["late_at_batch_8"] == {"None": [False], "132": [False, True], "1000": [False]}
     assert got["sq_same_binaries"]  # s_q changes the grid, not the binary

@@ -52,3 +52,18 @@ def test_every_combine_shape_matches_reference_at_full_size(fmt, topk, batch, co
     out, lse = sparse_mla_decode(*bt.args(), kv_format=fmt, config=KernelConfig.parse(config))
     ok, rel, lse_err, reason = compare(out, lse, *sparse_mla_decode_ref(*bt.args(), kv_format=fmt))
     assert ok, reason
+
+
+@pytest.mark.parametrize("sms", [0, 1 << 30], ids=["late-trigger", "early-trigger"])
+@pytest.mark.parametrize("fmt, topk", [("fp8_model1", 512), ("fp8_v32", 2048)])
+@pytest.mark.parametrize("batch", [1, 48])
+def test_both_triggers_of_the_split_kernel_match_reference(fmt, topk, batch, sms, monkeypatch):
+    """The combine launched early (waiting on the split's stores) or only as the split ends: same results."""
+    from kernels import decode
+
+    monkeypatch.setattr(decode, "POISON_OUTPUTS", True)
+    monkeypatch.setattr(decode, "sm_count", lambda device: sms)
+    bt = make_batch(Workload(fmt, 16, topk, 64, 8192), batch, device="cuda", seed=5, invalid_fraction=0.05)
+    out, lse = sparse_mla_decode(*bt.args(), kv_format=fmt)
+    ok, rel, lse_err, reason = compare(out, lse, *sparse_mla_decode_ref(*bt.args(), kv_format=fmt))
+    assert ok, reason
