@@ -2,18 +2,24 @@
 
     python results/ptx_stats.py T32-w4-s2-c512 T32-w4-s1-c512-p1 ...   # fp8_v32, sm_120, one JSON line each
     python results/ptx_stats.py --format fp8_model1 --arch 90 --batch 96 T32-w4-s1-c256-p1-b1
+    python results/ptx_stats.py --format fp8_model1 --arch 90 --batch 96 --sass T16-w4-s1-c512-p2   # + SASS counts
 
 ``--batch`` compiles exactly the launch of a call at that batch (a ``BALANCED=1`` config's balanced
 kernel needs one: without it the first variant is the one-split kernel, which runs the per-row code).
 
 Registers and stack come from the cubin (as ``tuner check`` reads them); the counts are static PTX
-instructions: byte and wide shared-memory loads, ldmatrix, cp.async, global loads and mma. Used to
-check a kernel variant's register, spill and shared-memory cost before it is timed on a GPU.
+instructions: byte and wide shared-memory loads, ldmatrix, cp.async, global loads and mma. ``--sass`` adds
+the cubin's SASS instructions (``cuobjdump -sass``): their total and the count of each opcode in
+:data:`SASS_OPCODES`, e.g. the local loads and stores that spills cost. Used to check a kernel variant's
+register, spill and shared-memory cost before it is timed on a GPU.
 """
 
 import argparse
+import collections
 import json
 import re
+import subprocess
+import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -22,6 +28,7 @@ from triton.compiler import ASTSource
 from kernels import KernelConfig
 from kernels import Workload
 from kernels.decode import compile_spec
+from tuner.compile_process import CUOBJDUMP
 from tuner.compile_process import _resources
 
 PATTERNS = {
@@ -33,8 +40,21 @@ PATTERNS = {
     "mma": r"mma\.sync",
 }
 
+SASS_OPCODES = ("LDG", "STG", "LDS", "STS", "LDSM", "HMMA", "BAR", "PRMT", "F2FP", "MOV", "LDL", "STL")
+SASS_OP = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 
-def stats(key: str, wl: Workload, arch: int = 120, batch: int | None = None) -> dict:
+
+def sass_counts(cubin: bytes) -> dict:
+    """The SASS instructions of a cubin: their total and the count of each opcode in SASS_OPCODES."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([CUOBJDUMP, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    ops = collections.Counter(SASS_OP.findall(sass))
+    return {"sass_total": sum(ops.values()), **{f"sass_{op}": ops[op] for op in SASS_OPCODES}}
+
+
+def stats(key: str, wl: Workload, arch: int = 120, batch: int | None = None, sass: bool = False) -> dict:
     spec = next(s for s in compile_spec(KernelConfig.parse(key), wl, arch, batch) if s.name == "split")
     k = triton.compile(
         ASTSource(spec.kernel, spec.signature, spec.constexprs, spec.attrs),
@@ -44,6 +64,8 @@ def stats(key: str, wl: Workload, arch: int = 120, batch: int | None = None) -> 
     regs, stack = _resources(k.asm["cubin"])
     ptx = k.asm["ptx"]
     counts = {name: len(re.findall(pat, ptx)) for name, pat in PATTERNS.items()}
+    if sass:
+        counts.update(sass_counts(k.asm["cubin"]))
     return {"config": key, "registers": regs, "stack": stack, "shared": k.metadata.shared, **counts}
 
 
@@ -53,7 +75,8 @@ if __name__ == "__main__":
     ap.add_argument("--format", default="fp8_v32", choices=["fp8_model1", "fp8_v32"])
     ap.add_argument("--arch", type=int, default=120, help="compute capability, e.g. 120 or 90")
     ap.add_argument("--batch", type=int, default=None, help="the launch of a call at this batch size")
+    ap.add_argument("--sass", action="store_true", help="also count the cubin's SASS instructions")
     args = ap.parse_args()
     workload = Workload(args.format, 16, {"fp8_model1": 512, "fp8_v32": 2048}[args.format], 64, 8192)
     for key in args.configs:
-        print(json.dumps(stats(key, workload, args.arch, args.batch)), flush=True)
+        print(json.dumps(stats(key, workload, args.arch, args.batch, args.sass)), flush=True)
