@@ -22,7 +22,7 @@ wrap_up() {
   done
 }
 
-# `patched PATCH...`: kernels/decode.py with each patch applied in turn, restored when the script exits.
-patched() { local keep; keep=$(mktemp -d); cp kernels/decode.py "$keep/"
-  trap "cp '$keep/decode.py' kernels/decode.py" EXIT
-  for p in "$@"; do git apply "$p"; done; }
+# `patched PATCH...`: the working tree with each patch applied in turn, each reverted (last first) when the script exits.
+patched() { local p undo=""
+  for p in "$@"; do git apply "$p" && undo="git apply -R '$p'; $undo"; done
+  trap "$undo" EXIT; }
