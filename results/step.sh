@@ -14,12 +14,15 @@ release_steps() {
   tar czf "$OUT/configs.tgz" kernels/configs
 }
 
-# The database to $OUT/h200.db.gz, then the end of each search's log and of the final bench's.
+# The database to $OUT/h200.db.gz, the end of each search's log and of the final bench's, then every log and JSON
+# file of $OUT packed into $OUT/logs.tgz (tar xzf it where they belong).
 wrap_up() {
   gzip -c results/h200.db > "$OUT/h200.db.gz"
   for f in "$OUT"/*_search.log "$OUT"/bench_final.log; do
     if [ -f "$f" ]; then echo "== $f"; tail -18 "$f" | cut -c1-150; fi
   done
+  (cd "$OUT" && shopt -s nullglob && files=(*.log *.json) && [ ${#files[@]} -gt 0 ] && tar czf logs.tgz "${files[@]}" \
+    && rm -f "${files[@]}")
 }
 
 # `patched PATCH...`: the working tree with each patch applied in turn, each reverted (last first) when the script exits.
