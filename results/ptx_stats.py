@@ -18,8 +18,6 @@ import argparse
 import collections
 import json
 import re
-import subprocess
-import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -28,8 +26,8 @@ from triton.compiler import ASTSource
 from kernels import KernelConfig
 from kernels import Workload
 from kernels.decode import compile_spec
-from tuner.compile_process import CUOBJDUMP
 from tuner.compile_process import _resources
+from tuner.compile_process import cuobjdump
 
 PATTERNS = {
     "ld_shared_b8": r"ld\.shared(?:\.v\d)?\.(?:u8|b8|s8)",
@@ -46,11 +44,7 @@ SASS_OP = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 
 def sass_counts(cubin: bytes) -> dict:
     """The SASS instructions of a cubin: their total and the count of each opcode in SASS_OPCODES."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        sass = subprocess.run([CUOBJDUMP, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    ops = collections.Counter(SASS_OP.findall(sass))
+    ops = collections.Counter(SASS_OP.findall(cuobjdump(cubin, "-sass")))
     return {"sass_total": sum(ops.values()), **{f"sass_{op}": ops[op] for op in SASS_OPCODES}}
 
 

@@ -35,12 +35,17 @@ CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
 PROGRESS_FORMAT = "compiled {done}/{total} {label}"
 
 
-def _resources(cubin: bytes) -> tuple[int, int]:
-    """(registers per thread, stack frame bytes) from ``cuobjdump --dump-resource-usage``."""
+def cuobjdump(cubin: bytes, *flags: str) -> str:
+    """What ``cuobjdump FLAGS`` prints for a cubin (e.g. ``--dump-resource-usage``, ``-sass``)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        out = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+        return subprocess.run([CUOBJDUMP, *flags, f.name], capture_output=True, text=True).stdout
+
+
+def _resources(cubin: bytes) -> tuple[int, int]:
+    """(registers per thread, stack frame bytes) from ``cuobjdump --dump-resource-usage``."""
+    out = cuobjdump(cubin, "--dump-resource-usage")
     for line in out.splitlines():
         if "REG:" in line:
             fields = dict(tok.split(":", 1) for tok in line.split() if ":" in tok)
