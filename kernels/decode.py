@@ -39,6 +39,14 @@ staged (``WORDS``, see :func:`kv_words`); the tile is then dequantized as four i
 of word m is dim 4m + j), q is split the same way, and P.V fills four [BLOCK_H, 128] accumulators that are
 interleaved once per program, so no byte shuffle is left in the loop.
 
+Dots in chunks (fp8_model1): the dequantized tile [BLOCK_T, 512] is split into four chunks of 128 contiguous
+dims, and q . k and P . V are four dots each, into four [BLOCK_H, 128] accumulators placed side by side once
+per program. With one dot over all 512 dims every warp held the whole q operand [BLOCK_H, 512] (the mma's
+warps split the tokens and the output columns, not the reduced dims): 128 registers per thread at 16 heads.
+In chunks, T32-w4-s1 with PREFETCH=1 (V4's pick from C=48 up) keeps 255 registers and loses its 64 B spill,
+and T16-w4-s1 with PREFETCH=2 drops from 254 to 168 (compiled for sm_90). Measured on the H200
+(docs/benchmarks.md, kernel v10 candidate): V4 C=96 38.0 -> 33.6 us at v9's config.
+
 Dequantization (see :func:`_dequant`): the dots take fp16 operands on the GPU. e4m3 converts to fp16
 exactly (one native cvt per byte pair on sm_89+, sm_120 included), and one fp16 multiply applies the
 group's scale; K and V never pass through fp32. Without native fp8 the bit assembly
@@ -251,6 +259,19 @@ def _tile_step(
         b_s = tl.dot(b_q3, tl.trans(b_k3), b_s)
         b_qr = tl.load(p_q + 512 + tl.arange(0, 64)[None, :], mask=m_h[:, None], other=0.0).to(dt)
         b_s = tl.dot(b_qr, tl.trans(c_rope.to(dt)), b_s)
+    elif FORMAT == 0:
+        # four dots of 128 contiguous dims each, so that no dot's q operand is the whole [BLOCK_H, 512]
+        # (chunk j = dims 128j..128j+127; the reshape's dims are (a, b) with j = 2a + b)
+        b_k, b_kr = _dequant_kv_tile(c_q8, c_sc, c_rope, FORMAT, BLOCK_T, DOT_F32, NATIVE_FP8)
+        dt = b_k.dtype
+        b_x0, b_x1 = tl.split(tl.permute(tl.reshape(b_k, (BLOCK_T, 2, 2, 128)), (0, 3, 1, 2)))  # [T, 128, a]
+        b_k0, b_k2 = tl.split(b_x0)  # dims 0..127 and 256..383
+        b_k1, b_k3 = tl.split(b_x1)
+        o_c = tl.arange(0, 128)
+        b_s = tl.dot(tl.load(p_q + o_c[None, :], mask=m_h[:, None], other=0.0).to(dt), tl.trans(b_k0))
+        b_s = tl.dot(tl.load(p_q + 128 + o_c[None, :], mask=m_h[:, None], other=0.0).to(dt), tl.trans(b_k1), b_s)
+        b_s = tl.dot(tl.load(p_q + 256 + o_c[None, :], mask=m_h[:, None], other=0.0).to(dt), tl.trans(b_k2), b_s)
+        b_s = tl.dot(tl.load(p_q + 384 + o_c[None, :], mask=m_h[:, None], other=0.0).to(dt), tl.trans(b_k3), b_s)
     else:
         b_k, b_kr = _dequant_kv_tile(c_q8, c_sc, c_rope, FORMAT, BLOCK_T, DOT_F32, NATIVE_FP8)
         dt = b_k.dtype
@@ -268,8 +289,8 @@ def _tile_step(
     b_p = tl.exp2(b_s - b_m_use[:, None])
     b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
     b_pk = b_p.to(dt)
-    if WORDS:
-        b_a0 = b_a0 * b_alpha[:, None] + tl.dot(b_pk, b_k0)  # [BLOCK_H, 128]: output dims 4m + 0
+    if WORDS or FORMAT == 0:
+        b_a0 = b_a0 * b_alpha[:, None] + tl.dot(b_pk, b_k0)  # [BLOCK_H, 128]: output dims 4m + 0 (chunks: 0..127)
         b_a1 = b_a1 * b_alpha[:, None] + tl.dot(b_pk, b_k1)
         b_a2 = b_a2 * b_alpha[:, None] + tl.dot(b_pk, b_k2)
         b_a3 = b_a3 * b_alpha[:, None] + tl.dot(b_pk, b_k3)
@@ -334,10 +355,11 @@ def _attend(
     p_q = Q + i_b * stride_qb + i_q * stride_qs + o_h[:, None] * stride_qh
     qk_scale = sm_scale * 1.4426950408889634  # softmax in base 2
     # the empty softmax: the output accumulates in a0 [BLOCK_H, 512], or with WORDS as four interleaved
-    # slices a_j [BLOCK_H, 128] (output dims 4m + j); unused ones are [1, 1]
+    # slices a_j [BLOCK_H, 128] (output dims 4m + j), or for fp8_model1 as four chunks a_j [BLOCK_H, 128]
+    # (output dims 128j..128j+127); unused ones are [1, 1]
     b_m = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
     b_l = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    if WORDS:
+    if WORDS or FORMAT == 0:
         b_a0 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
         b_a1 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
         b_a2 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
@@ -386,6 +408,10 @@ def _attend(
 
     if WORDS:  # dims 4m + 2a + b <- slice 2a + b: one interleave per program, outside the tile loop
         b_acc = tl.reshape(tl.join(tl.join(b_a0, b_a2), tl.join(b_a1, b_a3)), (BLOCK_H, 512))
+    elif FORMAT == 0:  # the four chunks side by side: [a0 | a1 | a2 | a3]
+        b_a01 = tl.reshape(tl.permute(tl.join(b_a0, b_a1), (0, 2, 1)), (BLOCK_H, 256))
+        b_a23 = tl.reshape(tl.permute(tl.join(b_a2, b_a3), (0, 2, 1)), (BLOCK_H, 256))
+        b_acc = tl.reshape(tl.permute(tl.join(b_a01, b_a23), (0, 2, 1)), (BLOCK_H, 512))
     else:
         b_acc = b_a0
     m_empty = b_l == 0.0  # no valid token: o = 0

@@ -225,3 +225,41 @@ def test_compile_spec_lists_the_new_variants_and_they_compile_for_sm120():
     # 256 on the compressed cache; SMs unknown: the early trigger
     assert got["late_at_batch_8"] == {"None": [False], "132": [False, True], "1000": [False]}
     assert got["sq_same_binaries"]  # s_q changes the grid, not the binary
+
+
+_REGISTERS_SCRIPT = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernels.config import KernelConfig
+from kernels.decode import compile_spec
+from kernels.workload import Workload
+from tuner.compile_process import _resources
+
+out = {}
+for name in ("T16-w4-s1-c512-p2", "T32-w4-s1-c512-p1"):
+    for spec in compile_spec(KernelConfig.parse(name), Workload("fp8_model1", 16, 512), "sm_120", batch=96, sms=132):
+        if spec.name == "split":
+            k = triton.compile(ASTSource(spec.kernel, spec.signature, spec.constexprs, spec.attrs),
+                               target=GPUTarget("cuda", 120, 32), options=spec.options)
+            out[name] = _resources(k.asm["cubin"])
+json.dump(out, sys.stdout)
+"""
+
+
+def test_fp8_model1_dots_in_chunks_keep_the_split_kernel_lean_for_sm120():
+    """fp8_model1's dots over four chunks of 128 dims, not one over 512, so no warp holds the whole q operand.
+
+    With one dot, T16-w4-s1-p2's split kernel took 254 registers per thread and T32-w4-s1-p1's 255 with a 64 B
+    stack (spills); in chunks they take 168 and 255 without a stack (compiled for sm_120 on Triton 3.6)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run(
+        [sys.executable, "-c", _REGISTERS_SCRIPT], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = json.loads(res.stdout)
+    regs, stack = got["T16-w4-s1-c512-p2"]
+    assert regs <= 200 and stack == 0, got
+    assert got["T32-w4-s1-c512-p1"][1] == 0, got  # no spill
