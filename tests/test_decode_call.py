@@ -204,15 +204,18 @@ json.dump({"rows": rows, "sq_same_binaries": [s.key() for s in plain] == [s.key(
 """
 
 
-def test_compile_spec_lists_the_new_variants_and_they_compile_for_sm120():
-    """compile_spec on meta tensors for a call with an extra cache, a sink and s_q = 2 (compiled, not run)."""
+def _compile_only(script: str) -> dict:
+    """``script``'s JSON output, run in a process without TRITON_INTERPRET (so that @triton.jit compiles)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parents[1]
-    res = subprocess.run(
-        [sys.executable, "-c", _COMPILE_SCRIPT], cwd=root, env=env, capture_output=True, text=True, timeout=300
-    )
+    res = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
-    got = json.loads(res.stdout)
+    return json.loads(res.stdout)
+
+
+def test_compile_spec_lists_the_new_variants_and_they_compile_for_sm120():
+    """compile_spec on meta tensors for a call with an extra cache, a sink and s_q = 2 (compiled, not run)."""
+    got = _compile_only(_COMPILE_SCRIPT)
     variants = {tuple(r[:4]) for r in got["rows"]}
     # one split launch per cache (its own page size), partials only; the combine applies the sink
     assert ("split", 256, False, False) in variants and ("split", 64, False, False) in variants
@@ -253,13 +256,7 @@ def test_fp8_model1_dots_in_chunks_keep_the_split_kernel_lean_for_sm120():
 
     With one dot, T16-w4-s1-p2's split kernel took 254 registers per thread and T32-w4-s1-p1's 255 with a 64 B
     stack (spills); in chunks they take 168 and 255 without a stack (compiled for sm_120 on Triton 3.6)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[1]
-    res = subprocess.run(
-        [sys.executable, "-c", _REGISTERS_SCRIPT], cwd=root, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert res.returncode == 0, res.stderr[-2000:]
-    got = json.loads(res.stdout)
+    got = _compile_only(_REGISTERS_SCRIPT)
     regs, stack = got["T16-w4-s1-c512-p2"]
     assert regs <= 200 and stack == 0, got
     assert got["T32-w4-s1-c512-p1"][1] == 0, got  # no spill
