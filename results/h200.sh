@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The H200 runs behind the committed results: one entry point, one PHASE per part of the GPU run.
+#   OUT=out PHASE=grids bash results/h200.sh    # every feasible distinct launch of the shipped spaces, on the
+#                                               # current kernel: V4 and V3.2 at C=1,8,48,96, the layer call at 1,96
+# Every search resumes what results/h200.db holds, so a phase cut short by LIMIT (seconds, default 540; each
+# search gets SIGINT and stops after its running trial) goes on where it stopped when run again.
+# What each step printed goes to $OUT/NAME.log; the database comes back as $OUT/h200.db.gz.
+set -u
+OUT=${OUT:-results/out}
+DB=${TUNER_DB:-sqlite:///results/h200.db}
+LIMIT=${LIMIT:-540}
+mkdir -p "$OUT"
+. "$(dirname "$0")/step.sh"
+deadline=$(( $(date +%s) + LIMIT ))
+left() { echo $(( deadline - $(date +%s) )); }
+# `search NAME SPACE LEVELS ARGS...`: one search within what is left of LIMIT
+search() { local name=$1 space=$2 levels=$3; shift 3; local l; l=$(left)
+  if [ "$l" -lt 30 ]; then echo "$name: not started, ${l} s left"; return; fi
+  step "$name" "$l" python3 -m tuner search "$space" --db "$DB" --concurrency "$levels" -q "$@"; }
+case "${PHASE:-grids}" in
+  grids)
+    search v4_grid search_spaces/v4_flash_tp4.yaml 1,8,48,96 --sampler grid
+    search v32_grid search_spaces/v32_tp8.yaml 1,8,48,96 --sampler grid
+    search layer_grid search_spaces/v4_flash_layer_tp4.yaml 1,96 --sampler grid ;;
+  *) echo "unknown PHASE=$PHASE (allowed: grids)"; exit 2 ;;
+esac
+for f in "$OUT"/*.log; do echo "== $f"; tail -22 "$f" | cut -c1-150; done
+gzip -c results/h200.db > "$OUT/h200.db.gz"
