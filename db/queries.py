@@ -199,15 +199,17 @@ def feasibility_put(session: Session, items: dict[str, dict]) -> None:
 
 
 def latest_calibration(
-    session: Session, environment_id: int, workload_id: int, concurrency: int, backend: str
+    session: Session, environment_id: int, workload_id: int, concurrency: int, backend: str, kernel_id: int | None
 ) -> CalibrationModel | None:
-    """The newest calibration for this environment, workload and concurrency."""
-    return session.scalar(
-        select(CalibrationModel)
-        .filter_by(environment_id=environment_id, workload_id=workload_id, concurrency=concurrency, backend=backend)
-        .order_by(CalibrationModel.id.desc())
-        .limit(1)
+    """The newest calibration of this kernel in this environment, workload and concurrency. A calibration
+    belongs to the kernel that measured it: another kernel's binaries have another speed and spread, so its
+    samples are never a study's A/A (``kernel_id=None`` asks for any kernel's, for display only)."""
+    q = select(CalibrationModel).filter_by(
+        environment_id=environment_id, workload_id=workload_id, concurrency=concurrency, backend=backend
     )
+    if kernel_id is not None:
+        q = q.filter_by(kernel_id=kernel_id)
+    return session.scalar(q.order_by(CalibrationModel.id.desc()).limit(1))
 
 
 def measured_launch(session: Session, study_id: int, launch_key: str) -> int | None:

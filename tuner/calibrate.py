@@ -56,9 +56,9 @@ class Calibration:
         )
 
 
-def measure(proc, space, workload, concurrency: int, config: KernelConfig, pairs: int) -> Calibration:
+def measure(proc, space, workload, concurrency: int, config: KernelConfig, pairs: int, seed: int = 0) -> Calibration:
     """Run an A/A of ``config`` on ``proc``; the baseline gets a longer timeout and one retry."""
-    req = CalibrateRequest(workload, concurrency, config, pairs)
+    req = CalibrateRequest(workload, concurrency, config, pairs, seed)
     timeout = max(3 * space.measurement["trial_timeout_s"], 120)
     reply = proc.measure(req, timeout_s=timeout)
     if reply.verdict in (Verdict.CRASHED, Verdict.TIMEOUT):

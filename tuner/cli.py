@@ -150,10 +150,22 @@ def _backend(requested: str | None) -> str:
 @click.option("--replay-db", default=None, help="replay backend: the database whose recorded samples are replayed.")
 @click.option("--replay-device", default=None, help="replay backend: the GPU name to replay when it holds several.")
 @click.option(
-    "--sampler",
-    type=click.Choice(["grid", "tpe"]),
+    "--replay-kernel",
     default=None,
-    help="Default: the space's; grid when <= 300 feasible configs, else TPE.",
+    help="replay backend: the kernel hash whose samples are replayed (default: the newest at each level).",
+)
+@click.option(
+    "--sampler",
+    type=click.Choice(["grid", "tpe", "surrogate"]),
+    default=None,
+    help="The search strategy (default: the space's `sampler`, else surrogate); see docs/search.md.",
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0, max=2**31 - 1),
+    default=0,
+    show_default=True,
+    help="Seeds the strategy and, with --backend replay, the replayed draws.",
 )
 @click.option(
     "--n-trials",
@@ -188,7 +200,9 @@ def search(
     backend,
     replay_db,
     replay_device,
+    replay_kernel,
     sampler,
+    seed,
     n_trials,
     first,
     timeout_s,
@@ -212,8 +226,8 @@ def search(
     space = load_space(space_file)
     levels = _levels(concurrency)
     first_configs = _first_configs(first, space)
-    if replay_db and backend != "replay":
-        raise TunerError("--replay-db needs --backend replay")
+    if (replay_db or replay_kernel) and backend != "replay":
+        raise TunerError("--replay-db and --replay-kernel need --backend replay")
     store = Store(db_url)
     opts = Options(
         backend=_backend(backend),
@@ -227,11 +241,17 @@ def search(
         quiet=quiet,
         replay_db=replay_db,
         replay_device=replay_device,
+        replay_kernel=replay_kernel,
+        seed=seed,
     )
     rows = run_search(space, store, opts)
     if fmt == "table":
         click.echo(f"search {space.name} ({opts.backend}), results in {store.shown_url}:", err=True)
-    click.echo(render(rows, fmt))
+        stopped = [f"{r['workload']} C={r['C']}: {r.pop('stopped')}" for r in rows]
+        click.echo(render(rows, fmt))
+        click.echo("why each level stopped:\n  " + "\n  ".join(stopped))
+    else:
+        click.echo(render(rows, fmt))
     if opts.interrupted:
         sys.exit(130)  # Ctrl-C: every finished trial is recorded; re-running resumes
 

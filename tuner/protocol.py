@@ -37,6 +37,7 @@ class CalibrateRequest:
     batch: int
     config: KernelConfig
     pairs: int
+    seed: int = 0  # the replay backend's draws; a GPU measures afresh whatever it is
 
 
 @dataclass(frozen=True)

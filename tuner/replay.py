@@ -2,14 +2,16 @@
 
 This is Kernel Tuner's simulation mode for this tuner: try a new policy, sampler or subset of a space
 without a GPU. Each measurement draws ``rounds`` rounds from the samples recorded for the same
-(workload, concurrency, config, device) by the newest kernel measured at that concurrency, with
-replacement, keeping each round's (candidate, baseline) pairing. A config with no recorded samples is
+(workload, concurrency, config, device) by one kernel (``--replay-kernel HASH``; by default the newest kernel
+measured at that concurrency), with replacement, keeping each round's (candidate, baseline) pairing. The draws
+are seeded by the search's ``--seed``, the config and the phase, so a seed replays the same, and the
+seeds of a benchmark differ. A config with no recorded samples is
 ``missing`` and never picked; a recorded ``infeasible``, ``wrong``, ``crashed`` or ``timeout`` verdict
 is replayed as it was. A config that was not recorded
 itself but launches exactly what a recorded one launches (same binary, same split count: TARGET_CTAS
 values that clamp alike) replays that recording, as the live search would have measured it once.
-The A/A comes from the source's calibration (or, in databases older than calibrations, its per-study
-A/A samples).
+The A/A comes from that kernel's calibrations (or, in databases older than calibrations, its per-study
+A/A samples): another kernel's A/A measured other binaries.
 
 The source is read with plain SQL on columns every schema version has, opened read-only, so any
 results database, old or new, can be replayed without being migrated.
@@ -80,6 +82,17 @@ def _pick_device(con, device: str | None) -> str:
     return device
 
 
+def _pick_kernel(con, kernel: str | None) -> int | None:
+    """The id of the kernel whose samples are replayed (``None``: the newest measured at each level)."""
+    if kernel is None:
+        return None
+    hashes = {h: i for i, h in con.execute(text("SELECT id, source_hash FROM tuner_kernels"))}
+    if kernel not in hashes:
+        shown = ", ".join(sorted(hashes)[:20])
+        raise TunerError(f"--replay-kernel {kernel[:80]!r} is not in the replay database; it has kernels {shown}")
+    return hashes[kernel]
+
+
 def _environment_info(con, device: str) -> dict:
     """What a measurement process reports about its GPU, as the first recording on ``device`` said it."""
     env = (
@@ -105,25 +118,26 @@ def _environment_info(con, device: str) -> dict:
 class ReplaySource:
     """Every trial and sample of one device in another results database, in memory."""
 
-    def __init__(self, url: str, device: str | None = None) -> None:
+    def __init__(self, url: str, device: str | None = None, kernel: str | None = None) -> None:
         try:
             engine = _engine(url)
             with engine.connect() as con:
-                self._load(con, inspect(con).get_table_names(), url, device)
+                self._load(con, inspect(con).get_table_names(), url, device, kernel)
         except SQLAlchemyError as e:
             raise TunerError(f"cannot read the replay database: {str(getattr(e, 'orig', e)).splitlines()[0]}") from None
 
-    def _load(self, con, tables: list[str], url: str, device: str | None) -> None:
+    def _load(self, con, tables: list[str], url: str, device: str | None, kernel: str | None) -> None:
         if "tuner_trials" not in tables:
             raise TunerError("the replay database has no tuner results (run `tuner search` on a GPU first)")
         self.device = device = _pick_device(con, device)
         self.info = _environment_info(con, device)
-        self.trials = self._recorded_trials(con, device)
-        self.noise = self._noise(con, tables, device)
+        self.kernel_id = _pick_kernel(con, kernel)
+        self.trials, self.kernel_at = self._recorded_trials(con, device, self.kernel_id)
+        self.noise = self._noise(con, tables, device, self.kernel_at)
         self._by_launch: dict[tuple, dict[str, _Recorded]] = {}
 
     @staticmethod
-    def _recorded_trials(con, device: str) -> dict[tuple, _Recorded]:
+    def _recorded_trials(con, device: str, kernel_id: int | None) -> tuple[dict[tuple, _Recorded], dict]:
         """The recorded trials on ``device`` by (shape, concurrency, config), with their samples (a
         duplicate takes its original's samples and verdict): at each (shape, concurrency) only those of
         the newest kernel measured there, as ``tuner best`` reads them. A ratio is against the baseline
@@ -143,11 +157,11 @@ class ReplaySource:
             {"d": device},
         ).mappings()
         rows = list(rows)
-        newest: dict[tuple, int] = {}  # (shape, concurrency) -> the kernel of its latest trial
+        newest: dict[tuple, int] = {}  # (shape, concurrency) -> the replayed kernel: given, else the latest
         for r in rows:  # ordered by id
-            newest[(_shape(r["kv_format"], r["heads"], r["topk"], r["page_size"], r["context"]), r["concurrency"])] = r[
-                "kernel_id"
-            ]
+            if kernel_id is None or r["kernel_id"] == kernel_id:
+                key = (_shape(r["kv_format"], r["heads"], r["topk"], r["page_size"], r["context"]), r["concurrency"])
+                newest[key] = r["kernel_id"]
         by_id: dict[int, _Recorded] = {}
         trials: dict[tuple, _Recorded] = {}
         for r in rows:
@@ -166,7 +180,7 @@ class ReplaySource:
             )
             by_id[r["id"]] = rec  # a duplicate's original may be of any kernel
             key = (_shape(r["kv_format"], r["heads"], r["topk"], r["page_size"], r["context"]), r["concurrency"])
-            if r["kernel_id"] == newest[key]:  # a config measured in several of its studies: the latest stands
+            if r["kernel_id"] == newest.get(key):  # a config measured in several of its studies: the latest stands
                 trials[(*key, str(KernelConfig.parse(r["config_key"])))] = rec
         for trial_id, c, b in con.execute(text("SELECT trial_id, candidate_us, baseline_us FROM tuner_samples")):
             if trial_id in by_id:
@@ -175,38 +189,51 @@ class ReplaySource:
             if rec.duplicate_of is not None and rec.duplicate_of in by_id:
                 rec.samples = by_id[rec.duplicate_of].samples
                 rec.verdict = by_id[rec.duplicate_of].verdict
-        return trials
+        return trials, newest
 
-    def _noise(self, con, tables, device) -> dict[tuple, list]:
-        """A/A samples per (workload shape, concurrency): calibrations when there are any, else the studies'."""
-        out: dict[tuple, list] = defaultdict(list)
-        sources = (
-            ("tuner_calibrations", "tuner_calibrations c", "c"),
-            ("tuner_noise", "tuner_noise n JOIN tuner_studies c ON n.study_id = c.id", "n"),
-        )
-        for table, joined, samples_of in sources:
-            if out or table not in tables:
-                continue
-            q = (
-                f"SELECT {samples_of}.samples, c.concurrency, w.kv_format, w.heads, w.topk, w.page_size, w.context "
-                f"FROM {joined} JOIN tuner_workloads w ON c.workload_id = w.id "
+    def _noise(self, con, tables, device, kernel_at: dict) -> dict[tuple, list]:
+        """A/A samples per (workload shape, concurrency), only of the kernel replayed there: its calibrations,
+        else its studies' own A/A, else (the oldest databases) its baseline trials' rounds against themselves.
+        Another kernel's A/A measured other binaries, so it never stands in."""
+        found: dict[tuple, list] = {}
+        cal = "tuner_calibrations" in tables and "kernel_id" in {
+            c["name"] for c in inspect(con).get_columns("tuner_calibrations")
+        }
+        queries = []
+        if cal:
+            queries.append(
+                "SELECT c.samples, c.concurrency, c.kernel_id, w.kv_format, w.heads, w.topk, w.page_size, "
+                "w.context FROM tuner_calibrations c JOIN tuner_workloads w ON c.workload_id = w.id "
                 "JOIN tuner_environments e ON c.environment_id = e.id WHERE e.gpu_name = :d"
             )
-            for r in con.execute(text(q), {"d": device}).mappings():
-                key = (_shape(r["kv_format"], r["heads"], r["topk"], r["page_size"], r["context"]), r["concurrency"])
-                out[key] += [tuple(x) for x in json.loads(r["samples"])]
-        if not out:  # the oldest databases: the baseline trials' own rounds against themselves
-            q = (
-                "SELECT x.candidate_us, x.baseline_us, t.concurrency, w.kv_format, w.heads, w.topk, w.page_size, "
-                "w.context FROM tuner_samples x JOIN tuner_trials t ON x.trial_id = t.id "
-                "JOIN tuner_workloads w ON t.workload_id = w.id "
-                "JOIN tuner_environments e ON t.environment_id = e.id "
-                "WHERE e.gpu_name = :d AND t.is_baseline AND x.phase = 'screen'"
+        if "tuner_noise" in tables:
+            queries.append(
+                "SELECT n.samples, c.concurrency, c.kernel_id, w.kv_format, w.heads, w.topk, w.page_size, "
+                "w.context FROM tuner_noise n JOIN tuner_studies c ON n.study_id = c.id "
+                "JOIN tuner_workloads w ON c.workload_id = w.id "
+                "JOIN tuner_environments e ON c.environment_id = e.id WHERE e.gpu_name = :d"
             )
+        for q in queries:  # each source only where the ones before it had nothing
+            out: dict[tuple, list] = defaultdict(list)
             for r in con.execute(text(q), {"d": device}).mappings():
                 key = (_shape(r["kv_format"], r["heads"], r["topk"], r["page_size"], r["context"]), r["concurrency"])
+                if key not in found and r["kernel_id"] == kernel_at.get(key):
+                    out[key] += [tuple(x) for x in json.loads(r["samples"])]
+            found.update(out)
+        q = (
+            "SELECT x.candidate_us, x.baseline_us, t.concurrency, t.kernel_id, w.kv_format, w.heads, w.topk, "
+            "w.page_size, w.context FROM tuner_samples x JOIN tuner_trials t ON x.trial_id = t.id "
+            "JOIN tuner_workloads w ON t.workload_id = w.id "
+            "JOIN tuner_environments e ON t.environment_id = e.id "
+            "WHERE e.gpu_name = :d AND t.is_baseline AND x.phase = 'screen'"
+        )
+        out = defaultdict(list)
+        for r in con.execute(text(q), {"d": device}).mappings():
+            key = (_shape(r["kv_format"], r["heads"], r["topk"], r["page_size"], r["context"]), r["concurrency"])
+            if key not in found and r["kernel_id"] == kernel_at.get(key):
                 out[key].append((r["candidate_us"], r["baseline_us"]))
-        return out
+        found.update(out)
+        return found
 
     def lookup(self, wl: Workload, batch: int, cfg: KernelConfig) -> _Recorded | None:
         """The recording of ``cfg`` at ``batch``, else the latest of a config with the same launch (a bounded
@@ -266,7 +293,7 @@ class ReplayProcess:
             pool = self.source.noise.get((shape, req.batch), [])
             if len(pool) < 2:
                 return MeasureReply(Verdict.MISSING, "no recorded A/A samples for this workload and concurrency")
-            return MeasureReply(Verdict.OK, "", _draw(pool, req.pairs, seed=req.batch))
+            return MeasureReply(Verdict.OK, "", _draw(pool, req.pairs, seed=req.seed))
         rec = self.source.lookup(req.workload, req.batch, req.candidate)
         if rec is None:
             return MeasureReply(Verdict.MISSING, f"no recorded samples for {req.candidate} at C={req.batch}")

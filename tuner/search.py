@@ -2,8 +2,12 @@
 
 Per workload: the feasibility verdicts for the target arch (compile only), then on a GPU a parallel
 warm-up compile of the feasible configs; then one :class:`tuner.study.StudyRun` per concurrency
-level. Measurement processes (one per GPU, or N interpreter processes) are started once and shared
-by every study.
+level, in the space's order, all with one strategy object (:mod:`tuner.strategies`), so a model-based
+strategy carries what each level taught it to the next. Measurement processes (one per GPU, or N
+interpreter processes) are started once and shared by every study.
+
+The strategy is ``--sampler``, else the space file's ``sampler: {name: ...}``, else the default
+(:data:`tuner.strategies.DEFAULT`).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from tuner.space import SearchSpace
 from tuner.study import StudyPlan
 from tuner.study import StudyRun
 
-GRID_MAX = 300  # the default sampler is the exhaustive grid up to this many feasible configs
+from tuner import strategies
 
 
 @dataclass
@@ -46,6 +50,8 @@ class Options:
     workers: int | None = None  # measurement processes
     replay_db: str | None = None  # the replay backend's source database
     replay_device: str | None = None
+    replay_kernel: str | None = None  # whose samples the replay backend draws (default: the newest kernel)
+    seed: int = 0  # seeds the strategy and the replay backend's draws
     interrupted: bool = False  # set by run_search: Ctrl-C stopped it (the CLI then exits with 130)
 
 
@@ -113,7 +119,8 @@ def run_search(space: SearchSpace, store, opts: Options) -> list[dict]:
                 wl = spec.workload()
                 verdicts = _feasibility(space, spec.name, wl, levels, source, store, opts, progress)
                 feasible = [c for c, v in verdicts.items() if v.feasible]
-                sampler = opts.sampler or ("grid" if len(feasible) <= GRID_MAX else "tpe")
+                sampler = opts.sampler or space.sampler.get("name") or strategies.DEFAULT
+                strategy = strategies.make(sampler, space.sampler.get("seed", 0) + opts.seed)
                 if opts.backend == "cuda":
                     t0 = time.monotonic()
                     warm(feasible, wl, int(processes[0].info["compute_capability"].replace(".", "")))
@@ -123,7 +130,7 @@ def run_search(space: SearchSpace, store, opts: Options) -> list[dict]:
                     if stop.requested or (opts.timeout_s and time.monotonic() - t_start > opts.timeout_s):
                         break
                     plan = StudyPlan(space, spec, wl, conc, verdicts, sampler)
-                    run = StudyRun(plan, store, storage, processes, opts, stop, t_start, progress)
+                    run = StudyRun(plan, store, storage, processes, opts, stop, t_start, progress, strategy)
                     summary.append(run.run())
             opts.interrupted = stop.signalled
     finally:
@@ -141,7 +148,8 @@ def _source_and_storage(opts: Options, store) -> tuple:
     if not opts.replay_db:
         raise TunerError("--backend replay needs --replay-db URL (the database whose samples are replayed)")
     # one process replays alone: Optuna's queue lives in memory (the results go to the database)
-    return ReplaySource(opts.replay_db, opts.replay_device), optuna.storages.InMemoryStorage()
+    source = ReplaySource(opts.replay_db, opts.replay_device, opts.replay_kernel)
+    return source, optuna.storages.InMemoryStorage()
 
 
 def _feasibility(space: SearchSpace, name: str, wl, levels, source, store, opts: Options, progress) -> dict:

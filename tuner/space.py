@@ -26,6 +26,7 @@ from kernels.config import KernelConfig
 from kernels.kv_format import FORMATS
 from kernels.kv_format import get_format
 from kernels.workload import Workload
+from tuner import strategies
 from tuner.errors import SpaceError
 
 MAX_CONFIGS = 100_000  # the grid is expanded and every config is compile-checked
@@ -53,7 +54,7 @@ TOP_KEYS = {
     "constraints": "a list of expressions over the parameters",
     "baseline": "a config inside the space",
     "measurement": "rounds, finalists, finalist_rounds, trial_timeout_s, min_effect",
-    "sampler": "name (grid | tpe), seed, n_trials",
+    "sampler": "name (grid | tpe | surrogate), seed, n_trials",
     "max_spill_bytes": "a non-negative integer; configs that spill more are infeasible",
 }
 WORKLOAD_KEYS = ("name", "kv_format", "heads", "tp", "topk", "page_size", "context", "extra", "attn_sink", "q_tokens")
@@ -62,7 +63,7 @@ MAX_Q_TOKENS = 16
 MEASUREMENT_DEFAULTS = {"rounds": 10, "finalists": 3, "finalist_rounds": 30, "trial_timeout_s": 60}
 MEASUREMENT_MAX = {"rounds": 10_000, "finalists": 1_000, "finalist_rounds": 10_000, "trial_timeout_s": 86_400}
 SAMPLER_KEYS = ("name", "seed", "n_trials")
-SAMPLERS = ("grid", "tpe")
+SAMPLERS = strategies.NAMES
 
 
 @dataclass(frozen=True)
@@ -531,7 +532,7 @@ def _measurement(path: str, meas) -> dict:
 
 def _sampler(path: str, samp) -> dict:
     _check_keys(path, "sampler", samp, SAMPLER_KEYS)
-    sampler = {"name": samp.get("name", "grid"), "seed": samp.get("seed", 0), "n_trials": samp.get("n_trials")}
+    sampler = {"name": samp.get("name", strategies.DEFAULT), "seed": samp.get("seed", 0), "n_trials": samp.get("n_trials")}
     _choice(path, "sampler.name", sampler["name"], SAMPLERS)
     _pos_int(path, "sampler.seed", sampler["seed"], minimum=0)
     if sampler["n_trials"] is not None:

@@ -1,0 +1,261 @@
+"""The search benchmark: every strategy over seeds, by replay of recorded full grids, on a CPU.
+
+    python results/bench_search.py                       # the default cases, 10 seeds, every strategy
+    python results/bench_search.py --strategies surrogate --seeds 3 --cases v4_216
+
+Each run is a real ``tuner search --backend replay --seed N`` of a space version stored with the recorded
+full grid (``tuner_spaces``), against a fresh results database, so no run sees another's measurements and
+no priors enter (``--priors`` adds the previous kernel's grid to the fresh database first). Per case and
+strategy it prints:
+
+- ``within 1 %``: the share of (level, seed) runs whose pick (what ``tuner best`` names) is within 1 % of
+  the recorded best launch. The truth of a launch is the geometric mean ratio to the baseline over every
+  recorded round (screening and finalist), which is what the replay draws from;
+- median and worst regret of the pick against that best;
+- ``measured``: launches measured, as a share of the distinct feasible launches, summed over the levels;
+- ``false non-flat``: among ok trials whose true ratio lies within the study's band of the baseline, the
+  share called win or regression after the study-wide correction (pooled, and the worst level).
+
+``--landscape shifted`` multiplies every launch's recorded times by a smooth random factor of its
+parameters (seeded), which moves the optimum: a landscape the strategy was not tuned on.
+Full results go to ``--out`` (JSON); the table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sqlite3
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+from tabulate import tabulate  # noqa: E402
+
+CASES = {  # name: (space name, kernel hash whose full grid is replayed)
+    "v4_216": ("v4_flash_tp4", "ea528dafbe5c"),
+    "v32_216": ("v32_tp8", "efab766bd8d8"),
+}
+STRATEGIES = ("surrogate", "grid", "tpe")
+TPE_SHARE = 0.25  # TPE's --n-trials: this share of the mean distinct launches per level
+
+
+@dataclass
+class Case:
+    name: str
+    space_path: str
+    kernel: str
+    replay_db: str
+
+
+def space_text(db: str, space: str, kernel: str) -> str:
+    """The space version stored with the kernel's studies (the most configs recorded)."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    row = con.execute(
+        "SELECT sp.text FROM tuner_studies s JOIN tuner_spaces sp ON sp.id = s.space_id "
+        "JOIN tuner_kernels k ON k.id = s.kernel_id JOIN tuner_trials t ON t.study_id = s.id "
+        "WHERE sp.name = ? AND k.source_hash = ? GROUP BY sp.id ORDER BY count(t.id) DESC LIMIT 1",
+        (space, kernel),
+    ).fetchone()
+    if row is None:
+        raise SystemExit(f"{db} holds no studies of space {space!r} by kernel {kernel}")
+    return row[0]
+
+
+def truths(source, space, wl, levels) -> dict[int, dict[str, float]]:
+    """Per level: every recorded ok launch's true ratio (geometric mean over all its recorded rounds)."""
+    from tuner.study import launch_key
+
+    out = {}
+    for c in levels:
+        per = {}
+        for cfg in space.configs():
+            rec = source.lookup(wl, c, cfg)
+            if rec is None or rec.verdict != "ok" or not rec.samples:
+                continue
+            d = np.log([a / b for a, b in rec.samples])
+            per[launch_key(cfg, wl, c)] = math.exp(float(d.mean()))
+        out[c] = per
+    return out
+
+
+def shift_source(source, seed: int, scale: float = 0.15) -> None:
+    """A landscape the strategies were not tuned on: every launch's candidate times multiplied by a smooth
+    random function of its parameters (a random linear form in the log parameters, through tanh)."""
+    from kernels.config import PARAM_NAMES
+
+    rng = np.random.default_rng(1000 + seed)
+    w = rng.normal(size=len(PARAM_NAMES) + 1)
+    for (shape, c, key), rec in source.trials.items():
+        from kernels.config import KernelConfig
+
+        cfg = KernelConfig.parse(key)
+        x = np.array([math.log2(getattr(cfg, p) + 1) for p in PARAM_NAMES] + [math.log2(c)])
+        f = math.exp(scale * math.tanh(float(w @ x) / 4))
+        if not getattr(rec, "_shifted", False) and not cfg == source_baseline(source):
+            rec.samples = [(a * f, b) for a, b in rec.samples]
+            rec._shifted = True
+
+
+def source_baseline(source):
+    return getattr(source, "_baseline", None)
+
+
+def run_one(case: Case, strategy: str, seed: int, n_trials, landscape: str, priors: bool) -> dict:
+    from db import queries
+    from db.store import Store
+    from db.verdicts import Verdict
+    from tuner import search as search_mod
+    from tuner.replay import ReplaySource
+    from tuner.search import Options
+    from tuner.space import load_space
+    from tuner.study import launch_key
+
+    space = load_space(case.space_path)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(f"sqlite:///{tmp}/bench.db")
+        opts = Options(
+            backend="replay",
+            sampler=strategy,
+            n_trials=n_trials,
+            quiet=True,
+            replay_db=f"sqlite:///{case.replay_db}",
+            replay_kernel=case.kernel,
+            seed=seed,
+        )
+        source = ReplaySource(opts.replay_db, None, case.kernel)
+        if landscape == "shifted":
+            source._baseline = space.baseline
+            shift_source(source, seed)
+        orig = search_mod._source_and_storage
+        search_mod._source_and_storage = lambda o, s: (source, __import__("optuna").storages.InMemoryStorage())
+        t0 = time.monotonic()
+        try:
+            rows = search_mod.run_search(space, store, opts)
+        finally:
+            search_mod._source_and_storage = orig
+        wall = time.monotonic() - t0
+        wl = space.workloads[0].workload()
+        truth = truths(source, space, wl, space.concurrency)
+        levels = []
+        with store.session() as s:
+            for row in rows:
+                c = row["C"]
+                trials = [t for t in queries.trials(s, concurrency=c) if t.workload.name == space.workloads[0].name]
+                best = queries.best_of(trials)
+                band = max((st.noise_band for t in trials if (st := t.statistic()) is not None), default=0.01)
+                per = truth[c]
+                best_true = min(per.values())
+                pick_true = per.get(launch_key(best.config(), wl, c)) if best else None
+                regret = (pick_true / best_true - 1.0) if pick_true else float("inf")
+                measured = sum(t.verdict not in (Verdict.INFEASIBLE, Verdict.DUPLICATE) for t in trials)
+                near = flagged = 0
+                for t in trials:
+                    st = t.statistic()
+                    true = per.get(t.launch_key) if t.launch_key else None
+                    if t.verdict != Verdict.OK or st is None or true is None or t.is_baseline:
+                        continue
+                    if abs(math.log(true)) < math.log(1 + band):
+                        near += 1
+                        flagged += st.classification != "flat"
+                levels.append(
+                    {
+                        "C": c,
+                        "pick": best.config_key if best else None,
+                        "regret": regret,
+                        "measured": measured,
+                        "launches": len(per),
+                        "near": near,
+                        "false_nonflat": flagged,
+                        "stopped": row.get("stopped"),
+                    }
+                )
+    return {"case": case.name, "strategy": strategy, "seed": seed, "wall_s": wall, "levels": levels}
+
+
+def summarize(runs: list[dict]) -> list[dict]:
+    table = []
+    for (case, strategy), group in _groups(runs).items():
+        lv = [x for r in group for x in r["levels"]]
+        regrets = np.array([x["regret"] for x in lv])
+        near = sum(x["near"] for x in lv)
+        false = sum(x["false_nonflat"] for x in lv)
+        per_level: dict[int, list] = {}
+        for x in lv:
+            per_level.setdefault(x["C"], [0, 0])
+            per_level[x["C"]][0] += x["near"]
+            per_level[x["C"]][1] += x["false_nonflat"]
+        worst_level = max((f / n for n, f in per_level.values() if n), default=0.0)
+        table.append(
+            {
+                "case": case,
+                "strategy": strategy,
+                "runs": f"{len(group)} x {len(group[0]['levels'])}",
+                "within 1 %": f"{np.mean(regrets <= 0.01):.0%}",
+                "median regret": f"{np.median(regrets):.1%}",
+                "worst regret": f"{np.max(regrets):.1%}",
+                "measured": f"{sum(x['measured'] for x in lv) / sum(x['launches'] for x in lv):.1%}",
+                "false non-flat (worst C)": f"{false / near if near else 0:.1%} ({worst_level:.0%})",
+                "wall s/run": f"{np.mean([r['wall_s'] for r in group]):.0f}",
+            }
+        )
+    return table
+
+
+def _groups(runs):
+    out: dict = {}
+    for r in runs:
+        out.setdefault((r["case"], r["strategy"]), []).append(r)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--replay-db", default="results/h200.db")
+    ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {list(CASES)}")
+    ap.add_argument("--strategies", default=",".join(STRATEGIES))
+    ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--landscape", choices=["recorded", "shifted"], default="recorded")
+    ap.add_argument("--out", default=None, help="JSON file for every run's levels")
+    args = ap.parse_args()
+    os.environ.setdefault("TUNER_QUIET_OPTUNA", "1")
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    tmp = tempfile.mkdtemp()
+    runs = []
+    for name in args.cases.split(","):
+        space, kernel = CASES[name]
+        path = Path(tmp) / f"{name}.yaml"
+        path.write_text(space_text(args.replay_db, space, kernel))
+        case = Case(name, str(path), kernel, args.replay_db)
+        for strategy in args.strategies.split(","):
+            n_trials = None
+            if strategy == "tpe":
+                from tuner.space import load_space
+
+                sp = load_space(path)
+                n_trials = max(1, round(TPE_SHARE * len(sp.configs()) / 3))
+            for seed in range(args.seeds):
+                r = run_one(case, strategy, seed, n_trials, args.landscape, priors=False)
+                runs.append(r)
+                lv = r["levels"]
+                print(
+                    f"{name} {strategy} seed {seed}: {sum(x['regret'] <= 0.01 for x in lv)}/{len(lv)} within 1 %, "
+                    f"{sum(x['measured'] for x in lv)}/{sum(x['launches'] for x in lv)} measured, {r['wall_s']:.0f} s",
+                    flush=True,
+                )
+    if args.out:
+        Path(args.out).write_text(json.dumps(runs, indent=1))
+    print(tabulate(summarize(runs), headers="keys", tablefmt="github"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""How a study records: the tuner's rows (trials, raw samples, statistics) and what Optuna is told.
+
+Two rules keep Optuna's view equal to the tuner's. Every value Optuna holds is the paired ratio times the
+study's one reference (``reference_us``: this study's own baseline median), so Optuna orders trials as the
+tuner ranks them and optuna-dashboard plots µs within noise of what was measured; and a screening result
+that beats every value told so far gets its finalist rounds before Optuna is told
+(:meth:`StudyRun._record_finalist <tuner.study.StudyRun>`).
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+
+import numpy as np
+import optuna
+
+from db import queries
+from db import record
+from db.errors import DatabaseError
+from db.models import StudyModel
+from db.verdicts import Effect
+from db.verdicts import Phase
+from db.verdicts import Verdict
+from kernels.config import KernelConfig
+from tuner import stats
+from tuner.protocol import MeasureReply
+
+
+class StudyRecorder:
+    """The writes of one study: its database rows and its Optuna trials."""
+
+    def __init__(self, run) -> None:
+        self.run = run  # tuner.study.StudyRun: plan, store, study, ids, reference_us
+
+    def trial(self, proc, env_id, cfg: KernelConfig, reply: MeasureReply, band, number, wall_s, key=None, original=None):
+        """Write the trial, its raw samples and its statistic in one transaction.
+
+        Returns ``(trial id, statistic or None)``, or False when another process already recorded this config.
+        """
+        run = self.run
+        feas = run.plan.verdicts[cfg]
+        with run.store.session() as s:
+            t = record.add_trial(
+                s,
+                study_id=run.study_id,
+                workload_id=run.workload_id,
+                environment_id=env_id,
+                kernel_id=run.kernel_id,
+                concurrency=run.plan.concurrency,
+                backend=run.opts.backend,
+                config_key=str(cfg),
+                **cfg.as_dict(),
+                num_splits=reply.num_splits,
+                launch_key=key,
+                duplicate_of=original,
+                is_baseline=cfg == run.plan.space.baseline,
+                verdict=reply.verdict,
+                reason=reply.reason or (feas.reason if feas.feasible else ""),
+                shared_bytes=feas.shared_bytes,
+                limit_bytes=feas.limit_bytes,
+                registers=feas.registers,
+                spill_bytes=feas.spill_bytes,
+                estimate_bytes=feas.estimate_bytes,
+                out_rel_err=reply.out_rel_err,
+                lse_abs_err=reply.lse_abs_err,
+                optuna_study=run.name,
+                optuna_trial_number=number,
+                wall_s=wall_s,
+            )
+            if t is None:
+                return False
+            if not reply.samples:  # only an ok measurement has samples
+                return t.id, None
+            return t.id, add_samples(s, t.id, Phase.SCREEN, reply, proc.gpu_index, band, seed=t.id)
+
+    def unlaunched(self, env_id: int, cfg: KernelConfig, reply: MeasureReply, key=None, original=None) -> None:
+        """A config decided without a launch, in the tuner's tables and as a pruned Optuna trial with the reason."""
+        recorded = self.trial(None, env_id, cfg, reply, 0.0, None, 0.0, key, original)
+        if recorded is False:
+            return
+        attrs = {"tuner_trial_id": recorded[0], "verdict": reply.verdict.value, "reason": reply.reason[:500]}
+        if original is not None:
+            attrs["duplicate_of"] = original
+        self.optuna_trial(cfg, optuna.trial.TrialState.PRUNED, attrs)
+
+    def infeasible(self, done: set[str]) -> None:
+        """Configs that do not fit the target are recorded at once, with their numbers; nothing launches."""
+        run = self.run
+        env_id = run.env_id()
+        for cfg, feas in run.plan.verdicts.items():
+            if not feas.feasible and str(cfg) not in done:
+                self.unlaunched(env_id, cfg, MeasureReply(Verdict.INFEASIBLE, feas.reason))
+                done.add(str(cfg))
+
+    def duplicates(self) -> None:
+        """Every config whose launch was measured by another trial of the study, recorded as its duplicate."""
+        run = self.run
+        with run.store.session() as s:
+            done = queries.done_configs(s, run.study_id)
+        env_id = run.env_id()
+        for key, group in run.plan.launches().items():
+            original = next((done[str(c)] for c in group if str(c) in done and done[str(c)].duplicate_of is None), None)
+            for cfg in group:
+                if original is None or str(cfg) in done:
+                    continue
+                why = f"launches exactly what trial {original.id} ({original.config_key}) measured"
+                self.unlaunched(env_id, cfg, MeasureReply(Verdict.DUPLICATE, why), key, original.id)
+
+    def finalist(self, proc, trial_id: int, cfg: KernelConfig, band: float):
+        """Measure one finalist and store its statistic; None when it failed or another host stored it first."""
+        run = self.run
+        rounds = run.plan.space.measurement["finalist_rounds"]
+        reply = run.measure(proc, cfg, Phase.FINALIST, rounds, check=False)
+        if reply.verdict != Verdict.OK:
+            return None
+        try:
+            with run.store.session() as s, s.begin_nested():
+                return add_samples(s, trial_id, Phase.FINALIST, reply, proc.gpu_index, band, seed=trial_id)
+        except DatabaseError:
+            return None  # another host re-measured this finalist first
+
+    def optuna_trial(self, cfg: KernelConfig, state, attrs: dict, ratio: float | None = None) -> None:
+        """A finished trial added to the Optuna study without launching anything through it."""
+        run = self.run
+        value = None if ratio is None else ratio * run.reference()
+        trial = optuna.trial.create_trial(
+            state=state, params=cfg.as_dict(), distributions=run.dists, value=value, user_attrs=attrs
+        )
+        run.study.add_trial(trial)
+
+    def decide(self) -> None:
+        """The study-wide calls: Benjamini-Hochberg over the per-trial p-values of each phase."""
+        run = self.run
+        with run.store.session() as s:
+            trials = [t for t in queries.done_configs(s, run.study_id).values() if t.verdict == Verdict.OK]
+            for phase in Phase:
+                rows = [st for t in trials if (st := t.statistic(phase)) is not None and st.p_value is not None]
+                effects = stats.decide([(st.p_value, _direction(st)) for st in rows])
+                record.set_effects(s, {st.id: e for st, e in zip(rows, effects, strict=True)})
+
+    def finalists(self, proc) -> None:
+        """Re-measure the top ``finalists`` by screening ratio that have no finalist statistic yet with
+        ``finalist_rounds``, on one GPU, against its own band; each is an Optuna trial of its own."""
+        run = self.run
+        k, rounds = run.plan.space.measurement["finalists"], run.plan.space.measurement["finalist_rounds"]
+        with run.store.session() as s:
+            ok = [
+                t
+                for t in queries.done_configs(s, run.study_id).values()
+                if t.verdict == Verdict.OK and t.statistic(Phase.SCREEN)
+            ]
+            ok.sort(key=lambda t: t.statistic(Phase.SCREEN).ratio)  # the estimator that ranks and judges
+            todo = [(t.id, t.config(), t.statistic(Phase.SCREEN)) for t in ok[:k] if not t.statistic(Phase.FINALIST)]
+            known = record.noise_band(s, run.study_id, proc.info["host"], proc.gpu_index)
+            band = known[0] if known else (s.get(StudyModel, run.study_id).noise_band or 0.0)
+        if todo and rounds:
+            run.bar.phase(f"finalists: {len(todo)} x {rounds} rounds")
+        for trial_id, cfg, screen in todo if rounds else []:
+            final = self.finalist(proc, trial_id, cfg, band)
+            if final is not None:
+                attrs = {"tuner_trial_id": trial_id, "verdict": Verdict.OK.value, **ok_attrs(screen, final)}
+                self.optuna_trial(cfg, optuna.trial.TrialState.COMPLETE, attrs, final.ratio)
+
+
+def add_samples(s, trial_id: int, phase: Phase, reply: MeasureReply, gpu_index: int, band: float, seed: int):
+    c, b = zip(*reply.samples, strict=True)
+    ps = stats.paired(c, b, seed=seed)
+    p, _ = ps.p_value(band)
+    summary = record.Summary(
+        n=ps.n,
+        median_us=ps.median_us,
+        ci_low_us=ps.ci_low_us,
+        ci_high_us=ps.ci_high_us,
+        baseline_median_us=ps.baseline_median_us,
+        ratio=ps.ratio,
+        ratio_ci_low=ps.ratio_ci_low,
+        ratio_ci_high=ps.ratio_ci_high,
+        noise_band=band,
+        effect=ps.classify(band),
+        p_value=p,
+    )
+    return record.add_samples(s, trial_id, phase, reply.samples, reply.replays, gpu_index, summary)
+
+
+def ok_attrs(screen, final=None) -> dict:
+    """What Optuna shows of an ok trial: the phase whose estimate is its value, that estimate, and both phases."""
+    told = final or screen
+    attrs = {
+        "phase": Phase(told.phase).value,
+        "ratio": told.ratio,
+        "ratio_ci": [told.ratio_ci_low, told.ratio_ci_high],
+        "effect": told.classification,
+        "median_us_measured": told.median_us,
+        "screening_ratio": screen.ratio,
+        "screening_median_us": screen.median_us,
+    }
+    if final is not None:
+        attrs |= {"finalist_median_us": final.median_us, "finalist_rounds": final.n}
+    return attrs
+
+
+def shared_write(write, attempts: int = 5) -> None:
+    """A study attribute that several processes (or hosts) may write at the same moment: Optuna inserts
+    it if missing, so two first writers can collide on the unique key; the loser retries (then updates)."""
+    for i in range(attempts):
+        try:
+            return write()
+        except optuna.exceptions.StorageInternalError:
+            if i == attempts - 1:
+                raise
+            time.sleep(0.05 * (i + 1))
+
+
+def measurement_seed(run_seed: int, cfg: KernelConfig, phase: str) -> int:
+    """The seed of one measurement: fixed by the run's ``--seed``, the config and the phase (not by the trial's
+    number), so a replayed config draws the same rounds whichever strategy measures it, in whatever order."""
+    return zlib.crc32(f"{run_seed}/{cfg}/{phase}".encode()) & 0x7FFFFFFF
+
+
+def baseline_median(samples) -> float:
+    """The baseline's median µs in a list of (candidate, baseline) rounds."""
+    return float(np.median([b for _, b in samples]))
+
+
+def _direction(st) -> Effect:
+    return Effect.WIN if st.ratio < 1.0 else Effect.REGRESSION

@@ -1,0 +1,91 @@
+"""What a study measures next: one module per search strategy, behind one small interface.
+
+Every strategy searches the *candidates*, not the space: before any launch the tuner knows which configs
+fit the target and which of them launch the same kernels on the same grid (:func:`tuner.study.launch_key`),
+so a strategy only ever proposes a feasible launch that its level has not measured, and its budget counts
+measurements. A study asks its strategy for proposals whenever Optuna's queue is empty and enqueues them
+(:meth:`optuna.Study.enqueue_trial`), so storage, optuna-dashboard and workers on many GPUs and hosts see
+an ordinary Optuna study; TPE instead proposes through Optuna's own sampler (``asks``).
+
+- :mod:`tuner.strategies.grid`: every launch, in queue order.
+- :mod:`tuner.strategies.tpe`: Optuna's TPE sampler, its proposals narrowed to the candidates.
+- :mod:`tuner.strategies.surrogate` (the default): one Gaussian-process model over the parameters, the
+  launch geometry and log C, fitted to every measurement of the space at every level (and to earlier
+  records of the space as weighted priors); it proposes by expected improvement and stops a level when no
+  unmeasured launch is likely to beat the best by more than the band.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from dataclasses import field
+
+from kernels.config import KernelConfig
+from kernels.workload import Workload
+
+DEFAULT = "surrogate"
+NAMES = ("grid", "tpe", "surrogate")
+
+
+@dataclass
+class Level:
+    """What a strategy sees of one study (one workload at one concurrency)."""
+
+    concurrency: int
+    workload: Workload
+    candidates: list[KernelConfig]  # one config per distinct feasible launch, in queue order (baseline first)
+    measured: dict[KernelConfig, float | None] = field(default_factory=dict)  # log ratio; None: failed
+    pending: set[KernelConfig] = field(default_factory=set)  # queued or running, not yet recorded
+    band: float = 0.01
+    baseline: KernelConfig | None = None
+    neighbours: dict[KernelConfig, list[KernelConfig]] = field(default_factory=dict)  # one step in one parameter
+    representative: object = None  # config -> the candidate that stands for its launch here (or None)
+
+    def open(self) -> list[KernelConfig]:
+        """Candidates neither measured nor pending, in queue order."""
+        return [c for c in self.candidates if c not in self.measured and c not in self.pending]
+
+    def best(self) -> tuple[KernelConfig, float] | None:
+        ok = [(c, y) for c, y in self.measured.items() if y is not None]
+        return min(ok, key=lambda cy: cy[1]) if ok else None
+
+
+class Strategy:
+    """One search strategy. ``propose`` and ``stop_reason`` are called under the study's lock."""
+
+    name = ""
+    asks = False  # True: Optuna's own sampler proposes (``study.ask``), narrowed to the candidates
+
+    def sampler(self, seed: int):
+        """The Optuna sampler of the study (None: Optuna's default; every trial is enqueued anyway)."""
+        return None
+
+    def propose(self, level: Level, n: int) -> list[KernelConfig]:
+        """Up to ``n`` distinct open candidates to measure next; [] when the strategy has nothing more."""
+        raise NotImplementedError
+
+    def stop_reason(self, level: Level) -> str | None:
+        """Why the level is done, or None to go on."""
+        if not level.open():
+            return f"every one of the {len(level.candidates)} distinct feasible launches measured"
+        return None
+
+    def history(self, rows) -> None:
+        """Every measurement of the space at every level (and priors); see :mod:`tuner.strategies.surrogate`."""
+
+
+def make(name: str, seed: int = 0) -> Strategy:
+    """The strategy called ``name`` (one of :data:`NAMES`)."""
+    if name == "grid":
+        from tuner.strategies.grid import Grid
+
+        return Grid()
+    if name == "tpe":
+        from tuner.strategies.tpe import Tpe
+
+        return Tpe()
+    if name == "surrogate":
+        from tuner.strategies.surrogate import Surrogate
+
+        return Surrogate(seed=seed)
+    raise ValueError(f"unknown search strategy {name!r}; allowed: {', '.join(NAMES)}")

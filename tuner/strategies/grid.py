@@ -1,0 +1,15 @@
+"""The exhaustive grid: every distinct feasible launch, in queue order (the baseline, the configs measured
+first, then the space's order). Reliable, and the reference the others are judged against."""
+
+from __future__ import annotations
+
+from kernels.config import KernelConfig
+from tuner.strategies import Level
+from tuner.strategies import Strategy
+
+
+class Grid(Strategy):
+    name = "grid"
+
+    def propose(self, level: Level, n: int) -> list[KernelConfig]:
+        return level.open()[:n]

@@ -1,0 +1,302 @@
+"""The default strategy: one Gaussian-process model of the whole space, across concurrency levels.
+
+**The model.** scikit-learn's :class:`~sklearn.gaussian_process.GaussianProcessRegressor` (a Matérn 5/2
+kernel with one length scale per feature, plus a white-noise term) predicts a launch's log ratio to the
+baseline from its parameters, the split geometry it launches at that level (programs, slots, tiles per
+program: what ``TARGET_CTAS`` and ``BALANCED`` turn into at that batch) and ``log2 C``. It is fitted to
+every measurement of the space at every level this kernel has on this device (levels are searched in
+order, so the second level starts from what the first taught), and to earlier records of the space as
+priors: other kernels, and this kernel on other devices. A prior's points enter with more noise the
+worse they predict this kernel's own measurements (Spearman's rho over the launches both measured, at
+the same levels); a failed launch (crashed, wrong, timed out) enters as the worst value seen.
+
+**Proposals.** Expected improvement over the open candidates of the level (feasible, distinct, not yet
+measured). Several workers get several launches at once, by the *kriging believer*: each proposal and
+each trial still running is added to the model at its predicted value before the next is chosen, so the
+proposals spread out instead of repeating. A level with no data from any level starts from
+:data:`N_INIT` candidates drawn at random (seeded) among the open ones.
+
+**The stop rule.** After at least :data:`MIN_HERE` measurements at the level, it stops when
+``P(an unmeasured launch beats the best by > band) < STOP_P``: each open candidate's posterior
+probability of a log ratio below ``log(best) + log(1 - band)``, combined as independent events
+(``1 - prod(1 - p_i)``). :data:`STOP_P` = 5 % is the threshold the search benchmark
+(``results/bench_search.py``) was run with; ``--n-trials`` stays a hard cap.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+from scipy import stats as sps
+
+from kernels.config import PARAM_NAMES
+from kernels.config import KernelConfig
+from kernels.config import head_blocks_for
+from kernels.config import split_grid
+from kernels.workload import Workload
+from tuner.strategies import Level
+from tuner.strategies import Strategy
+
+STOP_P = 0.02  # stop a level when P(an open launch beats the best by more than the band) is below this
+N_INIT = 6  # random first picks when the model has no data at all
+MIN_HERE = 8  # measurements at a level (the baseline and the queued configs count) before it may stop
+MAX_TRAIN = 300  # points the model is fitted to: this level's, then the nearest levels' (by |log C|)
+REFIT_GROWTH = 1.25  # hyperparameters are re-optimized when the training set grew by this factor
+FAIL_MARGIN = math.log(1.5)  # a failed launch enters the model this much above the worst value seen
+PRIOR_NOISE = 0.05**2  # a prior point's extra noise variance (log-ratio units) at rho = 1 ...
+PRIOR_UNKNOWN_RHO = 0.5  # ... and the rho assumed while fewer than MIN_OVERLAP launches are shared
+MIN_OVERLAP = 5
+CARRY = 3  # the previous level's best launches measured first at each level
+
+
+class Surrogate(Strategy):
+    name = "surrogate"
+
+    def __init__(self, seed: int = 0, stop_p: float = STOP_P) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.seed = seed
+        self.stop_p = stop_p
+        self.rows: list[tuple] = []  # (concurrency, config, log ratio | None, source); source None: this kernel
+        self._kernel = None  # the last fitted kernel (hyperparameters), reused until the data grows
+        self._n_fit = 0
+        self.last_p: float | None = None
+        self._features: dict = {}
+
+    def history(self, rows) -> None:
+        self.rows = list(rows)
+
+    # --- features ------------------------------------------------------------------------------
+
+    def features(self, cfg: KernelConfig, wl: Workload, concurrency: int) -> list[float]:
+        """Parameters (log2), PREFETCH one-hot, the split geometry of every cache at this batch, log2 C."""
+        key = (cfg, wl, concurrency)
+        if key not in self._features:
+            self._features[key] = self._compute_features(cfg, wl, concurrency)
+        return self._features[key]
+
+    def _compute_features(self, cfg: KernelConfig, wl: Workload, concurrency: int) -> list[float]:
+        out = [math.log2(concurrency)]
+        for name in PARAM_NAMES:
+            v = getattr(cfg, name)
+            out.append(math.log2(v + 1))
+        out += [float(cfg.PREFETCH == k) for k in range(4)]
+        rows = concurrency * wl.q_tokens
+        for cache in wl.caches():
+            g = split_grid(cfg, rows, wl.heads, cache.topk)
+            row_tiles = max(1, -(-cache.topk // cfg.BLOCK_T))
+            out += [
+                math.log2(g.programs * head_blocks_for(wl.heads)),
+                math.log2(g.slots),
+                math.log2(rows * row_tiles / g.programs),
+                float(g.balanced),
+            ]
+        return out
+
+    # --- the model -----------------------------------------------------------------------------
+
+    def _training(self, level: Level):
+        """(X, y, noise) from every row: this kernel's at weight 1, priors with noise by how they predict."""
+        own = [(c, cfg, y) for c, cfg, y, src in self.rows if src is None]
+        if not own and not self.rows:
+            return None
+        worst = max((y for *_, y, _ in self.rows if y is not None), default=0.0)
+        rho = self._prior_rho(own)
+        logc = math.log2(level.concurrency)
+        pts = []
+        for c, cfg, y, src in self.rows:
+            if src is not None and rho.get(src, 0.0) <= 0.0:
+                continue
+            value = worst + FAIL_MARGIN if y is None else y
+            extra = 0.0 if src is None else PRIOR_NOISE / rho[src] ** 2
+            near = abs(math.log2(c) - logc) + (0.5 if src is not None else 0.0)
+            pts.append((near, c, cfg, value, extra))
+        pts.sort(key=lambda p: p[0])
+        pts = pts[:MAX_TRAIN]
+        X = np.array([self.features(cfg, level.workload, c) for _, c, cfg, _, _ in pts])
+        y = np.array([p[3] for p in pts])
+        extra = np.array([p[4] for p in pts])
+        return X, y, extra
+
+    def _prior_rho(self, own) -> dict:
+        """Spearman's rho of each prior source against this kernel's values on the launches both measured."""
+        mine = {(c, cfg): y for c, cfg, y in own if y is not None}
+        by_src: dict = {}
+        for c, cfg, y, src in self.rows:
+            if src is not None and y is not None:
+                by_src.setdefault(src, []).append(((c, cfg), y))
+        rho = {}
+        for src, pts in by_src.items():
+            both = [(mine[k], y) for k, y in pts if k in mine]
+            if len(both) < MIN_OVERLAP:
+                rho[src] = PRIOR_UNKNOWN_RHO
+                continue
+            r = sps.spearmanr([a for a, _ in both], [b for _, b in both]).statistic
+            rho[src] = 0.0 if not np.isfinite(r) else max(0.0, float(r))
+        return rho
+
+    def _fit(self, X, y, extra):
+        from sklearn.exceptions import ConvergenceWarning
+        from sklearn.gaussian_process import GaussianProcessRegressor
+        from sklearn.gaussian_process.kernels import ConstantKernel
+        from sklearn.gaussian_process.kernels import Matern
+        from sklearn.gaussian_process.kernels import WhiteKernel
+
+        refit = self._kernel is None or len(y) >= REFIT_GROWTH * self._n_fit
+        if refit:
+            kernel = ConstantKernel(1.0, (1e-3, 1e3)) * Matern(
+                length_scale=np.ones(X.shape[1]), length_scale_bounds=(1e-2, 1e3), nu=2.5
+            ) + WhiteKernel(1e-3, (1e-6, 1e-1))
+        else:
+            kernel = self._kernel
+        gp = GaussianProcessRegressor(
+            kernel=kernel,
+            alpha=1e-8 + extra,
+            normalize_y=True,
+            optimizer="fmin_l_bfgs_b" if refit else None,
+            n_restarts_optimizer=1 if refit else 0,
+            random_state=self.seed,
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            gp.fit(X, y)
+        if refit:
+            self._kernel, self._n_fit = gp.kernel_, len(y)
+        return gp
+
+    def _posterior(self, gp, X) -> tuple[np.ndarray, np.ndarray]:
+        """The latent function's mean and standard deviation (the white noise taken out)."""
+        mu, sd = gp.predict(X, return_std=True)
+        noise = gp.kernel_.k2.noise_level * gp._y_train_std**2
+        return mu, np.sqrt(np.maximum(sd**2 - noise, 1e-12))
+
+    # --- the strategy --------------------------------------------------------------------------
+
+    def _model(self, level: Level):
+        """The fitted model and the factor its standard deviations are widened by, or None with too little data."""
+        data = self._training(level)
+        if data is None or len(data[1]) < N_INIT:
+            return None
+        gp = self._fit(*data)
+        return gp, _loo_scale(gp, data[0], data[1], here=data[0][:, 0] == math.log2(level.concurrency))
+
+    def _carried(self, level: Level) -> list[KernelConfig]:
+        """The best :data:`CARRY` launches of the nearest level measured before this one, as launched here."""
+        own = [(c, cfg, y) for c, cfg, y, src in self.rows if src is None and y is not None and c != level.concurrency]
+        if not own:
+            return []
+        logc = math.log2(level.concurrency)
+        nearest = min({c for c, _, _ in own}, key=lambda c: abs(math.log2(c) - logc))
+        ranked = sorted((y, str(cfg)) for c, cfg, y in own if c == nearest)
+        by_key = {str(c): c for c in level.candidates}
+        rep = level.representative or (lambda cfg: by_key.get(str(cfg)))
+        out = []
+        for _, key in ranked:
+            cand = rep(KernelConfig.parse(key))
+            if cand is not None and cand not in out:
+                out.append(cand)
+            if len(out) == CARRY:
+                break
+        return out
+
+    def _incumbent_neighbours(self, level: Level) -> list[KernelConfig]:
+        best = level.best()
+        if best is None:
+            return []
+        return [c for c in level.neighbours.get(best[0], []) if c not in level.measured]
+
+    def propose(self, level: Level, n: int) -> list[KernelConfig]:
+        open_ = level.open()
+        if not open_:
+            return []
+        chosen = [c for c in self._carried(level) if c in open_][:n]
+        if len(chosen) == n:
+            return chosen
+        fitted = self._model(level)
+        if fitted is None:
+            rest = [c for c in open_ if c not in chosen]
+            k = min(n - len(chosen), len(rest))
+            return chosen + [rest[i] for i in sorted(self.rng.choice(len(rest), size=k, replace=False))]
+        gp, scale = fitted
+        best = level.best()
+        here_best = best[1] if best is not None else 0.0
+        pool = [c for c in self._incumbent_neighbours(level) if c in open_] or open_
+        believed = [*level.pending, *chosen]
+        while len(chosen) < n:
+            pool = [c for c in pool if c not in chosen] or [c for c in open_ if c not in chosen]
+            if not pool:
+                break
+            model = gp
+            if believed:  # kriging believer: pending and chosen launches at their predicted values
+                model = self._believe(gp, level, believed)
+            mu, sd = self._posterior(model, self._X(pool, level))
+            ei = _expected_improvement(mu, sd * scale, here_best)
+            pick = pool[int(np.argmax(ei))]
+            chosen.append(pick)
+            believed.append(pick)
+        return chosen
+
+    def _X(self, configs, level: Level) -> np.ndarray:
+        return np.array([self.features(c, level.workload, level.concurrency) for c in configs])
+
+    def _believe(self, gp, level: Level, believed):
+        X, y, extra = self._training(level)
+        Xb = self._X(believed, level)
+        mu_b, _ = self._posterior(gp, Xb)
+        return self._fit_fixed(np.vstack([X, Xb]), np.concatenate([y, mu_b]), np.concatenate([extra, 0 * mu_b]))
+
+    def _fit_fixed(self, X, y, extra):
+        kernel, n_fit = self._kernel, self._n_fit
+        self._n_fit = max(self._n_fit, len(y))  # no re-optimization for believed points
+        try:
+            return self._fit(X, y, extra)
+        finally:
+            self._kernel, self._n_fit = kernel, n_fit
+
+    def stop_reason(self, level: Level) -> str | None:
+        open_ = level.open()
+        if not open_ and not level.pending:
+            return f"every one of the {len(level.candidates)} distinct feasible launches measured"
+        here = sum(1 for y in level.measured.values() if y is not None)
+        best = level.best()
+        if best is None or here < min(MIN_HERE, len(level.candidates)) or level.pending or not open_:
+            return None
+        if [c for c in self._carried(level) if c in open_] or self._incumbent_neighbours(level):
+            return None  # the previous level's best and the incumbent's neighbours come first
+        fitted = self._model(level)
+        if fitted is None:
+            return None
+        gp, scale = fitted
+        mu, sd = self._posterior(gp, self._X(open_, level))
+        target = best[1] + math.log(1.0 - level.band)
+        p_each = sps.norm.cdf((target - mu) / (sd * scale))
+        p = float(min(1.0, p_each.sum()))  # the union bound: no independence assumed
+        self.last_p = p
+        if p < self.stop_p:
+            return (
+                f"P(an unmeasured launch beats the best by > band) = {p:.1%} < {self.stop_p:.0%}, "
+                f"{len(level.measured)} of {len(level.candidates)} launches measured"
+            )
+        return None
+
+
+def _loo_scale(gp, X, y, here) -> float:
+    """How much wider the model's standard deviations must be to match its own leave-one-out errors: the
+    root mean square of the standardized LOO residuals (closed form for a GP) over this level's points, or
+    all points while the level has fewer than 3; never below 1."""
+    from scipy.linalg import cho_solve
+
+    L = gp.L_
+    Kinv = cho_solve((L, True), np.eye(len(L)))
+    d = np.diag(Kinv)
+    resid = gp.alpha_.ravel() / d  # y - mu_loo, normalized units
+    z = resid * np.sqrt(d)  # over sigma_loo
+    sel = here if here.sum() >= 3 else np.ones_like(here)
+    return max(1.0, float(np.sqrt(np.mean(z[sel] ** 2))))
+
+
+def _expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
+    """EI of a minimization at ``best`` under independent normal posteriors."""
+    z = (best - mu) / sd
+    return (best - mu) * sps.norm.cdf(z) + sd * sps.norm.pdf(z)
