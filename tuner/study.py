@@ -370,6 +370,7 @@ class StudyRun:
             self.recorder.decide()
             with self.store.session() as s:
                 row = summary_row(s, self.study_id, self.plan.spec.name, self.plan.concurrency)
+            row["strategy"] = self.strategy.name
             row["stopped"] = stopped or self.study.user_attrs.get("stopped") or "interrupted"
             bar.close(f"best {row['best']} {row['median_us']} µs" if row["best"] != "-" else "no ok config")
             return row
