@@ -17,7 +17,8 @@ strategy it prints:
   share called win or regression after the study-wide correction (pooled, and the worst level).
 
 ``--landscape shifted`` multiplies every launch's recorded times by a smooth random factor of its
-parameters (seeded), which moves the optimum: a landscape the strategy was not tuned on.
+parameters and C (seeded), which moves the optimum: a landscape the strategy was not tuned on.
+TPE gets ``--n-trials`` = 25 % of an average level's distinct launches.
 Full results go to ``--out`` (JSON); the table is printed last.
 """
 
@@ -39,9 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import numpy as np  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
-CASES = {  # name: (space name, kernel hash whose full grid is replayed)
+CASES = {  # name: (space name, kernel hash whose full grid is replayed); levels: those with a full grid
     "v4_216": ("v4_flash_tp4", "ea528dafbe5c"),
     "v32_216": ("v32_tp8", "efab766bd8d8"),
+    "v4_756": ("v4_flash_tp4", "b0979f66ca00"),
 }
 STRATEGIES = ("surrogate", "grid", "tpe")
 TPE_SHARE = 0.25  # TPE's --n-trials: this share of the mean distinct launches per level
@@ -53,6 +55,19 @@ class Case:
     space_path: str
     kernel: str
     replay_db: str
+    levels: list[int]
+
+
+def full_grid_levels(db: str, space: str, kernel: str, n_configs: int) -> list[int]:
+    """The levels at which the kernel's studies of the space recorded every config."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    rows = con.execute(
+        "SELECT s.concurrency, count(DISTINCT t.config_key) FROM tuner_studies s "
+        "JOIN tuner_spaces sp ON sp.id = s.space_id JOIN tuner_kernels k ON k.id = s.kernel_id "
+        "JOIN tuner_trials t ON t.study_id = s.id WHERE sp.name = ? AND k.source_hash = ? GROUP BY s.concurrency",
+        (space, kernel),
+    ).fetchall()
+    return sorted(c for c, n in rows if n >= n_configs)
 
 
 def space_text(db: str, space: str, kernel: str) -> str:
@@ -86,29 +101,26 @@ def truths(source, space, wl, levels) -> dict[int, dict[str, float]]:
     return out
 
 
-def shift_source(source, seed: int, scale: float = 0.15) -> None:
-    """A landscape the strategies were not tuned on: every launch's candidate times multiplied by a smooth
-    random function of its parameters (a random linear form in the log parameters, through tanh)."""
+def shift_source(source, baseline, seed: int, scale: float = 0.15) -> None:
+    """A landscape the strategies were not tuned on: every recorded launch's candidate times (not the
+    baseline's) multiplied by ``exp(scale * tanh(w . x / 4))``, a smooth random function of its log
+    parameters and log C with weights ``w`` drawn from ``seed``: the optimum moves, the noise stays."""
     from kernels.config import PARAM_NAMES
+    from kernels.config import KernelConfig
 
-    rng = np.random.default_rng(1000 + seed)
-    w = rng.normal(size=len(PARAM_NAMES) + 1)
-    for (shape, c, key), rec in source.trials.items():
-        from kernels.config import KernelConfig
-
+    w = np.random.default_rng(1000 + seed).normal(size=len(PARAM_NAMES) + 1)
+    done: set[int] = set()
+    for (_shape, c, key), rec in source.trials.items():
         cfg = KernelConfig.parse(key)
+        if cfg == baseline or id(rec.samples) in done:
+            continue
+        done.add(id(rec.samples))
         x = np.array([math.log2(getattr(cfg, p) + 1) for p in PARAM_NAMES] + [math.log2(c)])
         f = math.exp(scale * math.tanh(float(w @ x) / 4))
-        if not getattr(rec, "_shifted", False) and not cfg == source_baseline(source):
-            rec.samples = [(a * f, b) for a, b in rec.samples]
-            rec._shifted = True
+        rec.samples[:] = [(a * f, b) for a, b in rec.samples]
 
 
-def source_baseline(source):
-    return getattr(source, "_baseline", None)
-
-
-def run_one(case: Case, strategy: str, seed: int, n_trials, landscape: str, priors: bool) -> dict:
+def run_one(case: Case, strategy: str, seed: int, n_trials, landscape: str) -> dict:
     from db import queries
     from db.store import Store
     from db.verdicts import Verdict
@@ -129,11 +141,11 @@ def run_one(case: Case, strategy: str, seed: int, n_trials, landscape: str, prio
             replay_db=f"sqlite:///{case.replay_db}",
             replay_kernel=case.kernel,
             seed=seed,
+            concurrency=case.levels,
         )
         source = ReplaySource(opts.replay_db, None, case.kernel)
         if landscape == "shifted":
-            source._baseline = space.baseline
-            shift_source(source, seed)
+            shift_source(source, space.baseline, seed)
         orig = search_mod._source_and_storage
         search_mod._source_and_storage = lambda o, s: (source, __import__("optuna").storages.InMemoryStorage())
         t0 = time.monotonic()
@@ -143,7 +155,7 @@ def run_one(case: Case, strategy: str, seed: int, n_trials, landscape: str, prio
             search_mod._source_and_storage = orig
         wall = time.monotonic() - t0
         wl = space.workloads[0].workload()
-        truth = truths(source, space, wl, space.concurrency)
+        truth = truths(source, space, wl, case.levels)
         levels = []
         with store.session() as s:
             for row in rows:
@@ -178,6 +190,16 @@ def run_one(case: Case, strategy: str, seed: int, n_trials, landscape: str, prio
                     }
                 )
     return {"case": case.name, "strategy": strategy, "seed": seed, "wall_s": wall, "levels": levels}
+
+
+def mean_launches(case: Case) -> float:
+    from tuner.replay import ReplaySource
+    from tuner.space import load_space
+
+    space = load_space(case.space_path)
+    source = ReplaySource(f"sqlite:///{case.replay_db}", None, case.kernel)
+    per = truths(source, space, space.workloads[0].workload(), case.levels)
+    return float(np.mean([len(v) for v in per.values()]))
 
 
 def summarize(runs: list[dict]) -> list[dict]:
@@ -222,6 +244,7 @@ def main() -> None:
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {list(CASES)}")
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
     ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--grid-seeds", type=int, default=None, help="seeds for grid and TPE (default: --seeds)")
     ap.add_argument("--landscape", choices=["recorded", "shifted"], default="recorded")
     ap.add_argument("--out", default=None, help="JSON file for every run's levels")
     args = ap.parse_args()
@@ -235,16 +258,17 @@ def main() -> None:
         space, kernel = CASES[name]
         path = Path(tmp) / f"{name}.yaml"
         path.write_text(space_text(args.replay_db, space, kernel))
-        case = Case(name, str(path), kernel, args.replay_db)
+        from tuner.space import load_space
+
+        levels = full_grid_levels(args.replay_db, space, kernel, len(load_space(path).configs()))
+        case = Case(name, str(path), kernel, args.replay_db, levels)
         for strategy in args.strategies.split(","):
             n_trials = None
-            if strategy == "tpe":
-                from tuner.space import load_space
-
-                sp = load_space(path)
-                n_trials = max(1, round(TPE_SHARE * len(sp.configs()) / 3))
-            for seed in range(args.seeds):
-                r = run_one(case, strategy, seed, n_trials, args.landscape, priors=False)
+            if strategy == "tpe":  # TPE's budget: a share of the distinct launches of an average level
+                n_trials = max(1, round(TPE_SHARE * mean_launches(case)))
+            seeds = args.seeds if strategy == "surrogate" or args.grid_seeds is None else args.grid_seeds
+            for seed in range(seeds):
+                r = run_one(case, strategy, seed, n_trials, args.landscape)
                 runs.append(r)
                 lv = r["levels"]
                 print(

@@ -33,7 +33,9 @@ class StudyRecorder:
     def __init__(self, run) -> None:
         self.run = run  # tuner.study.StudyRun: plan, store, study, ids, reference_us
 
-    def trial(self, proc, env_id, cfg: KernelConfig, reply: MeasureReply, band, number, wall_s, key=None, original=None):
+    def trial(
+        self, proc, env_id, cfg: KernelConfig, reply: MeasureReply, band, number, wall_s, key=None, original=None
+    ):
         """Write the trial, its raw samples and its statistic in one transaction.
 
         Returns ``(trial id, statistic or None)``, or False when another process already recorded this config.

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -164,6 +165,7 @@ class ReplaySource:
                 newest[key] = r["kernel_id"]
         by_id: dict[int, _Recorded] = {}
         trials: dict[tuple, _Recorded] = {}
+        skipped: set[str] = set()
         for r in rows:
             rec = _Recorded(
                 r["verdict"],
@@ -181,7 +183,12 @@ class ReplaySource:
             by_id[r["id"]] = rec  # a duplicate's original may be of any kernel
             key = (_shape(r["kv_format"], r["heads"], r["topk"], r["page_size"], r["context"]), r["concurrency"])
             if r["kernel_id"] == newest.get(key):  # a config measured in several of its studies: the latest stands
-                trials[(*key, str(KernelConfig.parse(r["config_key"])))] = rec
+                try:
+                    cfg = KernelConfig.parse(r["config_key"])
+                except ValueError:  # stored by another version of the declaration: data, not a config here
+                    skipped.add(str(r["config_key"])[:80])
+                    continue
+                trials[(*key, str(cfg))] = rec
         for trial_id, c, b in con.execute(text("SELECT trial_id, candidate_us, baseline_us FROM tuner_samples")):
             if trial_id in by_id:
                 by_id[trial_id].samples.append((c, b))
@@ -189,6 +196,12 @@ class ReplaySource:
             if rec.duplicate_of is not None and rec.duplicate_of in by_id:
                 rec.samples = by_id[rec.duplicate_of].samples
                 rec.verdict = by_id[rec.duplicate_of].verdict
+        if skipped:
+            warnings.warn(
+                f"the replay database holds {len(skipped)} config keys this declaration does not allow "
+                f"(e.g. {sorted(skipped)[0]!r}); they are not replayed",
+                stacklevel=2,
+            )
         return trials, newest
 
     def _noise(self, con, tables, device, kernel_at: dict) -> dict[tuple, list]:

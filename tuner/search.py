@@ -23,6 +23,7 @@ import click
 import optuna
 import sqlalchemy.exc
 
+from tuner import strategies
 from tuner.errors import TunerError
 from tuner.feasibility import check_many
 from tuner.feasibility import warm
@@ -33,8 +34,6 @@ from tuner.progress import Progress
 from tuner.space import SearchSpace
 from tuner.study import StudyPlan
 from tuner.study import StudyRun
-
-from tuner import strategies
 
 
 @dataclass
@@ -77,11 +76,15 @@ class Stop:
         return False
 
 
-def _storage(url: str) -> optuna.storages.RDBStorage:
+def _quiet_optuna() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # we record heartbeats ourselves around each measurement (ask/tell, not Study.optimize)
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)  # heartbeat API
+
+
+def _storage(url: str) -> optuna.storages.RDBStorage:
+    _quiet_optuna()
     for attempt in range(5):
         try:
             return optuna.storages.RDBStorage(
@@ -141,6 +144,7 @@ def run_search(space: SearchSpace, store, opts: Options) -> list[dict]:
 
 def _source_and_storage(opts: Options, store) -> tuple:
     """The replay source (``None`` unless ``--backend replay``) and Optuna's storage for this run."""
+    _quiet_optuna()
     if opts.backend != "replay":
         return None, _storage(store.url)
     from tuner.replay import ReplaySource

@@ -532,7 +532,11 @@ def _measurement(path: str, meas) -> dict:
 
 def _sampler(path: str, samp) -> dict:
     _check_keys(path, "sampler", samp, SAMPLER_KEYS)
-    sampler = {"name": samp.get("name", strategies.DEFAULT), "seed": samp.get("seed", 0), "n_trials": samp.get("n_trials")}
+    sampler = {
+        "name": samp.get("name", strategies.DEFAULT),
+        "seed": samp.get("seed", 0),
+        "n_trials": samp.get("n_trials"),
+    }
     _choice(path, "sampler.name", sampler["name"], SAMPLERS)
     _pos_int(path, "sampler.seed", sampler["seed"], minimum=0)
     if sampler["n_trials"] is not None:

@@ -29,8 +29,10 @@ from db.models import StudyModel
 from db.models import get_or_create
 from db.verdicts import Phase
 from db.verdicts import Verdict
+from kernels.config import BY_NAME
 from kernels.config import PARAM_NAMES
 from kernels.config import KernelConfig
+from kernels.config import Role
 from kernels.config import kernel_source_hash
 from kernels.config import launch_identity
 from kernels.workload import Workload
@@ -193,6 +195,7 @@ class StudyRun:
         self.prior = self._prior_picks(done)
         self.queue_order = self._queue_order(self.prior)
         self._neighbours = self._make_neighbours()
+        self._resources = {str(c): (v.registers, v.shared_bytes) for c, v in self.plan.verdicts.items() if v.feasible}
         self.history = self._history()
         level = self._level()
         pending = {str(c) for c in level.pending}
@@ -275,7 +278,11 @@ class StudyRun:
                 y = math.log(st.ratio) if t.verdict == Verdict.OK and st is not None else None
                 if t.verdict == Verdict.MISSING or (not own and y is None):
                     continue
-                rows.append((t.concurrency, t.config(), y, None if own else (t.kernel_id, t.environment.gpu_name)))
+                try:
+                    cfg = t.config()
+                except ValueError:  # recorded under another version of the declaration
+                    continue
+                rows.append((t.concurrency, cfg, y, None if own else (t.kernel_id, t.environment.gpu_name)))
         return rows
 
     def _level(self) -> strategies.Level:
@@ -290,7 +297,9 @@ class StudyRun:
                 st = t.statistic()
                 measured[rep[key]] = math.log(st.ratio) if t.verdict == Verdict.OK and st is not None else None
         pending = {
-            rep[k] for t in self.study.get_trials(deepcopy=False, states=(WAITING, RUNNING)) if (k := _key(t.params)) in rep
+            rep[k]
+            for t in self.study.get_trials(deepcopy=False, states=(WAITING, RUNNING))
+            if (k := _key(t.params)) in rep
         }
         self.n_measured = len(measured)
         return strategies.Level(
@@ -303,19 +312,25 @@ class StudyRun:
             self.plan.space.baseline,
             self._neighbours,
             lambda cfg: rep.get(str(cfg)),
+            self._resources,
+            int(self.processes[0].info.get("sm_count") or 0),
         )
 
     def _make_neighbours(self) -> dict[KernelConfig, list[KernelConfig]]:
         """Each candidate's neighbours: the launches one step away in one parameter's values (a step that
-        launches the same thing, such as a TARGET_CTAS that clamps alike, is walked past)."""
+        launches the same thing, such as a TARGET_CTAS that clamps alike, is walked past), and every value of
+        a launch-only parameter (``TARGET_CTAS``: the split count whose best value moves with C)."""
         rep, params = self.plan.representatives(), self.plan.space.parameters
         out = {}
         for cand in self.queue_order:
             near = []
             for name, values in params.items():
-                i = values.index(getattr(cand, name)) if getattr(cand, name) in values else None
-                if i is None:
+                if getattr(cand, name) not in values:
                     continue
+                if BY_NAME[name].role is Role.LAUNCH:
+                    near += [o for v in values if (o := rep.get(str(cand.replace(**{name: v})))) not in (None, cand)]
+                    continue
+                i = values.index(getattr(cand, name))
                 for step in (-1, 1):
                     j = i + step
                     while 0 <= j < len(values):
@@ -353,7 +368,9 @@ class StudyRun:
             self.recorder.infeasible(done)  # known before any launch
             if self.prior:
                 given = "the configs given with --first, then " if self.opts.first else ""
-                bar.phase(f"first {given}the previous kernel's best (and untried values): " + " ".join(map(str, self.prior)))
+                bar.phase(
+                    f"first {given}the previous kernel's best (and untried values): " + " ".join(map(str, self.prior))
+                )
             threads = [threading.Thread(target=self._thread, args=(p,), daemon=True) for p in self.processes]
             for t in threads:
                 t.start()

@@ -39,16 +39,19 @@ from kernels.workload import Workload
 from tuner.strategies import Level
 from tuner.strategies import Strategy
 
-STOP_P = 0.02  # stop a level when P(an open launch beats the best by more than the band) is below this
+STOP_P = 0.05  # stop a level when P(an open launch beats the best by more than the band) is below this
 N_INIT = 6  # random first picks when the model has no data at all
 MIN_HERE = 8  # measurements at a level (the baseline and the queued configs count) before it may stop
-MAX_TRAIN = 300  # points the model is fitted to: this level's, then the nearest levels' (by |log C|)
-REFIT_GROWTH = 1.25  # hyperparameters are re-optimized when the training set grew by this factor
+MAX_TRAIN = 250  # points the model is fitted to: this level's, then the nearest levels' (by |log C|)
+REFIT_GROWTH = 1.5  # hyperparameters are re-optimized when the training set grew by this factor
 FAIL_MARGIN = math.log(1.5)  # a failed launch enters the model this much above the worst value seen
 PRIOR_NOISE = 0.05**2  # a prior point's extra noise variance (log-ratio units) at rho = 1 ...
 PRIOR_UNKNOWN_RHO = 0.5  # ... and the rho assumed while fewer than MIN_OVERLAP launches are shared
 MIN_OVERLAP = 5
 CARRY = 3  # the previous level's best launches measured first at each level
+MAX_SCALE = 3.0  # the most the model's deviations are widened by its own errors
+WAVES = False  # add the waves a launch fills (from compiled registers and shared memory; measured: no better)
+FORECAST = False  # widen by the proposals' forecast errors too (measured: far more launches, no better picks)
 
 
 class Surrogate(Strategy):
@@ -63,14 +66,25 @@ class Surrogate(Strategy):
         self._n_fit = 0
         self.last_p: float | None = None
         self._features: dict = {}
+        self.resources: dict = {}
+        self.sm_count = 0
+        self._last = None  # (data key, fitted model)
+        self._predicted: dict = {}  # (concurrency, config) -> (mean, sd) the model predicted when proposing it
 
     def history(self, rows) -> None:
         self.rows = list(rows)
 
+    def describe(self, level: Level) -> None:
+        """The device and the compiled resources, once per level (they enter the features)."""
+        if level.resources and (self.sm_count, len(self.resources)) != (level.sm_count, len(level.resources)):
+            self.resources, self.sm_count = dict(level.resources), level.sm_count
+            self._features.clear()
+
     # --- features ------------------------------------------------------------------------------
 
     def features(self, cfg: KernelConfig, wl: Workload, concurrency: int) -> list[float]:
-        """Parameters (log2), PREFETCH one-hot, the split geometry of every cache at this batch, log2 C."""
+        """Parameters (log2), PREFETCH one-hot, the split geometry of every cache at this batch, log2 C, and
+        the waves its programs fill on the device (:func:`resident`)."""
         key = (cfg, wl, concurrency)
         if key not in self._features:
             self._features[key] = self._compute_features(cfg, wl, concurrency)
@@ -78,6 +92,7 @@ class Surrogate(Strategy):
 
     def _compute_features(self, cfg: KernelConfig, wl: Workload, concurrency: int) -> list[float]:
         out = [math.log2(concurrency)]
+        slots = self.sm_count * resident(cfg, *self.resources.get(str(cfg), (0, 0)))
         for name in PARAM_NAMES:
             v = getattr(cfg, name)
             out.append(math.log2(v + 1))
@@ -86,12 +101,16 @@ class Surrogate(Strategy):
         for cache in wl.caches():
             g = split_grid(cfg, rows, wl.heads, cache.topk)
             row_tiles = max(1, -(-cache.topk // cfg.BLOCK_T))
+            programs = g.programs * head_blocks_for(wl.heads)
             out += [
-                math.log2(g.programs * head_blocks_for(wl.heads)),
+                math.log2(programs),
                 math.log2(g.slots),
                 math.log2(rows * row_tiles / g.programs),
                 float(g.balanced),
             ]
+            if slots and WAVES:  # the last wave's share of the device, and how many waves
+                waves = programs / slots
+                out += [math.log2(waves), waves / math.ceil(waves)]
         return out
 
     # --- the model -----------------------------------------------------------------------------
@@ -143,16 +162,19 @@ class Surrogate(Strategy):
         from sklearn.gaussian_process.kernels import Matern
         from sklearn.gaussian_process.kernels import WhiteKernel
 
+        key = (X.shape, float(y.sum()), float(extra.sum()), self._n_fit)
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]  # propose and the stop rule ask for the same model
         refit = self._kernel is None or len(y) >= REFIT_GROWTH * self._n_fit
-        if refit:
+        if self._kernel is not None:
+            kernel = self._kernel  # re-optimized from the last optimum: few iterations
+        else:
             kernel = ConstantKernel(1.0, (1e-3, 1e3)) * Matern(
                 length_scale=np.ones(X.shape[1]), length_scale_bounds=(1e-2, 1e3), nu=2.5
             ) + WhiteKernel(1e-3, (1e-6, 1e-1))
-        else:
-            kernel = self._kernel
         gp = GaussianProcessRegressor(
             kernel=kernel,
-            alpha=1e-8 + extra,
+            alpha=1e-8 + extra / max(float(np.var(y)), 1e-12),  # in the normalized units normalize_y fits
             normalize_y=True,
             optimizer="fmin_l_bfgs_b" if refit else None,
             n_restarts_optimizer=1 if refit else 0,
@@ -163,6 +185,7 @@ class Surrogate(Strategy):
             gp.fit(X, y)
         if refit:
             self._kernel, self._n_fit = gp.kernel_, len(y)
+        self._last = (key, gp)
         return gp
 
     def _posterior(self, gp, X) -> tuple[np.ndarray, np.ndarray]:
@@ -174,12 +197,25 @@ class Surrogate(Strategy):
     # --- the strategy --------------------------------------------------------------------------
 
     def _model(self, level: Level):
-        """The fitted model and the factor its standard deviations are widened by, or None with too little data."""
+        """The fitted model and the factor its standard deviations are widened by, or None with too little data.
+
+        The factor is the larger of two honesty checks, never below 1: the model's leave-one-out errors at
+        this level, and its errors *before* each measurement (every proposal's predicted mean and deviation,
+        against what was then measured): a model that was wrong about the launches it proposed is not
+        believed when it says that nothing better is left."""
         data = self._training(level)
         if data is None or len(data[1]) < N_INIT:
             return None
         gp = self._fit(*data)
-        return gp, _loo_scale(gp, data[0], data[1], here=data[0][:, 0] == math.log2(level.concurrency))
+        loo = _loo_scale(gp, data[0], data[1], here=data[0][:, 0] == math.log2(level.concurrency))
+        return gp, max(loo, self._forecast_scale(level.concurrency)) if FORECAST else loo
+
+    def _forecast_scale(self, concurrency: int) -> float:
+        """The RMS of the standardized errors of this level's proposals' predictions (once there are three),
+        at most :data:`MAX_SCALE`: how far the model was off here about the launches it chose."""
+        seen = {(c, cfg): y for c, cfg, y, src in self.rows if src is None and y is not None and c == concurrency}
+        z = [(seen[k] - mu) / sd for k, (mu, sd) in self._predicted.items() if k in seen]
+        return min(MAX_SCALE, float(np.sqrt(np.mean(np.square(z))))) if len(z) >= 3 else 1.0
 
     def _carried(self, level: Level) -> list[KernelConfig]:
         """The best :data:`CARRY` launches of the nearest level measured before this one, as launched here."""
@@ -198,7 +234,9 @@ class Surrogate(Strategy):
                 out.append(cand)
             if len(out) == CARRY:
                 break
-        return out
+        if out:  # and the best one at every split target (TARGET_CTAS and the like): its best value moves with C
+            out += [c for c in level.neighbours.get(out[0], []) if _launch_only_variant(c, out[0])]
+        return list(dict.fromkeys(out))
 
     def _incumbent_neighbours(self, level: Level) -> list[KernelConfig]:
         best = level.best()
@@ -207,6 +245,7 @@ class Surrogate(Strategy):
         return [c for c in level.neighbours.get(best[0], []) if c not in level.measured]
 
     def propose(self, level: Level, n: int) -> list[KernelConfig]:
+        self.describe(level)
         open_ = level.open()
         if not open_:
             return []
@@ -219,6 +258,10 @@ class Surrogate(Strategy):
             k = min(n - len(chosen), len(rest))
             return chosen + [rest[i] for i in sorted(self.rng.choice(len(rest), size=k, replace=False))]
         gp, scale = fitted
+        if chosen:
+            mu, sd = self._posterior(gp, self._X(chosen, level))
+            for c, m, d in zip(chosen, mu, sd, strict=True):
+                self._predicted[(level.concurrency, c)] = (float(m), float(d))
         best = level.best()
         here_best = best[1] if best is not None else 0.0
         pool = [c for c in self._incumbent_neighbours(level) if c in open_] or open_
@@ -232,7 +275,9 @@ class Surrogate(Strategy):
                 model = self._believe(gp, level, believed)
             mu, sd = self._posterior(model, self._X(pool, level))
             ei = _expected_improvement(mu, sd * scale, here_best)
-            pick = pool[int(np.argmax(ei))]
+            i = int(np.argmax(ei))
+            pick = pool[i]
+            self._predicted[(level.concurrency, pick)] = (float(mu[i]), float(sd[i]))
             chosen.append(pick)
             believed.append(pick)
         return chosen
@@ -255,6 +300,7 @@ class Surrogate(Strategy):
             self._kernel, self._n_fit = kernel, n_fit
 
     def stop_reason(self, level: Level) -> str | None:
+        self.describe(level)
         open_ = level.open()
         if not open_ and not level.pending:
             return f"every one of the {len(level.candidates)} distinct feasible launches measured"
@@ -294,6 +340,26 @@ def _loo_scale(gp, X, y, here) -> float:
     z = resid * np.sqrt(d)  # over sigma_loo
     sel = here if here.sum() >= 3 else np.ones_like(here)
     return max(1.0, float(np.sqrt(np.mean(z[sel] ** 2))))
+
+
+def _launch_only_variant(a: KernelConfig, b: KernelConfig) -> bool:
+    """Whether ``a`` differs from ``b`` only in launch-only parameters (the grid, not the binary)."""
+    from kernels.config import BY_NAME
+    from kernels.config import Role
+
+    return all(getattr(a, n) == getattr(b, n) for n in PARAM_NAMES if BY_NAME[n].role is not Role.LAUNCH)
+
+
+def resident(cfg: KernelConfig, registers: int, shared_bytes: int) -> int:
+    """Programs of this config one multiprocessor holds at once, from its compiled registers and shared memory
+    (an sm_90/sm_120 multiprocessor: 64 K registers, 228 KB of shared memory, 2048 threads, 32 programs);
+    0 when the resources are unknown."""
+    if not registers:
+        return 0
+    threads = 32 * cfg.num_warps
+    regs = 65536 // (threads * (-(-registers // 8) * 8))
+    smem = 233472 // shared_bytes if shared_bytes else 32
+    return max(1, min(regs, smem, 2048 // threads, 32))
 
 
 def _expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
