@@ -201,10 +201,6 @@ class _ConfigMethods:
             out.pop("maxnreg", None)
         return out
 
-    def launch(self) -> dict[str, int]:
-        """Host-side parameters: they shape the grid, not the code."""
-        return {p.name: getattr(self, p.name) for p in PARAMS if p.role is Role.LAUNCH}
-
     def triton_config_kwargs(self) -> dict:
         """Keyword arguments of ``triton.Config``: ``kwargs`` (meta-parameters) plus its options."""
         return {"kwargs": self.meta(), **self.options()}

@@ -110,7 +110,7 @@ COMBINE_UNROLL_MAX_ROWS = 1024
 # saved 0.3-2.5 us on V4 from C=24 up and 1.4-4.4 us on V3.2 from C=4 up, and cost up to 1.4 us with fewer
 # programs than SMs.
 
-# Called as fn(kernel_name, config, grid) before every launch; the tuner counts launches with it.
+# Called as fn(kernel_name, config, grid) before every launch; the tests count and inspect launches with it.
 LAUNCH_LISTENERS: list[Callable[[str, KernelConfig, tuple], None]] = []
 
 
