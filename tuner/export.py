@@ -65,6 +65,8 @@ def winners(s: Session, backend: str | None = None) -> dict[tuple, dict[int, Tri
     out: dict[tuple, dict[int, TrialModel]] = defaultdict(dict)
     groups: dict[tuple, list[TrialModel]] = defaultdict(list)
     for t in queries.trials(s, verdict=Verdict.OK, backend=backend):
+        if not _within_bounds(t):
+            continue  # a row another tool wrote outside the declaration's bounds: never deployed
         env = t.environment
         groups[(t.concurrency, t.study.space.name, t.workload.name, env.gpu_name, t.backend, env.triton)].append(t)
     for (c, *_), ts in sorted(groups.items(), key=lambda kv: kv[0]):
@@ -77,6 +79,14 @@ def winners(s: Session, backend: str | None = None) -> dict[tuple, dict[int, Tri
         cur = out[key].get(c)
         out[key][c] = t if cur is None else queries.best_of([cur, t])
     return dict(out)
+
+
+def _within_bounds(t: TrialModel) -> bool:
+    try:
+        t.config()
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _nothing(store: Store) -> TunerError:
