@@ -622,3 +622,18 @@ def test_the_export_history_names_paths_inside_the_working_directory_relatively(
     con.close()
     assert {str(Path("tables") / p.name) for p in inside if not p.name.endswith(".provenance.json")} <= recorded
     assert {str(p.resolve()) for p in outside if not p.name.endswith(".provenance.json")} <= recorded
+
+
+@pytest.mark.parametrize("name", HOSTILE + ["", ".", "..", "a/../../b", "NVIDIA H200"])
+def test_stored_names_become_safe_file_stems_and_markdown(name, tmp_path):
+    from tuner.quoting import file_stem
+    from tuner.quoting import md_text
+
+    stem = file_stem("space", "wl", name, "cuda")
+    assert re.fullmatch(r"[0-9A-Za-z_.+()\-]+", stem) and len(stem) <= kt.MAX_SLUG
+    (tmp_path / f"{stem}_median.png").write_bytes(b"")  # a valid file name, inside the folder
+    assert [p.name for p in tmp_path.iterdir()] == [f"{stem}_median.png"]
+    md = md_text(name)
+    assert "\n" not in md and "\x00" not in md and "\r" not in md
+    assert not re.search(r"(?<!\\)[`*_\[\]<>#|]", md)  # every Markdown/HTML special character escaped
+    assert file_stem("NVIDIA H200") == "NVIDIA_H200" and md_text("NVIDIA H200") == "NVIDIA H200"
