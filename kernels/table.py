@@ -193,7 +193,7 @@ def candidates(
                     version = tuple(int(x) for x in m.group(1).split("_"))
                     if version < current:
                         older.append((version, entry.name))
-    except OSError:
+    except (OSError, ValueError):  # no such folder, not a folder, a NUL in its name: nothing there
         pass
     older.sort(reverse=True)
     out = []

@@ -637,3 +637,16 @@ def test_stored_names_become_safe_file_stems_and_markdown(name, tmp_path):
     assert "\n" not in md and "\x00" not in md and "\r" not in md
     assert not re.search(r"(?<!\\)[`*_\[\]<>#|]", md)  # every Markdown/HTML special character escaped
     assert file_stem("NVIDIA H200") == "NVIDIA_H200" and md_text("NVIDIA H200") == "NVIDIA H200"
+
+
+@pytest.mark.parametrize(
+    "folder", ["a\x00b", "x" * 5000, "/dev/null", "{fifo}"], ids=["nul", "long", "devnull", "fifo"]
+)
+def test_a_hostile_config_dir_gives_the_default_without_raising(tmp_path, monkeypatch, folder):
+    if folder == "{fifo}":
+        folder = str(tmp_path / "fifo")
+        os.mkfifo(folder)
+    monkeypatch.setenv(kt.ENV_DIR, folder)
+    monkeypatch.setattr(kt, "CONFIG_DIR", tmp_path / "empty")
+    cfg, w = _in_a_thread(lambda: _table_warnings(lambda: kt.lookup_config("dev X", "fp8_v32", 16, 64, 1)), 60)
+    assert cfg == DEFAULT_CONFIG and len(w) == 1 and "default config" in str(w[0].message)
