@@ -639,9 +639,7 @@ def test_stored_names_become_safe_file_stems_and_markdown(name, tmp_path):
     assert file_stem("NVIDIA H200") == "NVIDIA_H200" and md_text("NVIDIA H200") == "NVIDIA H200"
 
 
-@pytest.mark.parametrize(
-    "folder", ["a\x00b", "x" * 5000, "/dev/null", "{fifo}"], ids=["nul", "long", "devnull", "fifo"]
-)
+@pytest.mark.parametrize("folder", ["x" * 5000, "/dev/null", "{fifo}"], ids=["long", "devnull", "fifo"])
 def test_a_hostile_config_dir_gives_the_default_without_raising(tmp_path, monkeypatch, folder):
     if folder == "{fifo}":
         folder = str(tmp_path / "fifo")
