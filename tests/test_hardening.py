@@ -314,3 +314,97 @@ def test_database_on_a_read_only_directory_is_readable(tmp_path):
     finally:
         ro.chmod(0o755)
     assert sorted(p.name for p in ro.iterdir()) == ["tuner.db"]
+
+
+# --- configs outside the declaration's bounds, wherever they enter (kernels/config.py PARAMS) -----------------
+
+BOUNDS = [
+    ("block-t-4096", _sub("choices: [16, 32]", "choices: [16, 4096]"), "BLOCK_T must be a power of two >= 16, at most"),
+    ("block-t-2**40", _sub("choices: [16, 32]", "choices: [16, 1099511627776]"), "BLOCK_T"),
+    ("ctas-2**40", _sub("TARGET_CTAS: [4]", "TARGET_CTAS: [4, 1099511627776]"), "TARGET_CTAS"),
+    ("warps-64", _sub("num_warps: [4]", "num_warps: [4, 64]"), "num_warps must be a power of two in 1..32"),
+    ("baseline-2**40", _sub("baseline: {BLOCK_T: 16,", "baseline: {BLOCK_T: 1099511627776,"), "`baseline.BLOCK_T`"),
+]
+
+
+@pytest.mark.parametrize("text, fragment", [c[1:] for c in BOUNDS], ids=[c[0] for c in BOUNDS])
+def test_a_space_outside_the_bounds_is_one_sentence(tmp_path, text, fragment):
+    path = tmp_path / "space.yaml"
+    path.write_text(text)
+    result = CliRunner().invoke(cli, ["check", str(path), "--db", f"sqlite:///{tmp_path / 'x.db'}"])
+    _one_sentence(result, fragment)
+    assert not (tmp_path / "x.db").exists()
+
+
+@pytest.mark.parametrize(
+    "first, fragment",
+    [
+        ("T4096-w4-s1-c4", "BLOCK_T must be a power of two >= 16, at most 2048, got 4096"),
+        ("T1099511627776-w4-s1-c4", "BLOCK_T must be a power of two >= 16, at most 2048"),
+        ("T16-w4-s1-c" + "9" * 40, "TARGET_CTAS must be"),
+        ("T16-w4-s1-c4-r999", "maxnreg must be 0 (no cap) or an integer in 16..255"),
+        ("T16-w4-s1-c4-p" + "1" * 100_000, "PREFETCH must be 0, 1, 2 or 3"),
+    ],
+    ids=["block-t-4096", "block-t-2**40", "ctas-40-digits", "maxnreg-999", "100000-digits"],
+)
+def test_a_first_config_outside_the_bounds_is_one_short_sentence(tmp_path, first, fragment):
+    result = CliRunner().invoke(cli, ["search", SMOKE, "--first", first, "--db", f"sqlite:///{tmp_path / 'x.db'}"])
+    _one_sentence(result, fragment)
+    assert len(result.stderr) < 600  # the input is quoted cut, never whole
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_a_stored_config_outside_the_bounds_is_never_exported(tmp_path):
+    """A results database from elsewhere with BLOCK_T 2**40 in an ok trial: export leaves that row out."""
+    import json
+    import sqlite3
+
+    from db.store import Store
+
+    src = os.path.join(os.path.dirname(__file__), "..", "results", "h200.db")
+    path = tmp_path / "bounds.db"
+    shutil.copy(src, path)
+    Store(f"sqlite:///{path}", upgrade=True).engine.dispose()
+    con = sqlite3.connect(path)
+    con.execute("UPDATE tuner_trials SET BLOCK_T = ? WHERE verdict = 'ok' AND workload_id = 1", (2**40,))
+    con.execute("UPDATE tuner_trials SET TARGET_CTAS = ? WHERE workload_id = 2 AND concurrency = 1", (-3,))
+    con.commit()
+    con.close()
+    result = CliRunner().invoke(cli, ["export", "--out", str(tmp_path / "t"), "--db", f"sqlite:///{path}"])
+    assert result.exit_code == 0 and "Traceback" not in result.stderr, result.stderr
+    tables = [f for f in (tmp_path / "t").glob("*.json") if not f.name.endswith(".provenance.json")]
+    assert len(tables) == 2  # workload 1's table is gone (every ok trial out of bounds), the others stay
+    for f in tables:
+        entries = json.loads(f.read_text())
+        assert all(16 <= e["BLOCK_T"] <= 2048 and e["TARGET_CTAS"] > 0 for e in entries.values()), f.name
+
+
+def test_decode_with_a_table_outside_the_bounds_or_a_fifo_falls_back(tmp_path, monkeypatch):
+    """sparse_mla_decode(config=None) over a table with BLOCK_T 2**40, or a FIFO where the table should be:
+    one TableWarning each, the default config, and the call returns (in a subprocess, with a time limit)."""
+    import json
+
+    import kernels.table as kt
+
+    name = kt.table_name("cpu-interpreter", "fp8_v32", 16, 32)
+    bad, fifo = tmp_path / "bad", tmp_path / "fifo"
+    bad.mkdir(), fifo.mkdir()
+    entry = {"BLOCK_T": 2**40, "num_warps": 4, "num_stages": 1, "TARGET_CTAS": 4}
+    (bad / name).write_text(json.dumps({"1": entry}))
+    os.mkfifo(fifo / name)
+    script = (
+        "import warnings, torch\n"
+        "from kernels import Workload, make_batch, sparse_mla_decode\n"
+        "bt = make_batch(Workload('fp8_v32', 16, 32, page_size=64, context=64), 1, device='cpu', seed=1)\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    out, lse = sparse_mla_decode(*bt.args(), kv_format='fp8_v32')\n"
+        "assert torch.isfinite(out.float()).all()\n"
+        "print(sum(x.category.__name__ == 'TableWarning' for x in w))\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for folder in (bad, fifo):
+        env = {**os.environ, "SPARSE_MLA_CONFIG_DIR": str(folder), "TRITON_INTERPRET": "1", "PYTHONPATH": root}
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stdout.strip() == "1", proc.stdout

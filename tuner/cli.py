@@ -437,15 +437,20 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
     "sglang: the same in a triton_<version>/ folder; triton: an importable list of triton.Config.",
 )
 @click.option("--backend", type=click.Choice(["cuda", "interpreter"]), default=None)
+@click.option(
+    "--record",
+    is_flag=True,
+    help="Also record each table written in the database's tuner_exports (without it the database is only read).",
+)
 @db_option
 @expected_errors
-def export(out_dir, export_format, backend, db_url):
+def export(out_dir, export_format, backend, record, db_url):
     """Write the kernel's autotune tables: the best ok config per concurrency, per device and workload."""
     from db.store import Store
     from tuner.export import export_tables
     from tuner.export import triton_module
 
-    store = Store(db_url, create=False)
+    store = Store(db_url, create=False) if record and export_format != "triton" else Store(db_url, readonly=True)
     if export_format == "triton":
         text = triton_module(store, backend)
         if out_dir is None:
@@ -459,7 +464,7 @@ def export(out_dir, export_format, backend, db_url):
         click.echo(out_dir)
         return
     try:
-        paths = export_tables(store, out_dir, backend, export_format)
+        paths = export_tables(store, out_dir, backend, export_format, record=record)
     except OSError as e:
         raise TunerError(f"cannot write {e.filename or out_dir}: {e.strerror}") from None
     for path in paths:

@@ -343,8 +343,17 @@ def _infeasible(trials) -> list[str]:
     return out + [""]
 
 
+MATPLOTLIB_MISSING = (
+    "tuner report --plots needs matplotlib, which is not installed: "
+    "pip install 'sparse-mla-tuner[report]' (or pip install matplotlib)"
+)
+
+
 def _pyplot():
-    import matplotlib
+    try:
+        import matplotlib
+    except ModuleNotFoundError:  # an extra ([report]): only the plots need it
+        raise TunerError(MATPLOTLIB_MISSING) from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
