@@ -97,6 +97,8 @@ def resource_error(e: BaseException, where: str) -> DatabaseError | None:
         if why is None:
             text = str(x).lower()
             why = next((w for t, w in _RESOURCE_TEXTS if t in text), None)
+        if why is not None and why.startswith("the disk failed") and _full(where):
+            why = "the disk is full"
         if why is not None:
             shown = redact_url(where)
             if isinstance(x, OSError) and x.filename and why == "the file name is too long":
@@ -106,6 +108,19 @@ def resource_error(e: BaseException, where: str) -> DatabaseError | None:
                 "(make room or fix it, then run the command again: a search resumes)"
             )
     return None
+
+
+def _full(url: str) -> bool:
+    """Whether the file system of a sqlite:/// URL's file has no space left (SQLite reports a full disk
+    while it grows its -shm or -wal file as a plain "disk I/O error")."""
+    try:
+        u = make_url(url)
+        if u.get_backend_name() != "sqlite" or not u.database:
+            return False
+        st = os.statvfs(os.path.dirname(os.path.abspath(u.database)))
+    except (ArgumentError, OSError, ValueError):
+        return False
+    return st.f_bavail * st.f_frsize < 64 * 1024
 
 
 def file_identity(path: str | os.PathLike) -> tuple[int, int] | None:
@@ -301,8 +316,8 @@ class Store:
             return
         what = "was deleted or moved away" if now is None else "was replaced by another file"
         raise DatabaseError(
-            f"{_shown_path(self.path)} {what} while this command ran, so the results written since are not in "
-            "it; stopped (restore the file or run again to measure them again)"
+            f"{_shown_path(self.path)} {what} while this command ran, so what it wrote after that is in no file "
+            "at that path; stopped (put the database back and run again: a search measures what is missing)"
         )
 
     @property
