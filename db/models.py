@@ -106,6 +106,28 @@ class WorkloadModel(Base):
     d_v: Mapped[int] = mapped_column(Integer)
     call: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON: extra cache, sink, q_tokens (whole call)
 
+    def workload(self):
+        """The whole :class:`kernels.workload.Workload` this row stands for, the call's extra cache, sink
+        and query tokens (``call``) included, so bytes moved and table keys are those of the call measured.
+        (Imported here: the kernels' workload module imports torch, which the rest of ``db`` does not need.)
+        """
+        import json
+
+        from kernels.workload import Workload
+
+        call = json.loads(self.call) if self.call else {}
+        extra = call.get("extra")
+        return Workload(
+            self.kv_format,
+            self.heads,
+            self.topk,
+            self.page_size,
+            self.context,
+            extra=None if extra is None else Workload(**{**extra, "heads": self.heads}),
+            attn_sink=bool(call.get("attn_sink", False)),
+            q_tokens=int(call.get("q_tokens", 1)),
+        )
+
 
 class SpaceModel(Base):
     __tablename__ = "tuner_spaces"

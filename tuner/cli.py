@@ -169,6 +169,12 @@ def _studies_brief(rows: list[dict]) -> list[dict]:
     ]
 
 
+def _values_text(v) -> str:
+    """A launch-only column's values in a brief row: up to three listed, more as ``low..high (n)``."""
+    values = [int(x) for x in v.split(",")] if isinstance(v, str) else v if isinstance(v, list) else [v]
+    return ",".join(map(str, values)) if len(values) <= 3 else f"{min(values)}..{max(values)} ({len(values)})"
+
+
 def _check_brief(rows: list[dict]) -> list[dict]:
     from kernels.config import PARAMS
 
@@ -180,7 +186,7 @@ def _check_brief(rows: list[dict]) -> list[dict]:
             {
                 **({"workload": r["workload"]} if "workload" in r else {}),
                 "config": compiled,
-                **{k: ",".join(map(str, v)) if isinstance(v, list) else v for k, v in launch.items()},
+                **{k: _values_text(v) for k, v in launch.items()},
                 "shared": r["shared_bytes"],
                 "limit": r["limit_bytes"],
                 "regs": r["registers"],
@@ -189,7 +195,10 @@ def _check_brief(rows: list[dict]) -> list[dict]:
                 "reason": r["reason"],
             }
         )
-    return out
+    # columns that say nothing here: one limit for every row (the reasons quote it), no registers compiled
+    drop = {k for k in ("limit", "regs", "spill") if len({str(r[k]) for r in out}) == 1}
+    drop -= {k for k in ("regs", "spill") if out and out[0][k] is not None}
+    return [{k: v for k, v in r.items() if k not in drop} for r in out]
 
 
 def _search_brief(rows: list[dict]) -> list[dict]:
@@ -282,12 +291,24 @@ def cli() -> None:
 @click.option("--target", default=None, help="Arch whose limits apply (default: the space's `target`).")
 @click.option("--workload", "workload_name", default=None, help="Only this workload of the space.")
 @click.option("--all", "show_all", is_flag=True, help="One row per config, not one per compiled binary.")
+@click.option(
+    "--registers",
+    is_flag=True,
+    help="Compile through ptxas for registers and spills too (default: only when max_spill_bytes makes them decide).",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @format_option
 @db_option
 @expected_errors
 def check(
-    space_file: str, target: str | None, workload_name: str | None, show_all: bool, quiet: bool, fmt: str, db_url: str
+    space_file: str,
+    target: str | None,
+    workload_name: str | None,
+    show_all: bool,
+    registers: bool,
+    quiet: bool,
+    fmt: str,
+    db_url: str,
 ) -> None:
     """Which configs of SPACE_FILE fit the target arch, and why not. Compiles only; needs no GPU.
 
@@ -295,6 +316,10 @@ def check(
     (TARGET_CTAS) compile to the same binary and share a row, whose launch-only columns list their
     values (json: a list). --all: one row per config. Verdicts are cached, so a second check is
     fast. With several workloads, json/csv rows also carry a `workload` field.
+
+    Where registers cannot decide a verdict (the space sets no max_spill_bytes), each compile stops
+    once Triton has allocated shared memory: the verdict is the compiler's own shared size for the
+    target, and registers and spills stay empty; --registers compiles through ptxas for them.
     """
     from db.store import Store
     from kernels.config import PARAMS
@@ -318,12 +343,20 @@ def check(
     fields = (("workload",) if len(workloads) > 1 else ()) + CHECK_FIELDS
     rows, n_ok = [], 0
     progress = Progress(quiet)
+    registers = registers or space.max_spill_bytes is not None
     for w in workloads:
         name = f"{space.name}/{w.name}"
-        progress.message(f"{name}: checking {len(configs)} configs for {target}")
+        depth = "" if registers else " (shared memory only: registers decide nothing here; --registers for them)"
+        progress.message(f"{name}: checking {len(configs)} configs for {target}{depth}")
         with progress.compiling(name) as task:
             verdicts = check_many(
-                configs, w.workload(), target, max_spill_bytes=space.max_spill_bytes, store=store, on_progress=task
+                configs,
+                w.workload(),
+                target,
+                max_spill_bytes=space.max_spill_bytes,
+                store=store,
+                on_progress=task,
+                registers=registers,
             )
         groups: dict[tuple, list] = {}  # compile key -> [(config, verdict)]; one config each with --all
         for cfg, v in zip(configs, verdicts, strict=True):
@@ -600,10 +633,8 @@ def _best_row(t) -> dict:
         "n": st.n,
         "phase": st.phase,
     }
-    from kernels.workload import Workload
-
     wl = t.workload
-    nbytes = Workload(wl.kv_format, wl.heads, wl.topk, wl.page_size, wl.context).min_bytes(t.concurrency)
+    nbytes = wl.workload().min_bytes(t.concurrency)  # the whole call: both caches, every query token
     gbps = nbytes / (st.median_us * 1e-6) / 1e9
     row["GBps"] = round(gbps, 1) if t.backend == "cuda" else None
     row["pct_copy_bw"] = round(100 * gbps / env.copy_gbps, 1) if (env.copy_gbps and t.backend == "cuda") else None

@@ -21,7 +21,7 @@ WIDTH = 100  # the widest a default table may be: a terminal beside an editor, a
 GAP = 2  # tabulate's "simple" format puts two spaces between columns
 MIN_CELL = 8  # a cut cell keeps at least this many characters
 KEEP = ("config", "best")  # config keys are never cut: a cut key names another config
-CUT_FIRST = ("ties", "reason", "other", "space", "workload", "device", "study", "value")  # text that may give way
+CUT_FIRST = ("ties", "TARGET_CTAS", "reason", "other", "space", "workload", "device", "study", "value")  # may give way
 tabulate_module.MIN_PADDING = 0  # a column as wide as its widest cell or header, no more (GAP apart)
 
 
