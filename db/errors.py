@@ -5,6 +5,11 @@ class DatabaseError(Exception):
     """The database cannot be opened, read or written; the message is one sentence for the user."""
 
 
+class DatabaseGoneError(DatabaseError):
+    """The file at the database's path is no longer the one opened (deleted, moved or replaced): code that
+    tolerates a failed write (e.g. a lost race) must let this one through, since every later write fails too."""
+
+
 QUOTE_MAX = 200  # characters of a user's input a message quotes
 
 

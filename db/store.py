@@ -35,6 +35,7 @@ from sqlalchemy.orm import sessionmaker
 
 from db.errors import QUOTE_MAX
 from db.errors import DatabaseError
+from db.errors import DatabaseGoneError
 from db.errors import quote
 
 VERSION_TABLE = "tuner_alembic_version"
@@ -303,9 +304,10 @@ class Store:
         self.identity = file_identity(self.path) if self.path else None
 
     def verify(self) -> None:
-        """Raise :class:`DatabaseError` when the SQLite file at this store's path is no longer the file
-        it opened (deleted, moved away or replaced): what was written since went to a file nobody can
-        open, so no command may report results "in" the path. A no-op for PostgreSQL."""
+        """Raise :class:`DatabaseGoneError` (a :class:`DatabaseError`) when the SQLite file at this store's
+        path is no longer the file it opened (deleted, moved away or replaced): what was written since
+        went to a file nobody can open, so no command may report results "in" the path. Also checked
+        before every commit of a writing store (:meth:`session`). A no-op for PostgreSQL."""
         if self.path is None:
             return
         try:
@@ -315,7 +317,7 @@ class Store:
         if now == self.identity:
             return
         what = "was deleted or moved away" if now is None else "was replaced by another file"
-        raise DatabaseError(
+        raise DatabaseGoneError(
             f"{_shown_path(self.path)} {what} while this command ran, so what it wrote after that is in no file "
             "at that path; stopped (put the database back and run again: a search measures what is missing)"
         )

@@ -346,7 +346,7 @@ def check(
     registers = registers or space.max_spill_bytes is not None
     for w in workloads:
         name = f"{space.name}/{w.name}"
-        depth = "" if registers else " (shared memory only: registers decide nothing here; --registers for them)"
+        depth = "" if registers else " (shared memory only; --registers: registers too)"
         progress.message(f"{name}: checking {len(configs)} configs for {target}{depth}")
         with progress.compiling(name) as task:
             verdicts = check_many(
@@ -674,11 +674,7 @@ def best(concurrency, space, workload, device, backend, fmt, db_url):
     if not rows:
         raise TunerError(_no_level(store, concurrency, space=space, workload=workload, device=device, backend=backend))
     if len(rows) > 1:
-        click.echo(
-            f"{len(rows)} matches (one per space/workload/device/backend); narrow with --space, --workload, "
-            "--device or --backend",
-            err=True,
-        )
+        click.echo(f"{len(rows)} matches, one per space/workload/device/backend (narrow with --space etc.)", err=True)
     click.echo(render(rows, fmt, _best_brief))
 
 
@@ -709,7 +705,10 @@ def _no_level(store, concurrency: int, **where) -> str:
 @expected_errors
 def trials(concurrency, verdict, space, sort, fmt, db_url):
     """Every trial: config, verdict, reason, feasibility numbers, median and ratio."""
+    from sqlalchemy import select
+
     from db import queries
+    from db.models import TrialModel
     from db.store import Store
 
     store = Store(db_url, readonly=True)
@@ -741,7 +740,12 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
     }[sort]
     rows.sort(key=key)
     if not rows:
-        click.echo("no trials match", err=True)
+        levels = ""
+        if concurrency is not None:
+            with store.session() as s:
+                found = sorted(set(s.scalars(select(TrialModel.concurrency).distinct())))
+            levels = f" (levels with trials: {', '.join(map(str, found)) or 'none'})"
+        click.echo(f"no trials match{levels}", err=True)
     click.echo(render(rows, fmt, _trials_brief))
 
 

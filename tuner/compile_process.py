@@ -98,7 +98,9 @@ def _stop_after_shared_allocation():
     def cut(pm, *args, **kwargs):  # the backend is adding the conversion: run what it added so far instead
         raise _Truncate(pm)
 
-    def hook(backend, stages, options, language, capability):
+    def hook(backend, stages, *args, **kwargs):  # (options, language, capability) on Triton 3.6
+        if before is not None:
+            before(backend, stages, *args, **kwargs)
         make_llir = stages["llir"]
 
         def llir(src, metadata):
@@ -135,6 +137,8 @@ def compile_kernel(spec, cc: int, depth: str = "cubin") -> dict:
             )
         except _SharedKnown as known:
             return {"shared": known.shared}
+        except _Truncate:  # this Triton adds the conversion outside its LLIR stage: compile in full instead
+            return compile_kernel(spec, cc, "cubin") | {"registers": None, "stack": None}
         except Exception as e:  # a config the compiler rejects is a verdict, not a crash
             text = str(e).strip()
             return {"error": f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"}
