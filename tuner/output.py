@@ -66,7 +66,11 @@ def render(rows: list[dict], fmt: str, brief: Callable[[list[dict]], list[dict]]
         return "(no rows)"
     if brief is None or wide():
         return tabulate(rows, headers="keys", disable_numparse=True)
-    return table(brief(rows))
+    try:
+        shown = brief(rows)
+    except Exception:  # noqa: BLE001 - rows of another shape than the brief view knows: every field, fitted
+        shown = rows
+    return table(shown)
 
 
 def varying(rows: list[dict], *keys: str) -> list[str]:
