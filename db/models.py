@@ -262,7 +262,7 @@ class StatisticModel(Base):
     ci_low_us: Mapped[float] = mapped_column(Float)
     ci_high_us: Mapped[float] = mapped_column(Float)
     baseline_median_us: Mapped[float] = mapped_column(Float)
-    ratio: Mapped[float] = mapped_column(Float)  # median of candidate / baseline per round
+    ratio: Mapped[float] = mapped_column(Float)  # exp(mean log(candidate / baseline)) over the rounds (stats.paired)
     ratio_ci_low: Mapped[float] = mapped_column(Float)
     ratio_ci_high: Mapped[float] = mapped_column(Float)
     noise_band: Mapped[float] = mapped_column(Float)

@@ -426,7 +426,7 @@ def _backend(requested: str | None) -> str:
     type=DB_INT,
     default=None,
     help="Measurement workers sharing each study: default one per visible GPU, 1 on the CPU; "
-    "at most the visible GPUs (cuda) or the usable cores (interpreter).",
+    "at most the visible GPUs (cuda) or the machine's cores (interpreter).",
 )
 @click.option("--remeasure", is_flag=True, help="Measure again configs that already have results (kept).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
@@ -526,7 +526,7 @@ def _levels(text: str | None) -> list[int] | None:
 
 def _check_workers(workers: int | None, backend: str) -> None:
     """``--workers`` within what this machine can run: one measurement process per visible GPU (cuda),
-    at most one per usable core (interpreter, replay)."""
+    at most one per core of the machine (interpreter, replay)."""
     if workers is None:
         return
     if backend == "cuda":
@@ -539,10 +539,10 @@ def _check_workers(workers: int | None, backend: str) -> None:
                 "(CUDA_VISIBLE_DEVICES); use --workers 1.." + str(max(visible, 1))
             )
         return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = os.cpu_count() or 1
     if workers > cores:
         raise TunerError(
-            f"--workers {workers} is more than the {cores} cores this process may use; the {backend} backend "
+            f"--workers {workers} is more than the {cores} cores of this machine; the {backend} backend "
             f"runs one measurement process per worker: use --workers 1..{cores}"
         )
 
