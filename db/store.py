@@ -72,7 +72,7 @@ _RESOURCE_TEXTS = (
     ("attempt to write a readonly database", "the database file or its directory is read-only"),
     ("read-only file system", "the file system is read-only"),
     ("in a read-only transaction", "the database is read-only"),  # PostgreSQL: "cannot execute INSERT in a ..."
-    ("disk i/o error", "the disk failed a read or write (often: it is full)"),
+    ("disk i/o error", "the disk failed a read or write"),  # a full disk, as SQLite grows its -shm or -wal
     ("file name too long", "the file name is too long"),
 )
 
@@ -98,14 +98,16 @@ def resource_error(e: BaseException, where: str) -> DatabaseError | None:
         if why is None:
             text = str(x).lower()
             why = next((w for t, w in _RESOURCE_TEXTS if t in text), None)
-        if why is not None and why.startswith("the disk failed") and _full(where):
-            why = "the disk is full"
+        if why is not None and why.startswith("the disk failed"):  # an I/O error is ours only on a full disk
+            why = "the disk is full" if _full(where) else None
         if why is not None:
             shown = redact_url(where)
             if isinstance(x, OSError) and x.filename and why == "the file name is too long":
                 shown = quote(x.filename)
+            said = (x.strerror if isinstance(x, OSError) else None) or str(x)
+            said = redact_url(" ".join(said.split()))[:120]
             return DatabaseError(
-                f"cannot write {shown}: {why}; everything recorded before this stays in the database "
+                f"cannot write {shown}: {why} ({said}); everything recorded before this stays in the database "
                 "(make room or fix it, then run the command again: a search resumes)"
             )
     return None
