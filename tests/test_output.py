@@ -98,3 +98,23 @@ def test_a_table_gives_way_in_its_text_columns_never_in_a_config_key():
     assert "T32-w4-s1-c256-p3-b1" in text and "33.895" in text and "…" in text
     narrow = [{"config": "T32-w4-s1-c256-p3-b1", "x": 1}]
     assert table(narrow) == table(narrow, width=1000)  # nothing cut when it fits
+
+
+def test_stored_strings_cannot_break_a_table_or_drive_the_terminal(h200, tmp_path):
+    """A results database may come from someone else: a device name with a newline or a terminal escape
+    stays one cell of one row, shown as escapes, in the brief and the wide table alike."""
+    import sqlite3
+
+    path = tmp_path / "hostile.db"
+    shutil.copy(h200.removeprefix("sqlite:///"), path)
+    con = sqlite3.connect(path)
+    con.execute("UPDATE tuner_environments SET gpu_name = ?", ("GPU\n\x1b[2J\x1b[31mred\x07",))
+    con.commit()
+    con.close()
+    for extra in ([], ["--wide"]):
+        proc = tuner("studies", "--db", f"sqlite:///{path}", *extra)
+        assert proc.returncode == 0, proc.stderr
+        assert "\x1b" not in proc.stdout and "\x07" not in proc.stdout
+        lines = proc.stdout.splitlines()
+        assert len(lines) == 2 + len(json.loads(tuner("studies", "--db", f"sqlite:///{path}", "-f", "json").stdout))
+        assert all("GPU\\n\\x1b[2J" in ln for ln in lines[2:])

@@ -42,7 +42,9 @@ MESSAGE_MAX = 1000
 def one_line(text: str) -> str:
     """A message as one line of sane length: any run of QUOTE_MAX + 50 or more characters without a space
     (user input echoed by a library) is cut to QUOTE_MAX and its length said, and the whole line too."""
-    text = " ".join(str(text).split())
+    from tuner.output import plain
+
+    text = plain(" ".join(str(text).split()))  # a terminal escape in a stored name is shown, not obeyed
     text = LONG_TOKEN.sub(lambda m: f"{m.group(0)[:QUOTE_MAX]}... ({len(m.group(0))} characters)", text)
     return text if len(text) <= MESSAGE_MAX else text[:MESSAGE_MAX] + f"... ({len(text)} characters)"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections.abc import Callable
 
 import click
@@ -22,6 +23,7 @@ GAP = 2  # tabulate's "simple" format puts two spaces between columns
 MIN_CELL = 8  # a cut cell keeps at least this many characters
 KEEP = ("config", "best")  # config keys are never cut: a cut key names another config
 CUT_FIRST = ("ties", "TARGET_CTAS", "reason", "other", "space", "workload", "device", "study", "value")  # may give way
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # line ends, tabs, terminal escapes: shown, never obeyed
 tabulate_module.MIN_PADDING = 0  # a column as wide as its widest cell or header, no more (GAP apart)
 
 
@@ -65,7 +67,8 @@ def render(rows: list[dict], fmt: str, brief: Callable[[list[dict]], list[dict]]
     if not rows:
         return "(no rows)"
     if brief is None or wide():
-        return tabulate(rows, headers="keys", disable_numparse=True)
+        safe = [{plain(k): plain(v) if isinstance(v, str) else v for k, v in r.items()} for r in rows]
+        return tabulate(safe, headers="keys", disable_numparse=True)
     try:
         shown = brief(rows)
     except Exception:  # noqa: BLE001 - rows of another shape than the brief view knows: every field, fitted
@@ -78,6 +81,13 @@ def varying(rows: list[dict], *keys: str) -> list[str]:
     return [k for k in keys if len({str(r.get(k)) for r in rows}) > 1]
 
 
+def plain(value) -> str:
+    """A cell as text: control characters (a stored name may hold a newline or a terminal escape) are
+    written as escapes, so a cell is one line and the terminal only ever shows it."""
+    text = "" if value is None else str(value)
+    return _CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
+
+
 def cut(text: str, n: int) -> str:
     return text if len(text) <= n else text[: max(n - 1, 1)] + "…"
 
@@ -86,7 +96,7 @@ def table(rows: list[dict], width: int = WIDTH) -> str:
     """A plain table of ``rows`` no wider than ``width``: the widest columns give way first, their cells
     cut with ``…`` (never below MIN_CELL characters, and a header never below its own name's start)."""
     keys = list(rows[0])
-    cells = [["" if r.get(k) is None else str(r.get(k)) for k in keys] for r in rows]
+    cells = [[plain(r.get(k)) for k in keys] for r in rows]
     widths = [max([len(k)] + [len(c[i]) for c in cells]) for i, k in enumerate(keys)]
     limit = list(widths)
 
