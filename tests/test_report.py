@@ -149,3 +149,25 @@ def test_a_report_from_a_database_with_hostile_names_keeps_them_as_text(tmp_path
     assert "![img](http://evil" not in text and "<script>" not in text.replace("\\<", "")
     assert all(p.parent == plots for p in plots.rglob("*")) and list(plots.glob("*.png"))
     assert not (tmp_path / "etc").exists()
+
+
+def test_plots_without_matplotlib_are_one_sentence(tmp_path, monkeypatch):
+    """matplotlib is the `report` extra: without it `report --plots` says what to install, and a report
+    without plots still works."""
+    from click.testing import CliRunner
+
+    from db.store import Store
+    from tuner.cli import cli
+
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    shutil.copy(H200_DB, tmp_path / "h.db")
+    Store(url, readonly=True)
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    result = CliRunner().invoke(cli, ["report", "--db", url, "--plots", str(tmp_path / "plots")])
+    assert result.exit_code == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().count("\n") == 0 and "pip install 'sparse-mla-tuner[report]'" in result.stderr
+    assert not (tmp_path / "plots").exists()
+    result = CliRunner().invoke(cli, ["report", "--db", url])
+    assert result.exit_code == 0 and "# A/B report" in result.stdout
