@@ -408,3 +408,112 @@ def test_decode_with_a_table_outside_the_bounds_or_a_fifo_falls_back(tmp_path, m
         proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
         assert proc.stdout.strip() == "1", proc.stdout
+
+
+# --- numbers and strings at the command line -------------------------------------------------------
+
+
+class _Exit:
+    def __init__(self, code, out, err):
+        self.exit_code, self.stdout, self.stderr, self.exception = code, out, err, None
+
+
+def _main(args, capsys, monkeypatch):
+    """``tuner ARGS`` in this process, through the executable's own entry point."""
+    from tuner.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["tuner", *args])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main()
+    out, err = capsys.readouterr()
+    return _Exit(e.value.code, out, err)
+
+
+BIG = "9" * 20  # past SQLite's signed 64-bit INTEGER
+HUGE = "x" * 100_000
+LONG_NAME = "a" * 300  # one path component past NAME_MAX (Errno 36)
+
+
+def _db_cases():
+    """(id, args, fragment): every numeric option out of what the database stores or of its range."""
+    return [
+        ("best-concurrency-20-digits", ["best", "--concurrency", BIG], "is not in the range 1<=x<="),
+        ("best-concurrency-zero", ["best", "--concurrency", "0"], "is not in the range"),
+        ("best-concurrency-negative", ["best", "--concurrency", "-5"], "is not in the range"),
+        ("best-concurrency-float", ["best", "--concurrency", "1.5"], "is not a valid integer"),
+        ("best-concurrency-huge", ["best", "--concurrency", "9" * 100_000], "is not a valid integer"),
+        ("trials-concurrency-20-digits", ["trials", "--concurrency", BIG], "is not in the range"),
+        ("show-20-digits", ["show", BIG], "is not in the range"),
+        ("show-negative", ["show", "--", "-1"], "is not in the range"),
+        ("show-not-a-number", ["show", "one"], "is not a valid integer"),
+        ("search-n-trials-20-digits", ["search", SMOKE, "--n-trials", BIG], "is not in the range"),
+        ("search-workers-20-digits", ["search", SMOKE, "--workers", BIG], "is not in the range"),
+        ("search-workers-zero", ["search", SMOKE, "--workers", "0"], "is not in the range"),
+        ("search-concurrency-20-digits", ["search", SMOKE, "--concurrency", f"1,{BIG}"], "--concurrency must be"),
+        ("search-concurrency-text", ["search", SMOKE, "--concurrency", "1,x"], "--concurrency must be"),
+        ("search-concurrency-zero", ["search", SMOKE, "--concurrency", "0"], "--concurrency must be"),
+        ("calibrate-pairs-20-digits", ["calibrate", SMOKE, "--pairs", BIG], "is not in the range"),
+        ("calibrate-concurrency-20-digits", ["calibrate", SMOKE, "--concurrency", BIG], "--concurrency must be"),
+        ("timeout-nan", ["search", SMOKE, "--timeout", "nan"], "is not a finite number of seconds > 0"),
+        ("timeout-inf", ["search", SMOKE, "--timeout", "inf"], "is not a finite number of seconds > 0"),
+        ("timeout-minus-inf", ["search", SMOKE, "--timeout", "-inf"], "is not a finite number of seconds > 0"),
+        ("timeout-zero", ["search", SMOKE, "--timeout", "0"], "is not a finite number of seconds > 0"),
+        ("timeout-negative", ["search", SMOKE, "--timeout", "-3"], "is not a finite number of seconds > 0"),
+        ("timeout-text", ["search", SMOKE, "--timeout", "soon"], "is not a number of seconds"),
+        ("timeout-1e400", ["search", SMOKE, "--timeout", "1e400"], "is not a finite number of seconds > 0"),
+        ("workers-past-the-cores", ["search", SMOKE, "--backend", "interpreter", "--workers", "100000"], "cores"),
+        ("first-100k", ["search", SMOKE, "--first", HUGE], "--first: 'xxxx"),
+        ("first-100k-in-a-list", ["search", SMOKE, "--first", "T16-w4-s2-c4," + HUGE], "--first: 'xxxx"),
+        ("first-100k-key-like", ["search", SMOKE, "--first", "T16-" + "w" * 100_000], "--first: 'T16-www"),
+        ("choice-100k", ["trials", "--verdict", HUGE], "is not one of"),
+        ("compare-100k", ["compare", HUGE, "T16-w4-s2-c4"], "is not of the form"),
+        ("space-100k", ["best", "--concurrency", "1", "--space", HUGE], ""),
+    ]
+
+
+@pytest.mark.parametrize("args, fragment", [c[1:] for c in _db_cases()], ids=[c[0] for c in _db_cases()])
+def test_bad_numbers_and_long_strings_are_one_short_sentence(tmp_path, args, fragment, capsys, monkeypatch):
+    """Out-of-range numbers never reach the database (OverflowError) and no message echoes a long input whole.
+    Run through ``tuner.cli.main``, the executable's entry point (usage errors are one line there)."""
+    from db.store import Store
+
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    Store(url).engine.dispose()  # an empty database: the query commands get as far as they can
+    result = _main([*args, "--db", url], capsys, monkeypatch)
+    _one_sentence(result, fragment)
+    assert len(result.stderr) < 700, result.stderr[:300]
+
+
+@pytest.mark.parametrize("args", [c for c in COMMANDS], ids=lambda c: c[0] + ("-" + c[1] if c[0] == "db" else ""))
+def test_an_overlong_database_file_name_is_one_sentence_in_every_command(tmp_path, args):
+    url = f"sqlite:///{tmp_path / (LONG_NAME + '.db')}"
+    result = CliRunner().invoke(cli, [*args, "--db", url])
+    _one_sentence(result, "File name too long")
+    assert len(result.stderr) < 700
+
+
+@pytest.mark.parametrize("cmd", [["best", "--concurrency", BIG], ["show", BIG], ["search", SMOKE, "--timeout", "nan"]])
+def test_out_of_range_numbers_from_the_executable_are_one_line(cmd):
+    proc = subprocess.run([*(["tuner"] if shutil.which("tuner") else [sys.executable, "-m", "tuner"]), *cmd],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    _one_sentence(_Proc(proc))
+
+
+def test_workers_within_the_cores_pass_the_check():
+    from tuner.cli import _check_workers
+    from tuner.errors import TunerError
+
+    cores = os.cpu_count()
+    _check_workers(None, "interpreter")
+    _check_workers(cores, "interpreter")
+    with pytest.raises(TunerError, match=f"more than the {cores} cores"):
+        _check_workers(cores + 1, "interpreter")
+
+
+def test_a_fine_timeout_and_concurrency_are_accepted():
+    from tuner.cli import Seconds
+    from tuner.cli import _levels
+
+    assert Seconds().convert("0.5", None, None) == 0.5 and Seconds().convert("3600", None, None) == 3600.0
+    assert _levels("1, 96") == [1, 96] and _levels(str(2**63 - 1)) == [2**63 - 1]
