@@ -106,6 +106,28 @@ class WorkloadModel(Base):
     d_v: Mapped[int] = mapped_column(Integer)
     call: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON: extra cache, sink, q_tokens (whole call)
 
+    def workload(self):
+        """The whole :class:`kernels.workload.Workload` this row stands for, the call's extra cache, sink
+        and query tokens (``call``) included, so bytes moved and table keys are those of the call measured.
+        (Imported here: the kernels' workload module imports torch, which the rest of ``db`` does not need.)
+        """
+        import json
+
+        from kernels.workload import Workload
+
+        call = json.loads(self.call) if self.call else {}
+        extra = call.get("extra")
+        return Workload(
+            self.kv_format,
+            self.heads,
+            self.topk,
+            self.page_size,
+            self.context,
+            extra=None if extra is None else Workload(**{**extra, "heads": self.heads}),
+            attn_sink=bool(call.get("attn_sink", False)),
+            q_tokens=int(call.get("q_tokens", 1)),
+        )
+
 
 class SpaceModel(Base):
     __tablename__ = "tuner_spaces"
@@ -240,7 +262,7 @@ class StatisticModel(Base):
     ci_low_us: Mapped[float] = mapped_column(Float)
     ci_high_us: Mapped[float] = mapped_column(Float)
     baseline_median_us: Mapped[float] = mapped_column(Float)
-    ratio: Mapped[float] = mapped_column(Float)  # median of candidate / baseline per round
+    ratio: Mapped[float] = mapped_column(Float)  # exp(mean log(candidate / baseline)) over the rounds (stats.paired)
     ratio_ci_low: Mapped[float] = mapped_column(Float)
     ratio_ci_high: Mapped[float] = mapped_column(Float)
     noise_band: Mapped[float] = mapped_column(Float)

@@ -89,6 +89,12 @@ def trials(session: Session, **filters) -> list[TrialModel]:
     return list(session.scalars(_trial_query(**filters).order_by(TrialModel.id)))
 
 
+def ok_levels(session: Session, **filters) -> list[int]:
+    """The concurrency levels that hold ``ok`` trials under ``filters`` (as :func:`trials` takes them), sorted."""
+    q = _trial_query(verdict=Verdict.OK, **filters).with_only_columns(TrialModel.concurrency).distinct()
+    return sorted(session.scalars(q))
+
+
 def rank_key(t: TrialModel) -> tuple:
     """The one ranking of ``ok`` trials, by the estimator that also judges them: a finalist statistic
     (more rounds) beats a screening one, then the lower ratio to the baseline (geometric mean of the

@@ -24,19 +24,23 @@ from db.verdicts import Phase
 
 @dataclass(frozen=True)
 class Summary:
-    """The statistic of one measurement, as the search computed it (µs, ratios to the baseline)."""
+    """The statistic of one measurement, as the search computed it; one ``tuner_statistics`` row.
 
-    n: int
-    median_us: float
-    ci_low_us: float
+    Build it with keywords (``Summary(n=10, median_us=..., ...)``); the fields keep this order for callers
+    that still pass them by position.
+    """
+
+    n: int  # paired rounds
+    median_us: float  # the candidate's median, µs per call
+    ci_low_us: float  # its 95 % interval, µs
     ci_high_us: float
-    baseline_median_us: float
-    ratio: float
-    ratio_ci_low: float
+    baseline_median_us: float  # the baseline's median in the same rounds, µs
+    ratio: float  # the candidate's time relative to the baseline's (exp of the rounds' mean log ratio)
+    ratio_ci_low: float  # its 95 % interval
     ratio_ci_high: float
-    noise_band: float
-    effect: Effect
-    p_value: float | None = None
+    noise_band: float  # the band's half-width the verdict used, as a fraction (0.01 = 1 %)
+    effect: Effect  # this trial's own call against that band (win, flat, regression), before the correction
+    p_value: float | None = None  # the paired test's, against the band's nearer edge, before the study's BH
 
 
 def add_trial(session: Session, **fields) -> TrialModel | None:

@@ -9,6 +9,7 @@ uses its own version table, ``tuner_alembic_version`` (Optuna's Alembic already 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import sqlite3
@@ -32,7 +33,10 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm import sessionmaker
 
+from db.errors import QUOTE_MAX
 from db.errors import DatabaseError
+from db.errors import DatabaseGoneError
+from db.errors import quote
 
 VERSION_TABLE = "tuner_alembic_version"
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -51,6 +55,84 @@ _SCHEMA_LOCK_KEY = 0x7475_6E65  # "tune": PostgreSQL advisory lock held while th
 _USERINFO = re.compile(r"(//[^/:@\s]*:)\S*@")
 _BARE_USERINFO = re.compile(r"(\b[\w.%+-]+:)[^\s@/:]+@")  # user:password@host without a scheme
 _QUERY_SECRET = re.compile(r"([?&;](?:password|passwd|pwd|sslpassword)=)[^&;#\s]*", re.IGNORECASE)
+
+
+# errno values that mean "this file system cannot take the write", and SQLite's and PostgreSQL's words for them
+_RESOURCE_ERRNOS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is exceeded",
+    errno.EROFS: "the file system is read-only",
+    errno.ENAMETOOLONG: "the file name is too long",
+}
+_RESOURCE_TEXTS = (
+    ("database or disk is full", "the disk is full"),
+    ("no space left on device", "the disk is full"),
+    ("could not extend file", "the disk is full"),
+    ("disk quota exceeded", "the disk quota is exceeded"),
+    ("attempt to write a readonly database", "the database file or its directory is read-only"),
+    ("read-only file system", "the file system is read-only"),
+    ("in a read-only transaction", "the database is read-only"),  # PostgreSQL: "cannot execute INSERT in a ..."
+    ("disk i/o error", "the disk failed a read or write"),  # a full disk, as SQLite grows its -shm or -wal
+    ("file name too long", "the file name is too long"),
+)
+
+
+def _chain(e: BaseException):
+    """``e``, what it wraps (SQLAlchemy's ``orig``) and what caused it, each once."""
+    seen, todo = set(), [e]
+    while todo:
+        x = todo.pop(0)
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        yield x
+        todo += [getattr(x, "orig", None), x.__cause__, x.__context__]
+
+
+def resource_error(e: BaseException, where: str) -> DatabaseError | None:
+    """``e`` as one sentence naming ``where`` when it says the storage cannot take the write (disk
+    full, quota, read-only, name too long), at any depth of its chain (Optuna's StorageInternalError
+    wraps SQLAlchemy's error, which wraps the driver's); None for anything else."""
+    for x in _chain(e):
+        why = _RESOURCE_ERRNOS.get(x.errno) if isinstance(x, OSError) else None
+        if why is None:
+            text = str(x).lower()
+            why = next((w for t, w in _RESOURCE_TEXTS if t in text), None)
+        if why is not None and why.startswith("the disk failed"):  # an I/O error is ours only on a full disk
+            why = "the disk is full" if _full(where) else None
+        if why is not None:
+            shown = redact_url(where)
+            if isinstance(x, OSError) and x.filename and why == "the file name is too long":
+                shown = quote(x.filename)
+            said = (x.strerror if isinstance(x, OSError) else None) or str(x)
+            said = redact_url(" ".join(said.split()))[:120]
+            return DatabaseError(
+                f"cannot write {shown}: {why} ({said}); everything recorded before this stays in the database "
+                "(make room or fix it, then run the command again: a search resumes)"
+            )
+    return None
+
+
+def _full(url: str) -> bool:
+    """Whether the file system of a sqlite:/// URL's file has no space left (SQLite reports a full disk
+    while it grows its -shm or -wal file as a plain "disk I/O error")."""
+    try:
+        u = make_url(url)
+        if u.get_backend_name() != "sqlite" or not u.database:
+            return False
+        st = os.statvfs(os.path.dirname(os.path.abspath(u.database)))
+    except (ArgumentError, OSError, ValueError):
+        return False
+    return st.f_bavail * st.f_frsize < 64 * 1024
+
+
+def file_identity(path: str | os.PathLike) -> tuple[int, int] | None:
+    """(device, inode) of the file at ``path``; None when nothing is there."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return st.st_dev, st.st_ino
 
 
 def redact_url(url: str) -> str:
@@ -85,42 +167,57 @@ def _check_url(url: str, create: bool) -> None:
         u = make_url(url)
     except ArgumentError:
         raise DatabaseError(
-            f"{shown!r} is not a database URL; use e.g. sqlite:///tuner.db or postgresql+psycopg://host/db"
+            f"{quote(shown)} is not a database URL; use e.g. sqlite:///tuner.db or postgresql+psycopg://host/db"
         ) from None
     if u.get_backend_name() not in SCHEMES:
         raise DatabaseError(
-            f"unsupported database URL scheme {u.drivername!r} in {shown!r}; allowed: sqlite, postgresql"
+            f"unsupported database URL scheme {u.drivername!r} in {quote(shown)}; allowed: sqlite, postgresql"
         )
     if u.get_backend_name() == "sqlite":
         if not u.database or u.database == ":memory:" or u.database.startswith("file:"):
             raise DatabaseError(
-                f"{shown!r} names no file path; use sqlite:///PATH (an in-memory database would lose every result)"
+                f"{quote(shown)} names no file path; use sqlite:///PATH (an in-memory database would lose every result)"
             )
         path = Path(u.database)
-        if path.is_dir():
-            raise DatabaseError(f"{path} is a directory, not a database file")
-        if path.exists():
-            try:
-                with open(path, "rb") as f:
-                    head = f.read(16)
-            except OSError as e:
-                raise DatabaseError(f"cannot read {path}: {e.strerror}") from None
-            if path.stat().st_size and head != b"SQLite format 3\x00":
-                raise DatabaseError(f"{path} is not a SQLite database")
-            parent = path.parent if str(path.parent) else Path(".")
-            if create and not (os.access(path, os.W_OK) and os.access(parent, os.W_OK)):
-                raise DatabaseError(
-                    f"cannot write {path}: it or its directory is read-only (SQLite writes its -wal and -shm "
-                    "files there); the query commands can still read it"
-                )
-        elif not create:
-            raise DatabaseError(f"no database at {path}; run `tuner search` first")
-        else:
-            parent = path.parent if str(path.parent) else Path(".")
-            if not parent.is_dir():
-                raise DatabaseError(f"cannot create {path}: directory {parent} does not exist")
-            if not os.access(parent, os.W_OK):
-                raise DatabaseError(f"cannot create {path}: directory {parent} is not writable")
+        try:
+            _check_sqlite_path(path, create)
+        except OSError as e:  # a name too long for the file system (Errno 36), a loop of links, ...
+            raise DatabaseError(f"cannot use the database file {quote(path)}: {e.strerror}") from None
+
+
+def _shown_path(path) -> str:
+    """A path as a message shows it: whole when it is of a sane length, else cut (see :func:`quote`)."""
+    text = str(path)
+    return text if len(text) <= QUOTE_MAX else quote(text)
+
+
+def _check_sqlite_path(path: Path, create: bool) -> None:
+    """The file checks of a sqlite:/// URL; OSError from the file system passes through."""
+    shown = _shown_path(path)
+    if path.is_dir():
+        raise DatabaseError(f"{shown} is a directory, not a database file")
+    if path.exists():
+        try:
+            with open(path, "rb") as f:
+                head = f.read(16)
+        except OSError as e:
+            raise DatabaseError(f"cannot read {shown}: {e.strerror}") from None
+        if path.stat().st_size and head != b"SQLite format 3\x00":
+            raise DatabaseError(f"{shown} is not a SQLite database")
+        parent = path.parent if str(path.parent) else Path(".")
+        if create and not (os.access(path, os.W_OK) and os.access(parent, os.W_OK)):
+            raise DatabaseError(
+                f"cannot write {shown}: it or its directory is read-only (SQLite writes its -wal and -shm "
+                "files there); the query commands can still read it"
+            )
+    elif not create:
+        raise DatabaseError(f"no database at {shown}; run `tuner search` first")
+    else:
+        parent = path.parent if str(path.parent) else Path(".")
+        if not parent.is_dir():
+            raise DatabaseError(f"cannot create {shown}: directory {_shown_path(parent)} does not exist")
+        if not os.access(parent, os.W_OK):
+            raise DatabaseError(f"cannot create {shown}: directory {_shown_path(parent)} is not writable")
 
 
 def _missing_driver(url: str, e: Exception) -> DatabaseError:
@@ -201,7 +298,31 @@ class Store:
         except (ModuleNotFoundError, NoSuchModuleError) as e:
             raise _missing_driver(self.url, e) from None
         except SQLAlchemyError as e:
-            raise DatabaseError(f"cannot open {self.shown_url}: {self._short(e)}") from None
+            raise resource_error(e, self.url) or DatabaseError(
+                f"cannot open {self.shown_url}: {self._short(e)}"
+            ) from None
+        # the file this handle opened: verify() notices when the path no longer leads to it
+        self.path = os.path.abspath(u.database) if u.get_backend_name() == "sqlite" else None
+        self.identity = file_identity(self.path) if self.path else None
+
+    def verify(self) -> None:
+        """Raise :class:`DatabaseGoneError` (a :class:`DatabaseError`) when the SQLite file at this store's
+        path is no longer the file it opened (deleted, moved away or replaced): what was written since
+        went to a file nobody can open, so no command may report results "in" the path. Also checked
+        before every commit of a writing store (:meth:`session`). A no-op for PostgreSQL."""
+        if self.path is None:
+            return
+        try:
+            now = file_identity(self.path)
+        except OSError as e:
+            raise DatabaseError(f"cannot check {self.shown_url}: {e.strerror}") from None
+        if now == self.identity:
+            return
+        what = "was deleted or moved away" if now is None else "was replaced by another file"
+        raise DatabaseGoneError(
+            f"{_shown_path(self.path)} {what} while this command ran, so what it wrote after that is in no file "
+            "at that path; stopped (put the database back and run again: a search measures what is missing)"
+        )
 
     @property
     def shown_url(self) -> str:
@@ -311,10 +432,14 @@ class Store:
         session = self._sessions()
         try:
             yield session
+            if not self.readonly:
+                self.verify()  # never commit to a file that is no longer the database's path
             session.commit()
         except SQLAlchemyError as e:
             session.rollback()
-            raise DatabaseError(f"database error on {self.shown_url}: {self._short(e)}") from None
+            raise resource_error(e, self.url) or DatabaseError(
+                f"database error on {self.shown_url}: {self._short(e)}"
+            ) from None
         except BaseException:
             session.rollback()
             raise

@@ -3,8 +3,8 @@
 File roles (fla style): ``decode.py`` kernels + launcher + public function + ``compile_spec``;
 ``reference.py`` the pure-torch ground truth with the same signature; ``kv_format.py`` byte layouts;
 ``config.py`` the declaration of the tunable parameters; ``table.py`` the exported autotune table;
-``workload.py`` realistic random batches; ``bench.py`` the GPU benchmark; ``_interpreter.py`` a speed-up
-of Triton's interpreter, installed under ``TRITON_INTERPRET=1``.
+``workload.py`` realistic random batches; ``bench.py`` the GPU benchmark; ``_interpreter.py`` two patches
+of Triton's interpreter (bool masks, speed), installed under ``TRITON_INTERPRET=1``.
 """
 
 import importlib
@@ -33,9 +33,10 @@ __all__ = [
 ]
 
 
-if os.environ.get("TRITON_INTERPRET", "0") == "1":  # the interpreter's per-call overhead (kernels/_interpreter.py)
+if os.environ.get("TRITON_INTERPRET", "0") == "1":  # the interpreter's masks and per-call overhead (_interpreter.py)
     from kernels import _interpreter
 
+    _interpreter.install_bool_masks()
     _interpreter.install()
 
 

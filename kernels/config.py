@@ -36,18 +36,36 @@ def _is_pow2(x) -> bool:
     return _is_int(x) and x > 0 and (x & (x - 1)) == 0
 
 
+def _quote(value, limit: int = 200) -> str:
+    """``repr(value)`` cut to about ``limit`` characters (a message never echoes a huge input whole)."""
+    if isinstance(value, int) and value.bit_length() > 600:  # repr would be long, or refused past 4300 digits
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
 @dataclass(frozen=True)
 class Param:
-    """One tunable: its name, the letter that prefixes it in a config key, default, role and rule."""
+    """One tunable: its name, the letter that prefixes it in a config key, default, role, bounds and rule.
+
+    Every value is an integer in ``low..high`` (both inclusive) that also passes ``check``; ``rule`` says
+    so in words. The bounds hold wherever a config enters (spaces, tables, ``--first``, the database):
+    :class:`KernelConfig` refuses anything else, so no value can overflow the kernel's int32 arithmetic.
+    """
 
     name: str
     short: str
     default: int
     role: Role
+    low: int
+    high: int
     rule: str  # what is allowed, for messages
-    valid: Callable[[object], bool]
+    check: Callable[[int], bool]  # beyond the bounds (a power of two, a set of values)
     doc: str
     always_in_key: bool = True  # False: printed only when it differs from the default
+
+    def valid(self, v) -> bool:
+        return _is_int(v) and self.low <= v <= self.high and self.check(v)
 
     @property
     def compiled(self) -> bool:
@@ -55,23 +73,36 @@ class Param:
         return self.role is not Role.LAUNCH
 
 
+def _any(v) -> bool:
+    return True
+
+
+# Triton's largest block holds 2**20 elements (TRITON_MAX_TENSOR_NUMEL); a tile is [BLOCK_T, 512].
+MAX_BLOCK_T = 2**20 // 512
+# Far beyond any GPU's resident CTAs, and the split count is clamped to the tiles anyway; an int32 grid.
+MAX_TARGET_CTAS = 2**20
+
 PARAMS: tuple[Param, ...] = (
     Param(
         "BLOCK_T",
         "T",
         16,
         Role.META,
-        "a power of two >= 16",
-        lambda v: _is_pow2(v) and v >= 16,
-        "tokens per tile (tl.dot needs at least 16)",
+        16,
+        MAX_BLOCK_T,
+        f"a power of two >= 16, at most {MAX_BLOCK_T}",
+        _is_pow2,
+        "tokens per tile (tl.dot needs at least 16; Triton's largest block bounds it above)",
     ),
     Param(
         "num_warps",
         "w",
         4,
         Role.OPTION,
+        1,
+        32,
         "a power of two in 1..32",
-        lambda v: _is_pow2(v) and v <= 32,
+        _is_pow2,
         "warps per program (Triton launch option)",
     ),
     Param(
@@ -79,8 +110,10 @@ PARAMS: tuple[Param, ...] = (
         "s",
         2,
         Role.OPTION,
+        1,
+        8,
         "an integer in 1..8",
-        lambda v: _is_int(v) and 1 <= v <= 8,
+        _any,
         "software-pipelining depth of the tile loop",
     ),
     Param(
@@ -88,8 +121,10 @@ PARAMS: tuple[Param, ...] = (
         "c",
         256,
         Role.LAUNCH,
-        "a positive integer",
-        lambda v: _is_int(v) and v > 0,
+        1,
+        MAX_TARGET_CTAS,
+        f"a positive integer, at most {MAX_TARGET_CTAS}",
+        _any,
         "the grid the split count aims for: "
         "num_splits = clamp(ceil(TARGET_CTAS / (B * head_blocks)), 1, ceil(topk / BLOCK_T))",
     ),
@@ -98,8 +133,10 @@ PARAMS: tuple[Param, ...] = (
         "r",
         0,
         Role.OPTION,
+        0,
+        255,
         "0 (no cap) or an integer in 16..255",
-        lambda v: _is_int(v) and (v == 0 or 16 <= v <= 255),
+        lambda v: v == 0 or v >= 16,
         "register cap per thread of the split kernel (Triton's maxnreg); 0 lets ptxas take up to 255",
         always_in_key=False,
     ),
@@ -108,8 +145,10 @@ PARAMS: tuple[Param, ...] = (
         "p",
         0,
         Role.META,
+        0,
+        3,
         "0, 1, 2 or 3",
-        lambda v: _is_int(v) and v in (0, 1, 2, 3),
+        _any,
         "1: the tile loop loads tile i+1's indices and KV bytes into registers before tile i's math "
         "(Triton's pipeliner then leaves the loop alone, so num_stages changes nothing); "
         "2: only tile i+1's indices (one register per token); 3: as 1, and tile i+2's indices too, "
@@ -121,8 +160,10 @@ PARAMS: tuple[Param, ...] = (
         "b",
         0,
         Role.META,
+        0,
+        1,
         "0 or 1",
-        lambda v: _is_int(v) and v in (0, 1),
+        _any,
         "1: the batch's tiles, row after row, are dealt to ceil(TARGET_CTAS / head_blocks) programs in equal "
         "contiguous runs that may cross rows (no partial wave of whole rows' splits); 0: every row is split "
         "alike. A target of no more programs than rows runs the 0 kernel",
@@ -142,7 +183,7 @@ class _ConfigMethods:
         for p in PARAMS:
             v = getattr(self, p.name)
             if not p.valid(v):
-                raise ValueError(f"{p.name} must be {p.rule}, got {v!r}")
+                raise ValueError(f"{p.name} must be {p.rule}, got {_quote(v)}")
 
     def as_dict(self) -> dict[str, int]:
         return {p.name: getattr(self, p.name) for p in PARAMS}
@@ -178,12 +219,14 @@ class _ConfigMethods:
         values: dict[str, int] = {}
         for token in str(text).split("-"):
             p = BY_SHORT.get(token[:1])
-            if p is None or not token[1:].isdigit() or p.name in values:
-                raise ValueError(f"config {text!r} is not of the form {KEY_EXAMPLE}")
+            if p is None or not token[1:].isascii() or not token[1:].isdigit() or p.name in values:
+                raise ValueError(f"config {_quote(text)} is not of the form {KEY_EXAMPLE}")
+            if len(token) > 12:  # no bound has more digits; int() of a long string is slow or refused
+                raise ValueError(f"config {_quote(text)}: {p.name} must be {p.rule}, got {token[1:13]}...")
             values[p.name] = int(token[1:])
         missing = [p.name for p in PARAMS if p.always_in_key and p.name not in values]
         if missing:
-            raise ValueError(f"config {text!r} is not of the form {KEY_EXAMPLE} (no {missing[0]})")
+            raise ValueError(f"config {_quote(text)} is not of the form {KEY_EXAMPLE} (no {missing[0]})")
         return cls(**values)
 
     def compile_key(self) -> tuple[tuple[str, int], ...]:
@@ -200,10 +243,6 @@ class _ConfigMethods:
         if not out.get("maxnreg"):
             out.pop("maxnreg", None)
         return out
-
-    def launch(self) -> dict[str, int]:
-        """Host-side parameters: they shape the grid, not the code."""
-        return {p.name: getattr(self, p.name) for p in PARAMS if p.role is Role.LAUNCH}
 
     def triton_config_kwargs(self) -> dict:
         """Keyword arguments of ``triton.Config``: ``kwargs`` (meta-parameters) plus its options."""

@@ -73,6 +73,7 @@ from triton.language.extra.cuda import gdc_launch_dependents
 from triton.language.extra.cuda import gdc_wait
 
 from kernels.config import DEFAULT_CONFIG
+from kernels.config import MAX_TARGET_CTAS
 from kernels.config import KernelConfig
 from kernels.config import block_h_for
 from kernels.config import split_grid
@@ -110,7 +111,7 @@ COMBINE_UNROLL_MAX_ROWS = 1024
 # saved 0.3-2.5 us on V4 from C=24 up and 1.4-4.4 us on V3.2 from C=4 up, and cost up to 1.4 us with fewer
 # programs than SMs.
 
-# Called as fn(kernel_name, config, grid) before every launch; the tuner counts launches with it.
+# Called as fn(kernel_name, config, grid) before every launch; the tests count and inspect launches with it.
 LAUNCH_LISTENERS: list[Callable[[str, KernelConfig, tuple], None]] = []
 
 
@@ -1061,12 +1062,14 @@ def compile_spec(
         raise RuntimeError("compile_spec needs a process started without TRITON_INTERPRET")
     cc = int(str(arch).removeprefix("sm_"))
     fmt = get_format(workload.kv_format)
-    most = config.replace(TARGET_CTAS=2**30)  # the most splits
+    most = config.replace(TARGET_CTAS=MAX_TARGET_CTAS)  # the most splits
     if batch:
         cases = [(batch, config)]
     else:  # one split; the combine at one row, of 16 splits (rows of 512) and of the most (the tile from 32
         # splits), and at enough rows to merge one split at a time
-        cases = [(1, config.replace(TARGET_CTAS=n)) for n in (1, 16, 2**30)] + [(_rows_past_tile(workload), most)]
+        cases = [(1, config.replace(TARGET_CTAS=n)) for n in (1, 16, MAX_TARGET_CTAS)] + [
+            (_rows_past_tile(workload), most)
+        ]
     specs: dict[tuple, CompileSpec] = {}
     for b, cfg in cases:
         q = torch.empty(b, q_tokens, workload.heads, fmt.d_qk, dtype=torch.bfloat16, device="meta")

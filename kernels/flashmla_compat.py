@@ -1,20 +1,29 @@
-"""FlashMLA's sparse-decode entry points, with its names, argument order, shapes and return layout.
+"""FlashMLA's sparse-decode entry points, with its names, exact signatures, assertions, shapes and return layout.
 
 An engine that calls FlashMLA for sparse FP8 decode switches by changing one import::
 
     import kernels.flashmla_compat as flash_mla
 
-    meta = flash_mla.get_mla_metadata()[0]
-    out, lse = flash_mla.flash_mla_with_kvcache(q, k_cache, None, None, 512, meta, softmax_scale=s,
+    sched_meta, _ = flash_mla.get_mla_metadata()
+    out, lse = flash_mla.flash_mla_with_kvcache(q, k_cache, None, None, 512, sched_meta, softmax_scale=s,
                                                 is_fp8_kvcache=True, indices=idx)
 
-Every call runs :func:`kernels.sparse_mla_decode` (config from the exported autotune table). The KV
-format comes from ``k_cache``'s bytes per token: 584 is FlashMLA's "V4"/MODEL1 layout (our
-``fp8_model1``), 656 its "V32" layout (``fp8_v32``). What FlashMLA ignores in sparse decode
-(``block_table``, ``cache_seqlens``, ``num_splits``, the scheduler metadata, ``use_legacy``) is
-accepted and ignored here too. What this kernel cannot do (dense decode, ``causal=True``, a bf16
-cache, ``head_dim_v`` other than 512, pages with a stride other than ``page_block_size *
-bytes_per_token``) raises one :class:`ValueError` sentence.
+``FlashMLASchedMeta``, ``get_mla_metadata`` and ``flash_mla_with_kvcache`` have FlashMLA's names and
+signatures, parameter for parameter (``tests/fixtures/flashmla_interface.json``, taken from FlashMLA's
+``flash_mla/flash_mla_interface.py``, is compared in a test). So are FlashMLA's assertions, raised as
+:class:`FlashMLAAssertionError` (an ``AssertionError``, as FlashMLA's ``assert`` gives, and a
+``ValueError``, as this project's bad input gives): ``num_splits`` must be ``None``, sparse decode needs
+``is_fp8_kvcache=True`` and ``causal=False``, and a scheduler object records the call it was first used
+with (b, s_q, h_q, page size, h_k, causal, is_fp8_kvcache, topk, the extra cache's page size and topk) and
+checks every later call against it.
+
+Every call runs :func:`kernels.sparse_mla_decode` (config from the exported autotune table). The KV format,
+this kernel's one extension, is not an argument: it comes from ``k_cache``'s bytes per token (584 is
+FlashMLA's "V4"/MODEL1 layout, our ``fp8_model1``; 656 its "V32" layout, ``fp8_v32``), and
+:func:`kv_format_of` tells which. What FlashMLA ignores in sparse decode (``block_table``,
+``cache_seqlens``) is ignored here too. What this kernel cannot do (dense decode, a bf16 cache,
+``head_dim_v`` other than 512, pages with a stride other than ``page_block_size * bytes_per_token``)
+raises one :class:`ValueError` sentence.
 
 Semantics match FlashMLA's, with one widening: FlashMLA treats only ``-1`` as invalid and does not
 bounds-check, while here every negative index and every index past the cache is masked.
@@ -22,7 +31,7 @@ bounds-check, while here every negative index and every index past the cache is 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 
 import torch
 
@@ -31,25 +40,66 @@ from kernels.kv_format import FORMATS
 
 FORMAT_BY_BYTES = {fmt.bytes_per_token: name for name, fmt in FORMATS.items()}  # 584 -> fp8_model1, 656 -> fp8_v32
 FLASHMLA_NAMES = {"fp8_model1": "V4", "fp8_v32": "V32"}
-_HINTS = {"V4": "fp8_model1", "MODEL1": "fp8_model1", "V32": "fp8_v32", **{n: n for n in FORMATS}}
 _BYTE_DTYPES = (torch.uint8, torch.int8, torch.float8_e4m3fn)
+_HELP = (
+    " Your input arguments are inconsistent with sched_meta. Please make sure the input arguments are consistent"
+    " across different invocations of flash_mla_with_kvcache on the same sched_meta."
+)
 
 
-@dataclass
-class SchedMeta:
-    """Stands for FlashMLA's ``FlashMLASchedMeta``: opaque, reusable across calls of one shape.
+class FlashMLAAssertionError(AssertionError, ValueError):
+    """One of FlashMLA's own assertions failed (FlashMLA raises ``AssertionError`` there)."""
 
-    This kernel needs no scheduler pass (its split count is computed from shapes on the host), so the
-    object carries nothing; it exists so that engine code written for FlashMLA runs unchanged.
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:  # not an ``assert`` statement: python -O must not drop FlashMLA's checks
+        raise FlashMLAAssertionError(message)
+
+
+@dataclasses.dataclass
+class FlashMLASchedMeta:
+    """FlashMLA's scheduler metadata: empty until the first call, which records the call's shape in
+    :attr:`config`; every later call with this object must match it.
+
+    This kernel needs no scheduler pass (its split count is computed from shapes on the host), so
+    ``tile_scheduler_metadata`` and ``num_splits`` stay ``None``.
     """
 
+    @dataclasses.dataclass
+    class Config:
+        b: int
+        s_q: int
+        h_q: int
+        page_block_size: int
+        h_k: int
 
-def get_mla_metadata(*args, **kwargs) -> tuple[SchedMeta, None]:
+        causal: bool
+        is_fp8_kvcache: bool
+        topk: int | None
+
+        extra_page_block_size: int | None
+        extra_topk: int | None
+
+    have_initialized: bool = False
+
+    config: Config | None = None
+
+    tile_scheduler_metadata: torch.Tensor | None = None
+    num_splits: torch.Tensor | None = None
+
+
+def get_mla_metadata(*args, **kwargs) -> tuple[FlashMLASchedMeta, None]:
     """FlashMLA's ``get_mla_metadata``: any arguments (old or new API) are accepted and ignored.
 
-    Returns ``(meta, None)``; pass ``meta`` (``get_mla_metadata()[0]``) as ``tile_scheduler_metadata``.
+    Returns ``(FlashMLASchedMeta(), None)``; pass the first as ``tile_scheduler_metadata``.
     """
-    return SchedMeta(), None
+    return FlashMLASchedMeta(), None
+
+
+def kv_format_of(k_cache: torch.Tensor) -> str:
+    """The KV format a call on ``k_cache`` runs: ``fp8_model1`` (584 bytes per token, FlashMLA's V4) or
+    ``fp8_v32`` (656, V32); ValueError for any other cache."""
+    return _cache_format(k_cache, "k_cache")
 
 
 def _cache_format(cache: torch.Tensor, name: str) -> str:
@@ -77,33 +127,6 @@ def _as_pages(cache: torch.Tensor, name: str) -> torch.Tensor:
     return pages
 
 
-def _check_mode(indices, causal: bool, is_fp8_kvcache: bool | None, head_dim_v: int) -> None:
-    """The FlashMLA modes this call implements: sparse, non-causal, FP8 cache, D_v = 512."""
-    if indices is None:
-        raise ValueError("only sparse decode is supported: pass indices [B, s_q, topk] (dense decode is not)")
-    if causal:
-        raise ValueError("causal=True is not supported: sparse decode has no causal mask (FlashMLA requires False)")
-    if is_fp8_kvcache is not None and not is_fp8_kvcache:
-        raise ValueError("is_fp8_kvcache=False is not supported: the cache must use the V4 or V32 FP8 layout")
-    if head_dim_v != 512:
-        raise ValueError(f"head_dim_v must be 512, got {head_dim_v}")
-
-
-def _main_format(k_cache: torch.Tensor, kv_format: str | None) -> str:
-    """The main cache's format from its bytes per token; FlashMLA's ``kv_format`` hint must agree."""
-    fmt = _cache_format(k_cache, "k_cache")
-    if kv_format is not None:
-        hinted = _HINTS.get(kv_format)
-        if hinted is None:
-            raise ValueError(f"kv_format must be one of {sorted(_HINTS)}, got {kv_format!r}")
-        if hinted != fmt:
-            raise ValueError(
-                f"kv_format={kv_format!r} does not match k_cache's {k_cache.shape[3]} bytes per token "
-                f"({FLASHMLA_NAMES[fmt]})"
-            )
-    return fmt
-
-
 def _extra_cache(fmt: str, extra_k_cache, extra_indices, extra_topk_length) -> dict:
     """``sparse_mla_decode``'s keywords for FlashMLA's second cache (none without one)."""
     if (extra_k_cache is None) != (extra_indices is None):
@@ -127,51 +150,105 @@ def _extra_cache(fmt: str, extra_k_cache, extra_indices, extra_topk_length) -> d
     }
 
 
+def _check_sched_meta(sched_meta: FlashMLASchedMeta, config: FlashMLASchedMeta.Config) -> None:
+    """FlashMLA's check of a reused scheduler object, field by field, with its messages."""
+    seen = sched_meta.config
+    _require(seen is not None, "sched_meta.config must be set once sched_meta.have_initialized is True." + _HELP)
+    checks = [
+        ("b", "batch_size"),
+        ("s_q", "seq_len_q"),
+        ("h_q", "num_heads_q"),
+        ("page_block_size", "page_block_size"),
+        ("h_k", "num_heads_k"),
+        ("causal", "causal"),
+        ("is_fp8_kvcache", "is_fp8_kvcache"),
+        ("topk", "the last dim of indices_in_kvcache"),
+        ("extra_page_block_size", "the page_block_size of extra_k_cache"),
+        ("extra_topk", "the last dim of extra_indices_in_kvcache"),
+    ]
+    for name, what in checks:
+        _require(
+            getattr(seen, name) == getattr(config, name),
+            f"sched_meta.config.{name} must be equal to {what} (first call: {getattr(seen, name)!r}, "
+            f"this call: {getattr(config, name)!r}).{_HELP}",
+        )
+
+
 def flash_mla_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     block_table: torch.Tensor | None,
     cache_seqlens: torch.Tensor | None,
     head_dim_v: int,
-    tile_scheduler_metadata: object,
-    num_splits: object = None,
+    tile_scheduler_metadata: FlashMLASchedMeta,
+    num_splits: None = None,
     softmax_scale: float | None = None,
     causal: bool = False,
-    is_fp8_kvcache: bool | None = None,
+    is_fp8_kvcache: bool = False,
     indices: torch.Tensor | None = None,
     attn_sink: torch.Tensor | None = None,
     extra_k_cache: torch.Tensor | None = None,
     extra_indices_in_kvcache: torch.Tensor | None = None,
     topk_length: torch.Tensor | None = None,
     extra_topk_length: torch.Tensor | None = None,
-    use_legacy: bool | None = None,
-    kv_format: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashMLA's sparse FP8 decode.
 
     Args:
         q: ``[B, s_q, H, D_qk]`` bf16 (D_qk = 512 for V4, 576 for V32).
-        k_cache: ``[num_blocks, page_block_size, 1, bytes_per_token]`` uint8 (or float8_e4m3fn/int8 bytes).
-        block_table, cache_seqlens, tile_scheduler_metadata, num_splits, use_legacy: ignored, as FlashMLA
-            ignores them for sparse decode (indices already hold flat token positions).
+        k_cache: ``[num_blocks, page_block_size, 1, bytes_per_token]`` uint8 (or float8_e4m3fn/int8 bytes);
+            584 bytes per token is V4, 656 is V32.
+        block_table, cache_seqlens: ignored, as FlashMLA ignores them for sparse decode (indices already
+            hold flat token positions).
         head_dim_v: must be 512.
+        tile_scheduler_metadata: a :class:`FlashMLASchedMeta` (``get_mla_metadata()[0]``); reusable only for
+            calls of the same shapes, as FlashMLA checks.
+        num_splits: must be None.
         softmax_scale: default ``D_qk ** -0.5``.
-        causal: must be False; is_fp8_kvcache: True or None.
+        causal: must be False for sparse decode; is_fp8_kvcache: must be True for sparse decode.
         indices: ``[B, s_q, topk]`` int32, ``block * page_block_size + offset``; ``-1`` is invalid.
         attn_sink: ``[H]`` fp32; the output is scaled by ``exp(lse) / (exp(lse) + exp(sink))``.
         extra_k_cache, extra_indices_in_kvcache: a second cache (own page size, same head dim) attended
             in the same softmax.
         topk_length, extra_topk_length: ``[B]`` int32; only the leftmost entries count.
-        kv_format: FlashMLA's layout hint (``"V4"`` or ``"V32"``); must agree with ``k_cache``.
 
     Returns:
         ``out [B, s_q, H, 512]`` bf16 and ``softmax_lse [B, H, s_q]`` fp32 (natural log); a query with
         no valid index gives ``out = 0`` and ``lse = +inf``.
     """
-    _check_mode(indices, causal, is_fp8_kvcache, head_dim_v)
-    fmt = _main_format(k_cache, kv_format)
-    if q.dim() != 4:
-        raise ValueError(f"q must be [B, s_q, H, D_qk], got {list(q.shape)}")
+    sched_meta = tile_scheduler_metadata
+    _require(isinstance(sched_meta, FlashMLASchedMeta), "tile_scheduler_metadata must be of type FlashMLASchedMeta")
+    _require(num_splits is None, "num_splits must be None")
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        shape = list(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
+        raise ValueError(f"q must be [B, s_q, H, D_qk], got {shape}")
+    if not isinstance(k_cache, torch.Tensor) or k_cache.dim() != 4:
+        shape = list(k_cache.shape) if isinstance(k_cache, torch.Tensor) else type(k_cache).__name__
+        raise ValueError(f"k_cache must be [num_blocks, page_block_size, 1, bytes_per_token], got {shape}")
+    topk = indices.shape[-1] if indices is not None else None
+    extra_page = extra_k_cache.shape[1] if extra_k_cache is not None else None
+    extra_topk = extra_indices_in_kvcache.shape[-1] if extra_indices_in_kvcache is not None else None
+    config = FlashMLASchedMeta.Config(
+        q.shape[0], q.shape[1], q.shape[2], k_cache.shape[1], k_cache.shape[2],
+        causal, is_fp8_kvcache, topk, extra_page, extra_topk,
+    )  # fmt: skip
+    if not sched_meta.have_initialized:
+        if indices is not None:
+            _require(
+                not causal,
+                "causal must be False when indices_in_kvcache is not None (i.e. sparse attention is enabled)",
+            )
+        sched_meta.have_initialized = True
+        sched_meta.config = config
+    else:
+        _check_sched_meta(sched_meta, config)
+    if topk is None:
+        raise ValueError("only sparse decode is supported: pass indices [B, s_q, topk] (dense decode is not)")
+    _require(not causal, "causal must be False when sparse attention is enabled")
+    _require(bool(is_fp8_kvcache), "is_fp8_kvcache must be True when sparse attention is enabled")
+    if head_dim_v != 512:
+        raise ValueError(f"head_dim_v must be 512, got {head_dim_v}")
+    fmt = _cache_format(k_cache, "k_cache")
     extra = _extra_cache(fmt, extra_k_cache, extra_indices_in_kvcache, extra_topk_length)
     return sparse_mla_decode(
         q,

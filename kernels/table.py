@@ -7,31 +7,44 @@ One file per device and workload, in the layout serving engines use for their tu
     {"1": {"BLOCK_T": 32, "num_warps": 4, "num_stages": 1, "TARGET_CTAS": 128}, "8": {...}, ...}
 
 Keys are batch sizes (concurrency) as strings; values hold the kernel's declared parameters
-(:data:`kernels.config.PARAMS`; ``maxnreg`` may be left out). ``heads`` is the local head count
-(after tensor parallelism); the device name is ``torch.cuda.get_device_name()`` with spaces as
-underscores. A sidecar ``<same stem>.provenance.json`` holds where each entry came from (kernel
-hash, Triton version, median and CI, verdict); it is optional.
+(:data:`kernels.config.PARAMS`; ``maxnreg`` may be left out). A ``"triton_version"`` key, which vLLM's
+tuner writes and its loader pops, is allowed and says which Triton the table was tuned with. ``heads`` is
+the local head count (after tensor parallelism). A sidecar ``<same stem>.provenance.json`` holds where
+each entry came from (kernel hash, Triton version, median and CI, verdict); it is optional.
 
-Where: the folder named by ``$SPARSE_MLA_CONFIG_DIR`` first, then the package's ``kernels/configs/``.
-The first folder that holds the file decides; a broken file there is not skipped for the next one.
+Device names (:func:`device_slug`) follow vLLM: ``torch.cuda.get_device_name()`` with spaces as
+underscores, and every H200 variant (``NVIDIA H200 NVL``, ...) as ``NVIDIA_H200``. Characters that do
+not belong in a file name become ``_``. The RTX PRO 6000 Blackwell editions (Workstation, Server,
+Max-Q Workstation) are one chip: with no table of its own, an edition uses another edition's, with a warning.
+
+Where: the folder named by ``$SPARSE_MLA_CONFIG_DIR`` first, then the package's ``kernels/configs/``. In a
+folder, as SGLang looks: ``triton_<running version>/`` (``triton_3_9_0/``), then the flat file, then the
+``triton_<version>/`` folders of older versions, newest first; a table tuned with another Triton version
+than the running one is used with a warning. The first folder that holds the file decides; a broken file
+there is not skipped for the next one. Only regular files are opened (a FIFO, device or directory where the
+table should be is reported, never read), without blocking, and at most :data:`MAX_TABLE_BYTES` are read.
+The table used is logged once at INFO (logger ``kernels.table``), as vLLM logs its tuned configs.
 
 Which entry: the nearest batch key, as vLLM does (``min(keys, key=lambda k: abs(k - B))`` over the
 file's keys, which the export writes in ascending order). A tie goes to the smaller key, as ``min``
 keeps the first: an engine reading the same file picks the same entry. (Under CUDA graphs a tie
 does not arise: the engine pads B to a captured size, and the tables have a key per captured size.)
 
-Failures never raise: a missing table, or a file that is not valid (not JSON, not a mapping of
-positive-integer strings to parameter mappings, a parameter unknown, missing or out of its rule, a
-sidecar verdict that is not ``ok``), gives :data:`kernels.config.DEFAULT_CONFIG` and one
-:class:`TableWarning` per file (or per name looked for) saying what was looked for and what is wrong.
+Failures never raise: a missing table, or a file that is not valid (not a regular file, too large, not
+JSON, not a mapping of positive-integer strings to parameter mappings, a parameter unknown, missing or
+outside its bounds, a sidecar verdict that is not ``ok``), gives :data:`kernels.config.DEFAULT_CONFIG` and
+one :class:`TableWarning` per file (or per name looked for) saying what was looked for and what is wrong.
 A file is read and validated once per modification time.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import re
+import stat
 import warnings
 from dataclasses import dataclass
 from dataclasses import field
@@ -43,28 +56,77 @@ from kernels.config import PARAMS
 from kernels.config import KernelConfig
 from kernels.config import kernel_source_hash
 
+logger = logging.getLogger(__name__)
+
 CONFIG_DIR = Path(__file__).parent / "configs"
 ENV_DIR = "SPARSE_MLA_CONFIG_DIR"
 SIDECAR_SUFFIX = ".provenance.json"
+VERSION_KEY = "triton_version"  # vLLM's key in a tuned table (its loader pops it)
+MAX_TABLE_BYTES = 1 << 20  # a table of every batch size is a few kB; its sidecar some tens
 # A sidecar entry must carry one of these trial verdicts (db.verdicts.Verdict.OK: passed the
 # correctness gate and was timed); kernels/ does not import db/, so the word is spelled here.
 ACCEPTED_VERDICTS = frozenset({"ok"})
 REQUIRED = tuple(p.name for p in PARAMS if p.always_in_key)  # as KernelConfig.parse requires them
 _BATCH_KEY = re.compile(r"[1-9][0-9]{0,8}")
+_VERSION_FOLDER = re.compile(r"triton_([0-9]+(?:_[0-9]+)*)")
+
+H200 = "NVIDIA_H200"
+# One chip (GB202) sold in editions with other clocks and power limits; SGLang ships tables under each name.
+RTX_PRO_6000_BLACKWELL = (
+    "NVIDIA_RTX_PRO_6000_Blackwell_Workstation_Edition",
+    "NVIDIA_RTX_PRO_6000_Blackwell_Server_Edition",
+    "NVIDIA_RTX_PRO_6000_Blackwell_Max-Q_Workstation_Edition",
+)
+FAMILIES = (RTX_PRO_6000_BLACKWELL,)
+MAX_SLUG = 120  # a table name stays well inside a file name's 255 bytes
 
 
 class TableWarning(UserWarning):
     """The autotune table could not be used (or is stale); the kernel still runs."""
 
 
+def raw_slug(device_name: str) -> str:
+    """``torch.cuda.get_device_name()`` as SGLang names its tables: spaces as underscores. Anything that does
+    not belong in a file name (path separators, control characters, NUL, quotes, non-ASCII) also becomes ``_``,
+    and a name longer than :data:`MAX_SLUG` is cut, with a hash of the whole name, so that any stored name gives a
+    valid, distinct file name inside its folder."""
+    name = str(device_name)
+    slug = re.sub(r"[^0-9A-Za-z_.+()\-]", "_", name.replace(" ", "_"))
+    if slug.strip("._") == "":
+        slug = "unnamed_" + slug
+    if len(slug) > MAX_SLUG:
+        digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+        slug = slug[: MAX_SLUG - 13] + "-" + digest
+    return slug
+
+
 def device_slug(device_name: str) -> str:
-    """The device part of a table name: spaces (and path separators) as underscores."""
-    return re.sub(r"[\s/\\]", "_", device_name)
+    """The device part of a table name, as vLLM writes it: :func:`raw_slug`, and every H200 variant
+    (``NVIDIA H200 NVL``, ``NVIDIA H200 141GB HBM3e``) as ``NVIDIA_H200``."""
+    slug = raw_slug(device_name)
+    return H200 if "H200" in slug.split("_") else slug
 
 
-def table_name(device_name: str, kv_format: str, heads: int, topk: int) -> str:
+def family_of(slug: str) -> tuple[str, ...]:
+    """The other names of the same chip (empty for most devices)."""
+    for family in FAMILIES:
+        if slug in family:
+            return tuple(n for n in family if n != slug)
+    return ()
+
+
+def table_name(device_name: str, kv_format: str, heads: int, topk: int, *, slug: str | None = None) -> str:
     """File name of the table for a device and workload (``heads`` = local heads)."""
-    return f"kv_format={kv_format},heads={heads},topk={topk},device_name={device_slug(device_name)}.json"
+    return f"kv_format={kv_format},heads={heads},topk={topk},device_name={slug or device_slug(device_name)}.json"
+
+
+def triton_folder(version: str) -> str:
+    """SGLang's folder for a Triton version: ``3.6.0`` -> ``triton_3_6_0``."""
+    return "triton_" + re.sub(r"[^0-9A-Za-z]+", "_", str(version)).strip("_")
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"[0-9]+", str(text))[:3])
 
 
 def sidecar_path(table_path: Path) -> Path:
@@ -85,6 +147,12 @@ def search_dirs(config_dir: Path | None = None) -> list[Path]:
     return ([Path(user)] if user else []) + [CONFIG_DIR]
 
 
+def running_triton() -> str:
+    import triton  # the kernel's caller has it loaded; reading a table alone should not need it
+
+    return triton.__version__
+
+
 @dataclass(frozen=True)
 class Table:
     """A validated table: its configs by batch, or why it cannot be used."""
@@ -92,17 +160,67 @@ class Table:
     configs: dict[int, KernelConfig] = field(default_factory=dict)
     problem: str | None = None  # set: the whole file is rejected
     notes: tuple[str, ...] = ()  # entries dropped, stale kernel: worth a warning, not a rejection
+    triton: str | None = None  # the Triton version it was tuned with (table key or sidecar), when known
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """Where a table may lie, and what using it means."""
+
+    path: Path
+    slug: str  # the device name it was tuned on
+    folder_version: str | None  # the triton_<version> folder it lies in; None: the flat layout
+
+
+def candidates(
+    folder: Path, device_name: str, kv_format: str, heads: int, topk: int, triton_version: str
+) -> list[Candidate]:
+    """Every place in ``folder`` a table for this device and workload may lie, in the order they are tried:
+    per device name (this device's, then its family's), ``triton_<running>/``, the flat file, then the
+    folders of older Triton versions, newest first."""
+    slugs = [device_slug(device_name)]
+    if raw_slug(device_name) not in slugs:
+        slugs.append(raw_slug(device_name))  # SGLang's name, without vLLM's H200 rule
+    for slug in list(slugs):
+        slugs += [n for n in family_of(slug) if n not in slugs]
+    current = version_tuple(triton_version)
+    older = []
+    try:
+        with os.scandir(folder) as it:
+            for entry in it:
+                m = _VERSION_FOLDER.fullmatch(entry.name)
+                if m and entry.name != triton_folder(triton_version):
+                    version = tuple(int(x) for x in m.group(1).split("_"))
+                    if version < current:
+                        older.append((version, entry.name))
+    except (OSError, ValueError):  # no such folder, not a folder, a NUL in its name: nothing there
+        pass
+    older.sort(reverse=True)
+    out = []
+    for slug in slugs:
+        name = table_name(device_name, kv_format, heads, topk, slug=slug)
+        out.append(Candidate(folder / triton_folder(triton_version) / name, slug, triton_version))
+        out.append(Candidate(folder / name, slug, None))
+        out += [Candidate(folder / sub / name, slug, ".".join(map(str, v))) for v, sub in older]
+    return out
 
 
 def lookup_config(
-    device_name: str, kv_format: str, heads: int, topk: int, batch: int, config_dir: Path | None = None
+    device_name: str,
+    kv_format: str,
+    heads: int,
+    topk: int,
+    batch: int,
+    config_dir: Path | None = None,
+    triton_version: str | None = None,
 ) -> KernelConfig:
     """The exported config for this device and workload at batch ``batch``, else :data:`DEFAULT_CONFIG`.
 
-    Never raises: every failure is a :class:`TableWarning` (once per file or name) and the default.
+    ``triton_version``: the running Triton's by default. Never raises: every failure is a
+    :class:`TableWarning` (once per file or name) and the default.
     """
     try:
-        return _lookup(device_name, kv_format, heads, topk, batch, config_dir)
+        return _lookup(device_name, kv_format, heads, topk, batch, config_dir, triton_version or running_triton())
     except Exception as e:  # the decode call must not fail because of a table
         _warn_once(("error", device_name, kv_format, heads, topk), f"autotune table lookup failed ({e!r}); {_FALLBACK}")
         return DEFAULT_CONFIG
@@ -111,14 +229,30 @@ def lookup_config(
 _FALLBACK = f"using the default config {DEFAULT_CONFIG} (performance may be sub-optimal)"
 
 
-def _lookup(device_name, kv_format, heads, topk, batch, config_dir) -> KernelConfig:
-    name = table_name(device_name, kv_format, heads, topk)
+def _exists(path: Path) -> bool:
+    """Whether anything is there (a FIFO or a directory counts: it is reported, not skipped); never opens it."""
+    try:
+        os.stat(path)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _lookup(device_name, kv_format, heads, topk, batch, config_dir, triton_version) -> KernelConfig:
     dirs = search_dirs(config_dir)
-    path = next((d / name for d in dirs if (d / name).exists()), None)
-    if path is None:
-        where = " or ".join(str(d) for d in dirs)
-        _warn_once(("missing", name, tuple(dirs)), f"no autotune table {name} in {where}; {_FALLBACK}")
+    found = None
+    for d in dirs:
+        found = next(
+            (c for c in candidates(d, device_name, kv_format, heads, topk, triton_version) if _exists(c.path)), None
+        )
+        if found is not None:
+            break
+    if found is None:
+        name = table_name(device_name, kv_format, heads, topk)
+        where = " or ".join(f"{d} (and its {triton_folder(triton_version)}/)" for d in dirs)
+        _warn_once(("missing", name, tuple(dirs), triton_version), f"no autotune table {name} in {where}; {_FALLBACK}")
         return DEFAULT_CONFIG
+    path = found.path
     stamp = _stamp(path)
     table = load_table(str(path), stamp, _stamp(sidecar_path(path)))
     for note in table.notes:
@@ -126,13 +260,30 @@ def _lookup(device_name, kv_format, heads, topk, batch, config_dir) -> KernelCon
     if table.problem:
         _warn_once(("bad", str(path), stamp), f"autotune table {path} is not usable: {table.problem}; {_FALLBACK}")
         return DEFAULT_CONFIG
+    own = device_slug(device_name)
+    if found.slug not in (own, raw_slug(device_name)):
+        _warn_once(
+            ("family", str(path), own),
+            f"autotune table {path} was tuned on {found.slug}, this GPU is {own}: the same chip in another edition "
+            "(other clocks and power limit); using it (re-tune on this GPU for its own best configs)",
+        )
+    tuned = found.folder_version or table.triton
+    if tuned and version_tuple(tuned) != version_tuple(triton_version):
+        _warn_once(
+            ("version", str(path), triton_version),
+            f"no autotune table for Triton {triton_version} ({triton_folder(triton_version)}/); using {path}, tuned "
+            f"with Triton {tuned} (performance may be sub-optimal: re-tune with this Triton)",
+        )
+    if ("used", str(path), stamp) not in _logged:
+        _logged.add(("used", str(path), stamp))
+        logger.info("sparse-MLA decode: using the autotune table %s", path)
     return table.configs[nearest_key(table.configs, batch)]
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:
     try:
-        st = path.stat()
-    except OSError:
+        st = os.stat(path)
+    except (OSError, ValueError):
         return None
     return (st.st_mtime_ns, st.st_size)
 
@@ -141,26 +292,76 @@ def _stamp(path: Path) -> tuple[int, int] | None:
 def load_table(path: str, stamp, sidecar_stamp) -> Table:
     """Read and validate a table file (and its sidecar when present); cached per modification time."""
     try:
-        configs = parse_table(_read_json(Path(path)))
+        doc = _read_json(Path(path))
+        version = None
+        if isinstance(doc, dict) and VERSION_KEY in doc:
+            doc = dict(doc)
+            version = doc.pop(VERSION_KEY)
+            if not isinstance(version, str):
+                raise ValueError(f"{VERSION_KEY!r} must be a version string, got {_kind(version)}")
+        configs = parse_table(doc)
     except ValueError as e:
         return Table(problem=str(e))
     if sidecar_stamp is None:
-        return Table(configs)
+        return Table(configs, triton=version)
     side = sidecar_path(Path(path))
     try:
-        accepted, notes = _check_sidecar(_read_json(side), configs)
+        side_doc = _read_json(side)
+        accepted, notes = _check_sidecar(side_doc, configs)
     except ValueError as e:
         return Table(problem=f"its provenance file {side.name}: {e}")
     if not accepted:
         return Table(problem=f"no entry has an accepted verdict ({sorted(ACCEPTED_VERDICTS)}) in {side.name}")
-    return Table(accepted, notes=tuple(notes))
+    tuned = side_doc.get("triton")
+    return Table(accepted, notes=tuple(notes), triton=version or (tuned if isinstance(tuned, str) else None))
+
+
+def read_regular(path: Path, limit: int = MAX_TABLE_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes; ValueError saying what is wrong otherwise.
+
+    Never blocks: anything but a regular file (a FIFO, a socket, a device, a directory) is refused before it
+    is opened, and the file is opened non-blocking, so a FIFO swapped in meanwhile gives no wait either."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot be read ({getattr(e, 'strerror', None) or e})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"cannot be read: it is {_file_kind(st.st_mode)}, not a regular file")
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        raise ValueError(f"cannot be read ({e.strerror or e})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"cannot be read: it is {_file_kind(st.st_mode)}, not a regular file")
+        if st.st_size > limit:
+            raise ValueError(f"it is {st.st_size} bytes, more than a table's limit of {limit}")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, limit + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise ValueError(f"it is more than a table's limit of {limit} bytes")
+        return b"".join(chunks)
+    except OSError as e:
+        raise ValueError(f"cannot be read ({e.strerror or e})") from None
+    finally:
+        os.close(fd)
+
+
+def _file_kind(mode: int) -> str:
+    kinds = [(stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")]
+    kinds += [(stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")]
+    return next((word for test, word in kinds if test(mode)), "not a regular file")
 
 
 def _read_json(path: Path):
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise ValueError(f"cannot be read ({e.strerror or e})") from None
+    raw = read_regular(path)
     if not raw.strip():
         raise ValueError("the file is empty")
     try:
@@ -169,8 +370,8 @@ def _read_json(path: Path):
         raise ValueError("not UTF-8 text (a binary file?)") from None
     try:
         return json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as e:
-        raise ValueError(f"not valid JSON ({e})") from None
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, and an integer past Python's digit limit
+        raise ValueError(f"not valid JSON ({str(e)[:200]})") from None
 
 
 def parse_table(doc) -> dict[int, KernelConfig]:
@@ -182,7 +383,7 @@ def parse_table(doc) -> dict[int, KernelConfig]:
     out = {}
     for key, entry in doc.items():
         if not _BATCH_KEY.fullmatch(key):
-            raise ValueError(f"key {key!r} is not a batch size (a positive integer string)")
+            raise ValueError(f"key {_cut(key)} is not a batch size (a positive integer string)")
         if not isinstance(entry, dict):
             raise ValueError(f"entry {key!r} must be an object of parameters, got {_kind(entry)}")
         missing = [p for p in REQUIRED if p not in entry]
@@ -191,8 +392,13 @@ def parse_table(doc) -> dict[int, KernelConfig]:
         try:
             out[int(key)] = KernelConfig.from_dict(entry)
         except (TypeError, ValueError) as e:
-            raise ValueError(f"entry {key!r}: {e}") from None
+            raise ValueError(f"entry {key!r}: {str(e)[:300]}") from None
     return out
+
+
+def _cut(value, limit: int = 100) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _check_sidecar(doc, configs: dict[int, KernelConfig]) -> tuple[dict[int, KernelConfig], list[str]]:
@@ -224,6 +430,7 @@ def _kind(x) -> str:
 
 
 _warned: set[tuple] = set()
+_logged: set[tuple] = set()
 
 
 def _warn_once(key: tuple, message: str) -> None:

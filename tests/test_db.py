@@ -244,3 +244,95 @@ def test_opening_retries_while_sqlite_says_locked_without_waiting(tmp_path, monk
     with pytest.raises(DatabaseError, match="disk I/O error"):
         Store(f"sqlite:///{tmp_path / 'other.db'}")
     assert len(calls) == 1  # any other error is reported at once, as one sentence
+
+
+def test_a_summary_given_by_name_lands_in_the_columns_of_those_names(tmp_path):
+    from db import queries
+    from db import record
+    from db.models import SpaceModel
+    from db.models import StatisticModel
+    from db.models import StudyModel
+    from db.models import WorkloadModel
+    from db.models import get_or_create
+    from db.verdicts import Effect
+    from db.verdicts import Phase
+
+    store = Store(f"sqlite:///{tmp_path / 's.db'}")
+    info = dict(
+        backend="interpreter",
+        gpu_name="cpu",
+        compute_capability="-",
+        sm_count=0,
+        driver="-",
+        cuda="-",
+        torch="t",
+        triton="t",
+        host="h",
+    )
+    fields = dict(
+        n=10,
+        median_us=20.0,
+        ci_low_us=19.0,
+        ci_high_us=21.0,
+        baseline_median_us=40.0,
+        ratio=0.5,
+        ratio_ci_low=0.45,
+        ratio_ci_high=0.55,
+        noise_band=0.01,
+        effect=Effect.WIN,
+        p_value=0.001,
+    )
+    summary = record.Summary(**fields)
+    assert record.Summary(*fields.values()) == summary  # the positional order of older callers still holds
+    with store.session() as s:
+        env = queries.ensure_environment(s, info)
+        k = queries.ensure_kernel(s, "k")
+        w = get_or_create(
+            s,
+            WorkloadModel,
+            name="w",
+            kv_format="fp8_v32",
+            heads=16,
+            tp=1,
+            topk=64,
+            page_size=64,
+            context=256,
+            d_qk=576,
+            d_v=512,
+        )
+        sp = get_or_create(s, SpaceModel, name="s", text_hash="h", text="t", path="p")
+        st = get_or_create(
+            s,
+            StudyModel,
+            name="study",
+            space_id=sp.id,
+            workload_id=w.id,
+            environment_id=env.id,
+            kernel_id=k.id,
+            concurrency=1,
+            backend="interpreter",
+        )
+        t = record.add_trial(
+            s,
+            study_id=st.id,
+            workload_id=w.id,
+            environment_id=env.id,
+            kernel_id=k.id,
+            concurrency=1,
+            backend="interpreter",
+            config_key="c",
+            BLOCK_T=16,
+            num_warps=4,
+            num_stages=2,
+            TARGET_CTAS=1,
+            num_splits=1,
+            verdict="ok",
+            optuna_study="x",
+        )
+        record.add_samples(s, t.id, Phase.SCREEN, [(20.0, 40.0)] * 10, 1, 0, summary)
+    with store.session() as s:
+        row = s.execute(select(StatisticModel)).scalar_one()
+        stored = {name: getattr(row, name) for name in fields if name != "effect"}
+        assert stored == {name: v for name, v in fields.items() if name != "effect"}
+        assert row.classification == Effect.WIN
+        assert s.scalar(select(func.count()).select_from(SampleModel).where(SampleModel.trial_id == t.id)) == 10

@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import kernels.decode as decode
 from kernels import KernelConfig
@@ -225,6 +227,11 @@ def test_the_interpreter_patches_the_language_once_per_launch_and_module(monkeyp
         pytest.skip("the interpreter only")
     import triton.runtime.interpreter as interp
 
+    from kernels import _interpreter
+
+    if triton.__version__ != _interpreter.VERSION:
+        pytest.skip(f"the speed-up patches Triton {_interpreter.VERSION}'s interpreter only")
+
     assert getattr(interp.GridExecutor.__call__, "_skips_device_repatch", False)
     calls = []
     real = interp._patch_lang
@@ -238,6 +245,28 @@ def test_the_interpreter_patches_the_language_once_per_launch_and_module(monkeyp
     # per launch: the kernel's module (the launch itself) and the language's own jit functions, once each
     assert calls == ["kernels.decode", "triton.language.standard"] * 2
     assert compare(out, lse, *sparse_mla_decode_ref(*bt.args(), **bt.kwargs()))[0]
+
+
+@triton.jit  # module level: the interpreter re-reads it
+def _scalar_mask_kernel(X, Y, n, BLOCK: tl.constexpr):
+    o = tl.arange(0, BLOCK)
+    m = tl.program_id(0) < n  # a scalar comparison masking a block, as the combine's one-split mask does
+    tl.store(
+        Y + tl.program_id(0) * BLOCK + o,
+        tl.load(X + tl.program_id(0) * BLOCK + o, mask=m, other=-1.0),
+        mask=m | (o < 0),
+    )
+
+
+def test_a_scalar_comparison_masks_a_block_under_the_interpreter():
+    """Triton 3.9's interpreter rejected it (ValueError('mask has unsupported dtype'): the comparison's handle
+    is labelled int32, so the splatted mask was int32); kernels/_interpreter.py hands loads and stores bool masks."""
+    if torch.cuda.is_available():
+        pytest.skip("the interpreter only")
+    x = torch.arange(24, dtype=torch.float32)
+    y = torch.full((24,), 7.0)
+    _scalar_mask_kernel[(3,)](x, y, 2, BLOCK=8)
+    assert torch.equal(y[:16], x[:16]) and torch.equal(y[16:], torch.full((8,), 7.0))
 
 
 def test_fp8_v32_loads_words_only_in_a_loop_the_pipeliner_does_not_stage():
@@ -260,6 +289,15 @@ def test_fp8_v32_loads_words_only_in_a_loop_the_pipeliner_does_not_stage():
         ({"num_stages": 0}, "num_stages must be an integer in 1..8"),
         ({"TARGET_CTAS": 0}, "TARGET_CTAS must be a positive integer"),
         ({"TARGET_CTAS": 1.5}, "TARGET_CTAS"),
+        ({"BLOCK_T": 2**40}, "BLOCK_T must be a power of two >= 16, at most 2048, got 1099511627776"),
+        ({"BLOCK_T": 4096}, "at most 2048"),
+        ({"TARGET_CTAS": 2**20 + 1}, "TARGET_CTAS must be a positive integer, at most 1048576"),
+        ({"num_warps": 64}, "num_warps must be a power of two in 1..32"),
+        ({"num_stages": 9}, "num_stages must be an integer in 1..8"),
+        ({"maxnreg": 256}, "maxnreg must be 0 .no cap. or an integer in 16..255"),
+        ({"maxnreg": -1}, "maxnreg"),
+        ({"PREFETCH": 4}, "PREFETCH must be 0, 1, 2 or 3"),
+        ({"BLOCK_T": 2**5000}, "got an integer of 5001 bits"),
         ({"BALANCED": 2}, "BALANCED must be 0 or 1"),
     ],
 )

@@ -1,5 +1,6 @@
 """Compile-only feasibility for the target arch (real cross-compiles of the real kernel, no GPU)."""
 
+import json
 import os
 import re
 import signal
@@ -179,3 +180,54 @@ def test_a_check_killed_by_sigterm_leaves_no_compile_running(tmp_path):
     for p in running:  # no stray compiles left behind by a failing test
         os.kill(p, signal.SIGKILL)
     assert not running, f"compile processes {running} outlived the check"
+
+
+def test_a_shared_only_check_gives_the_compilers_own_shared_memory(store):
+    """Stopping each compile once Triton has allocated shared memory gives the same `shared` as the full
+    compile (the very attribute triton.compile reports), so the same verdict, without ptxas."""
+    configs = [
+        KernelConfig.parse(k) for k in ("T32-w4-s2-c256", "T16-w4-s1-c256", "T64-w4-s1-c256-p1", "T16-w8-s2-c256-b1")
+    ]
+    full = check_many(configs, V4, "sm_120", store=store)  # cached by the tests above, or compiled in full here
+    fast = check_many(configs, V4, "sm_120", registers=False)  # no database: really compiled, shared only
+    for cfg, f, s in zip(configs, full, fast, strict=True):
+        assert (s.shared_bytes, s.feasible, s.limit_bytes) == (f.shared_bytes, f.feasible, f.limit_bytes), cfg
+        assert s.registers is None and s.spill_bytes is None and f.registers > 0
+    assert [v.feasible for v in fast] == [False, True, True, True]  # T32 with 2 stages does not fit sm_120
+    # full numbers in the database answer a shared-only question as well (nothing compiles again)
+    assert check_many(configs, V4, "sm_120", store=store, registers=False) == full
+    # where spills decide (max_spill_bytes), registers=False compiles through ptxas all the same
+    strict = check_many(configs[1:2], V4, "sm_120", max_spill_bytes=0, registers=False)
+    assert strict[0].registers is not None and strict[0].spill_bytes is not None
+
+
+COUNT_KERNELS = """
+import io, json, sys
+from dataclasses import asdict
+from kernels import KernelConfig, Workload
+import tuner.compile_process as cp
+wl = Workload("fp8_model1", heads=16, topk=512, page_size=64, context=8192)
+jobs = [{"config": KernelConfig(16, w, 1, 256).as_dict(), "workload": asdict(wl), "cc": 120} for w in (4, 8)]
+calls = []
+real = cp._compile_indexed
+cp._compile_indexed = lambda job, i: calls.append((job["config"]["num_warps"], i)) or real(job, i)
+sys.stdin = io.StringIO(json.dumps(jobs))
+out, sys.stdout = sys.stdout, io.StringIO()
+cp.main()
+results, sys.stdout = sys.stdout.getvalue(), out
+total = sum(len(cp.specs_of(j)) for j in jobs)
+distinct = len({s.key() for j in jobs for s in cp.specs_of(j)})
+print(json.dumps({"calls": len(calls), "total": total, "distinct": distinct, "results": json.loads(results)}))
+"""
+
+
+def test_the_compile_process_compiles_each_distinct_kernel_once(tmp_path):
+    """Configs share kernels (the combine kernel, and variants that coincide): each distinct kernel is
+    compiled once, and every config still gets its own numbers."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path / "triton"), TUNER_COMPILE_JOBS="1")
+    proc = subprocess.run([sys.executable, "-c", COUNT_KERNELS], capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.splitlines()[-1])
+    assert got["calls"] == got["distinct"] < got["total"]
+    assert len(got["results"]) == 2 and all(r["registers"] > 0 and r["shared"] > 0 for r in got["results"])

@@ -1,4 +1,9 @@
-"""``kernels.flashmla_compat``: FlashMLA's call, shapes and layout on top of the Triton kernel."""
+"""``kernels.flashmla_compat``: FlashMLA's call, signature, assertions, shapes and layout on the Triton kernel."""
+
+import dataclasses
+import inspect
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -46,6 +51,7 @@ def _flashmla_batch(fmt, device, extra=False, seed=0):
 def test_flashmla_call_shapes_and_values(fmt, hint, extra, device):
     bt, k_cache, extra_k = _flashmla_batch(fmt, device, extra)
     meta = flash_mla.get_mla_metadata()[0]
+    assert flash_mla.kv_format_of(k_cache) == fmt
     kw = {
         "softmax_scale": 0.07,
         "is_fp8_kvcache": True,
@@ -62,6 +68,8 @@ def test_flashmla_call_shapes_and_values(fmt, hint, extra, device):
     ref_out, ref_lse = sparse_mla_decode_ref(*bt.args(), **bt.kwargs(), sm_scale=0.07)
     ok, _, _, reason = compare(out, lse, ref_out, ref_lse)
     assert ok, reason
+    assert meta.have_initialized and meta.config.topk == 64 and meta.config.b == 2 and meta.config.s_q == 2
+    assert meta.config.extra_topk == (32 if extra else None) and meta.config.is_fp8_kvcache is True
     # what FlashMLA ignores for sparse decode is ignored; the metadata is reusable; float8 bytes are accepted
     again, again_lse = flash_mla.flash_mla_with_kvcache(
         bt.q,
@@ -72,17 +80,100 @@ def test_flashmla_call_shapes_and_values(fmt, hint, extra, device):
         meta,
         None,
         **kw,
-        use_legacy=True,
-        kv_format=hint,
     )
     assert torch.equal(again, out) and torch.equal(again_lse, lse)
+    assert flash_mla.FLASHMLA_NAMES[fmt] == hint
 
 
 def test_get_mla_metadata_accepts_the_old_and_new_arguments(device):
     seqlens = torch.full((2,), 100, dtype=torch.int32, device=device)
     meta, second = flash_mla.get_mla_metadata(seqlens, 2 * 64, 1, 64, True, 2048)
-    assert second is None and isinstance(meta, flash_mla.SchedMeta)
-    assert isinstance(flash_mla.get_mla_metadata()[0], flash_mla.SchedMeta)
+    assert second is None and isinstance(meta, flash_mla.FlashMLASchedMeta) and not meta.have_initialized
+    assert isinstance(flash_mla.get_mla_metadata()[0], flash_mla.FlashMLASchedMeta)
+
+
+FIXTURE = Path(__file__).parent / "fixtures" / "flashmla_interface.json"
+
+
+def test_the_signatures_are_flashmlas_exactly():
+    """Parameter names, order, kinds and defaults of FlashMLA's functions and scheduler class, as its interface
+    file declares them (tests/fixtures/flashmla_interface.json): nothing added, nothing renamed."""
+    doc = json.loads(FIXTURE.read_text())
+    for fn, params in doc["functions"].items():
+        sig = inspect.signature(getattr(flash_mla, fn))
+        ours = [
+            {"name": p.name, "kind": p.kind.name}
+            | ({} if p.default is inspect.Parameter.empty else {"default": p.default})
+            for p in sig.parameters.values()
+        ]
+        assert ours == params, fn
+    meta = doc["classes"]["FlashMLASchedMeta"]
+    fields = [{"name": f.name, "default": f.default} for f in dataclasses.fields(flash_mla.FlashMLASchedMeta)]
+    assert fields == meta["fields"]
+    assert [f.name for f in dataclasses.fields(flash_mla.FlashMLASchedMeta.Config)] == meta["Config"]
+
+
+def test_flashmlas_assertions(device):
+    """num_splits must be None; sparse decode needs is_fp8_kvcache=True (its default is False, as FlashMLA's);
+    the scheduler object must be FlashMLA's type. Raised as AssertionError, as FlashMLA's asserts are."""
+    bt, k_cache, _ = _flashmla_batch("fp8_model1", device)
+    base = (bt.q, k_cache, None, None, 512)
+    kw = {"indices": bt.indices, "is_fp8_kvcache": True}
+    cases = [
+        ((*base, flash_mla.get_mla_metadata()[0], 1), kw, "num_splits must be None"),
+        ((*base, flash_mla.get_mla_metadata()[0]), {"indices": bt.indices}, "is_fp8_kvcache must be True"),
+        ((*base, object()), kw, "tile_scheduler_metadata must be of type FlashMLASchedMeta"),
+        ((*base, None), kw, "tile_scheduler_metadata must be of type FlashMLASchedMeta"),
+        ((*base, flash_mla.get_mla_metadata()[0]), {**kw, "causal": True}, "causal must be False"),
+    ]
+    for args, kwargs, match in cases:
+        with pytest.raises(AssertionError, match=match) as err:
+            flash_mla.flash_mla_with_kvcache(*args, **kwargs)
+        assert isinstance(err.value, ValueError) and "\n" not in str(err.value)  # also this project's bad input
+
+
+def _reuse_cases(device):
+    """(what changes, the second call's arguments): each must fail against a scheduler object of the first."""
+    bt, k_cache, extra_k = _flashmla_batch("fp8_model1", device, extra=True)
+    small, small_cache, _ = _flashmla_batch("fp8_model1", device)
+    kw = {"is_fp8_kvcache": True, "indices": bt.indices}
+    kw_extra = {**kw, "extra_k_cache": extra_k, "extra_indices_in_kvcache": bt.extra_indices}
+    first = ((bt.q, k_cache, None, None, 512), kw_extra)
+    return first, [
+        ("b", (bt.q[:1], k_cache, None, None, 512), {**kw_extra, "indices": bt.indices[:1],
+                                                     "extra_indices_in_kvcache": bt.extra_indices[:1]}),
+        ("s_q", (bt.q[:, :1], k_cache, None, None, 512), {**kw_extra, "indices": bt.indices[:, :1],
+                                                          "extra_indices_in_kvcache": bt.extra_indices[:, :1]}),
+        ("h_q", (bt.q[:, :, :8], k_cache, None, None, 512), kw_extra),
+        ("page_block_size", (bt.q, k_cache.reshape(-1, 32, 1, 584), None, None, 512), kw_extra),
+        ("topk", (bt.q, k_cache, None, None, 512), {**kw_extra, "indices": bt.indices[..., :32]}),
+        ("extra_page_block_size", (bt.q, k_cache, None, None, 512),
+         {**kw_extra, "extra_k_cache": extra_k.reshape(-1, 8, 1, 584)}),
+        ("extra_topk", (bt.q, k_cache, None, None, 512),
+         {**kw_extra, "extra_indices_in_kvcache": bt.extra_indices[..., :16]}),
+        ("extra_page_block_size", (bt.q, k_cache, None, None, 512), kw),  # the extra cache dropped
+        ("is_fp8_kvcache", (bt.q, k_cache, None, None, 512), {**kw_extra, "is_fp8_kvcache": False}),
+        ("causal", (bt.q, k_cache, None, None, 512), {**kw_extra, "causal": True}),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "field",
+    ["b", "s_q", "h_q", "page_block_size", "topk", "extra_page_block_size", "extra_topk", "is_fp8_kvcache", "causal"],
+)
+def test_a_reused_scheduler_object_checks_every_later_call(field, device):
+    (args, kw), cases = _reuse_cases(device)
+    meta = flash_mla.get_mla_metadata()[0]
+    flash_mla.flash_mla_with_kvcache(*args, meta, **kw)
+    recorded = dataclasses.replace(meta.config)
+    flash_mla.flash_mla_with_kvcache(*args, meta, **kw)  # the same shapes again: fine
+    for name, args2, kw2 in cases:
+        if name != field:
+            continue
+        with pytest.raises(AssertionError, match=f"sched_meta.config.{name} must be equal to") as err:
+            flash_mla.flash_mla_with_kvcache(*args2, meta, **kw2)
+        assert "inconsistent with sched_meta" in str(err.value)
+        assert meta.config == recorded  # the first call's shape stays the reference
 
 
 def _errors(device):
@@ -90,15 +181,14 @@ def _errors(device):
     v32, v32_cache, _ = _flashmla_batch("fp8_v32", device)
     meta = flash_mla.get_mla_metadata()[0]
     base = (bt.q, k_cache, None, None, 512, meta)
-    kw = {"indices": bt.indices}
+    kw = {"indices": bt.indices, "is_fp8_kvcache": True}
     odd = torch.zeros(2, 64, 1, 600, dtype=torch.uint8, device=device)
     return [
-        ("causal", base, {**kw, "causal": True}, "causal=True is not supported"),
-        ("bf16-cache", base, {**kw, "is_fp8_kvcache": False}, "is_fp8_kvcache=False is not supported"),
+        ("causal", base, {**kw, "causal": True}, "causal must be False"),
+        ("bf16-cache", base, {**kw, "is_fp8_kvcache": False}, "is_fp8_kvcache must be True"),
         ("bytes600", (bt.q, odd, *base[2:]), kw, "600 bytes per token; only 584 .V4. and 656 .V32."),
         ("head-dim-v", (*base[:4], 576, meta), kw, "head_dim_v must be 512, got 576"),
         ("no-indices", base, {}, "only sparse decode is supported"),
-        ("hint", base, {**kw, "kv_format": "V32"}, "kv_format='V32' does not match k_cache's 584 bytes"),
         (
             "extra-head-dim",
             base,
@@ -110,7 +200,7 @@ def _errors(device):
     ]
 
 
-ERROR_CASES = "causal bf16-cache bytes600 head-dim-v no-indices hint extra-head-dim cache-3d q-3d".split()
+ERROR_CASES = "causal bf16-cache bytes600 head-dim-v no-indices extra-head-dim cache-3d q-3d".split()
 
 
 @pytest.mark.parametrize("case", ERROR_CASES)
@@ -118,6 +208,7 @@ def test_unsupported_arguments_raise_one_sentence(case, device):
     cases = {e[0]: e[1:] for e in _errors(device)}
     assert sorted(cases) == sorted(ERROR_CASES)
     args, kw, match = cases[case]
+    args = (*args[:5], flash_mla.get_mla_metadata()[0], *args[6:])  # a fresh scheduler object per call
     with pytest.raises(ValueError, match=match) as err:
         flash_mla.flash_mla_with_kvcache(*args, **kw)
     assert "\n" not in str(err.value)

@@ -314,3 +314,206 @@ def test_database_on_a_read_only_directory_is_readable(tmp_path):
     finally:
         ro.chmod(0o755)
     assert sorted(p.name for p in ro.iterdir()) == ["tuner.db"]
+
+
+# --- configs outside the declaration's bounds, wherever they enter (kernels/config.py PARAMS) -----------------
+
+BOUNDS = [
+    ("block-t-4096", _sub("choices: [16, 32]", "choices: [16, 4096]"), "BLOCK_T must be a power of two >= 16, at most"),
+    ("block-t-2**40", _sub("choices: [16, 32]", "choices: [16, 1099511627776]"), "BLOCK_T"),
+    ("ctas-2**40", _sub("TARGET_CTAS: [4]", "TARGET_CTAS: [4, 1099511627776]"), "TARGET_CTAS"),
+    ("warps-64", _sub("num_warps: [4]", "num_warps: [4, 64]"), "num_warps must be a power of two in 1..32"),
+    ("baseline-2**40", _sub("baseline: {BLOCK_T: 16,", "baseline: {BLOCK_T: 1099511627776,"), "`baseline.BLOCK_T`"),
+]
+
+
+@pytest.mark.parametrize("text, fragment", [c[1:] for c in BOUNDS], ids=[c[0] for c in BOUNDS])
+def test_a_space_outside_the_bounds_is_one_sentence(tmp_path, text, fragment):
+    path = tmp_path / "space.yaml"
+    path.write_text(text)
+    result = CliRunner().invoke(cli, ["check", str(path), "--db", f"sqlite:///{tmp_path / 'x.db'}"])
+    _one_sentence(result, fragment)
+    assert not (tmp_path / "x.db").exists()
+
+
+@pytest.mark.parametrize(
+    "first, fragment",
+    [
+        ("T4096-w4-s1-c4", "BLOCK_T must be a power of two >= 16, at most 2048, got 4096"),
+        ("T1099511627776-w4-s1-c4", "BLOCK_T must be a power of two >= 16, at most 2048"),
+        ("T16-w4-s1-c" + "9" * 40, "TARGET_CTAS must be"),
+        ("T16-w4-s1-c4-r999", "maxnreg must be 0 (no cap) or an integer in 16..255"),
+        ("T16-w4-s1-c4-p" + "1" * 100_000, "PREFETCH must be 0, 1, 2 or 3"),
+    ],
+    ids=["block-t-4096", "block-t-2**40", "ctas-40-digits", "maxnreg-999", "100000-digits"],
+)
+def test_a_first_config_outside_the_bounds_is_one_short_sentence(tmp_path, first, fragment):
+    result = CliRunner().invoke(cli, ["search", SMOKE, "--first", first, "--db", f"sqlite:///{tmp_path / 'x.db'}"])
+    _one_sentence(result, fragment)
+    assert len(result.stderr) < 600  # the input is quoted cut, never whole
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_a_stored_config_outside_the_bounds_is_never_exported(tmp_path):
+    """A results database from elsewhere with BLOCK_T 2**40 in an ok trial: export leaves that row out."""
+    import json
+    import sqlite3
+
+    from db.store import Store
+
+    src = os.path.join(os.path.dirname(__file__), "..", "results", "h200.db")
+    path = tmp_path / "bounds.db"
+    shutil.copy(src, path)
+    Store(f"sqlite:///{path}", upgrade=True).engine.dispose()
+    con = sqlite3.connect(path)
+    con.execute("UPDATE tuner_trials SET BLOCK_T = ? WHERE verdict = 'ok' AND workload_id = 1", (2**40,))
+    con.execute("UPDATE tuner_trials SET TARGET_CTAS = ? WHERE workload_id = 2 AND concurrency = 1", (-3,))
+    con.commit()
+    con.close()
+    result = CliRunner().invoke(cli, ["export", "--out", str(tmp_path / "t"), "--db", f"sqlite:///{path}"])
+    assert result.exit_code == 0 and "Traceback" not in result.stderr, result.stderr
+    tables = [f for f in (tmp_path / "t").glob("*.json") if not f.name.endswith(".provenance.json")]
+    assert len(tables) == 2  # workload 1's table is gone (every ok trial out of bounds), the others stay
+    for f in tables:
+        entries = json.loads(f.read_text())
+        assert all(16 <= e["BLOCK_T"] <= 2048 and e["TARGET_CTAS"] > 0 for e in entries.values()), f.name
+
+
+def test_decode_with_a_table_outside_the_bounds_or_a_fifo_falls_back(tmp_path, monkeypatch):
+    """sparse_mla_decode(config=None) over a table with BLOCK_T 2**40, or a FIFO where the table should be:
+    one TableWarning each, the default config, and the call returns (in a subprocess, with a time limit)."""
+    import json
+
+    import kernels.table as kt
+
+    name = kt.table_name("cpu-interpreter", "fp8_v32", 16, 32)
+    bad, fifo = tmp_path / "bad", tmp_path / "fifo"
+    bad.mkdir(), fifo.mkdir()
+    entry = {"BLOCK_T": 2**40, "num_warps": 4, "num_stages": 1, "TARGET_CTAS": 4}
+    (bad / name).write_text(json.dumps({"1": entry}))
+    os.mkfifo(fifo / name)
+    script = (
+        "import warnings, torch\n"
+        "from kernels import Workload, make_batch, sparse_mla_decode\n"
+        "bt = make_batch(Workload('fp8_v32', 16, 32, page_size=64, context=64), 1, device='cpu', seed=1)\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    out, lse = sparse_mla_decode(*bt.args(), kv_format='fp8_v32')\n"
+        "assert torch.isfinite(out.float()).all()\n"
+        "print(sum(x.category.__name__ == 'TableWarning' for x in w))\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for folder in (bad, fifo):
+        env = {**os.environ, "SPARSE_MLA_CONFIG_DIR": str(folder), "TRITON_INTERPRET": "1", "PYTHONPATH": root}
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stdout.strip() == "1", proc.stdout
+
+
+# --- numbers and strings at the command line -------------------------------------------------------
+
+
+class _Exit:
+    def __init__(self, code, out, err):
+        self.exit_code, self.stdout, self.stderr, self.exception = code, out, err, None
+
+
+def _main(args, capsys, monkeypatch):
+    """``tuner ARGS`` in this process, through the executable's own entry point."""
+    from tuner.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["tuner", *args])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main()
+    out, err = capsys.readouterr()
+    return _Exit(e.value.code, out, err)
+
+
+BIG = "9" * 20  # past SQLite's signed 64-bit INTEGER
+HUGE = "x" * 100_000
+LONG_NAME = "a" * 300  # one path component past NAME_MAX (Errno 36)
+
+
+def _db_cases():
+    """(id, args, fragment): every numeric option out of what the database stores or of its range."""
+    return [
+        ("best-concurrency-20-digits", ["best", "--concurrency", BIG], "is not in the range 1<=x<="),
+        ("best-concurrency-zero", ["best", "--concurrency", "0"], "is not in the range"),
+        ("best-concurrency-negative", ["best", "--concurrency", "-5"], "is not in the range"),
+        ("best-concurrency-float", ["best", "--concurrency", "1.5"], "is not a valid integer"),
+        ("best-concurrency-huge", ["best", "--concurrency", "9" * 100_000], "is not a valid integer"),
+        ("trials-concurrency-20-digits", ["trials", "--concurrency", BIG], "is not in the range"),
+        ("show-20-digits", ["show", BIG], "is not in the range"),
+        ("show-negative", ["show", "--", "-1"], "is not in the range"),
+        ("show-not-a-number", ["show", "one"], "is not a valid integer"),
+        ("search-n-trials-20-digits", ["search", SMOKE, "--n-trials", BIG], "is not in the range"),
+        ("search-workers-20-digits", ["search", SMOKE, "--workers", BIG], "is not in the range"),
+        ("search-workers-zero", ["search", SMOKE, "--workers", "0"], "is not in the range"),
+        ("search-concurrency-20-digits", ["search", SMOKE, "--concurrency", f"1,{BIG}"], "--concurrency must be"),
+        ("search-concurrency-text", ["search", SMOKE, "--concurrency", "1,x"], "--concurrency must be"),
+        ("search-concurrency-zero", ["search", SMOKE, "--concurrency", "0"], "--concurrency must be"),
+        ("calibrate-pairs-20-digits", ["calibrate", SMOKE, "--pairs", BIG], "is not in the range"),
+        ("calibrate-concurrency-20-digits", ["calibrate", SMOKE, "--concurrency", BIG], "--concurrency must be"),
+        ("timeout-nan", ["search", SMOKE, "--timeout", "nan"], "is not a finite number of seconds > 0"),
+        ("timeout-inf", ["search", SMOKE, "--timeout", "inf"], "is not a finite number of seconds > 0"),
+        ("timeout-minus-inf", ["search", SMOKE, "--timeout", "-inf"], "is not a finite number of seconds > 0"),
+        ("timeout-zero", ["search", SMOKE, "--timeout", "0"], "is not a finite number of seconds > 0"),
+        ("timeout-negative", ["search", SMOKE, "--timeout", "-3"], "is not a finite number of seconds > 0"),
+        ("timeout-text", ["search", SMOKE, "--timeout", "soon"], "is not a number of seconds"),
+        ("timeout-1e400", ["search", SMOKE, "--timeout", "1e400"], "is not a finite number of seconds > 0"),
+        ("workers-past-the-cores", ["search", SMOKE, "--backend", "interpreter", "--workers", "100000"], "cores"),
+        ("first-100k", ["search", SMOKE, "--first", HUGE], "--first: 'xxxx"),
+        ("first-100k-in-a-list", ["search", SMOKE, "--first", "T16-w4-s2-c4," + HUGE], "--first: 'xxxx"),
+        ("first-100k-key-like", ["search", SMOKE, "--first", "T16-" + "w" * 100_000], "--first: 'T16-www"),
+        ("choice-100k", ["trials", "--verdict", HUGE], "is not one of"),
+        ("compare-100k", ["compare", HUGE, "T16-w4-s2-c4"], "is not of the form"),
+        ("space-100k", ["best", "--concurrency", "1", "--space", HUGE], ""),
+    ]
+
+
+@pytest.mark.parametrize("args, fragment", [c[1:] for c in _db_cases()], ids=[c[0] for c in _db_cases()])
+def test_bad_numbers_and_long_strings_are_one_short_sentence(tmp_path, args, fragment, capsys, monkeypatch):
+    """Out-of-range numbers never reach the database (OverflowError) and no message echoes a long input whole.
+    Run through ``tuner.cli.main``, the executable's entry point (usage errors are one line there)."""
+    from db.store import Store
+
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    Store(url).engine.dispose()  # an empty database: the query commands get as far as they can
+    result = _main([*args, "--db", url], capsys, monkeypatch)
+    _one_sentence(result, fragment)
+    assert len(result.stderr) < 700, result.stderr[:300]
+
+
+@pytest.mark.parametrize("args", [c for c in COMMANDS], ids=lambda c: c[0] + ("-" + c[1] if c[0] == "db" else ""))
+def test_an_overlong_database_file_name_is_one_sentence_in_every_command(tmp_path, args):
+    url = f"sqlite:///{tmp_path / (LONG_NAME + '.db')}"
+    result = CliRunner().invoke(cli, [*args, "--db", url])
+    _one_sentence(result, "File name too long")
+    assert len(result.stderr) < 700
+
+
+@pytest.mark.parametrize("cmd", [["best", "--concurrency", BIG], ["show", BIG], ["search", SMOKE, "--timeout", "nan"]])
+def test_out_of_range_numbers_from_the_executable_are_one_line(cmd):
+    proc = subprocess.run([*(["tuner"] if shutil.which("tuner") else [sys.executable, "-m", "tuner"]), *cmd],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    _one_sentence(_Proc(proc))
+
+
+def test_workers_within_the_cores_pass_the_check():
+    from tuner.cli import _check_workers
+    from tuner.errors import TunerError
+
+    cores = os.cpu_count()
+    _check_workers(None, "interpreter")
+    _check_workers(cores, "interpreter")
+    with pytest.raises(TunerError, match=f"more than the {cores} cores"):
+        _check_workers(cores + 1, "interpreter")
+
+
+def test_a_fine_timeout_and_concurrency_are_accepted():
+    from tuner.cli import Seconds
+    from tuner.cli import _levels
+
+    assert Seconds().convert("0.5", None, None) == 0.5 and Seconds().convert("3600", None, None) == 3600.0
+    assert _levels("1, 96") == [1, 96] and _levels(str(2**63 - 1)) == [2**63 - 1]

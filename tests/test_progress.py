@@ -43,7 +43,8 @@ def test_lines_mode_thousands_of_items_make_at_most_ten_lines():
     assert lines[:2] == ["v4_flash C=96: A/A 12 pairs", "v4_flash C=96: screening 5000 launches"]
     counts = [ln for ln in lines if "/5000" in ln]
     assert 1 <= len(counts) <= 10
-    assert counts[0] == "v4_flash C=96: 500/5000 (10 %), best T32-w4-s1-c512 48.4 µs"
+    # 500 items in 10 s: 4500 more take about 90 s at that rate
+    assert counts[0] == "v4_flash C=96: 500/5000 (10 %), about 90 s left, best T32-w4-s1-c512 48.4 µs"
     assert lines[-2:] == [
         "v4_flash C=96: finalists 3 x 30 rounds",
         "v4_flash C=96: done in 100 s (best T32-w4-s1-c512 48.35 µs)",
@@ -72,8 +73,8 @@ def test_compile_task_is_a_callback_and_silent_when_nothing_compiles():
             task(done, 3)
     assert out.getvalue().splitlines() == [
         "smoke/v4_tiny: compile 3 configs ...",
-        "smoke/v4_tiny: compiled 1/3 (33 %)",
-        "smoke/v4_tiny: compiled 2/3 (66 %)",
+        "smoke/v4_tiny: compiled 1/3 (33 %), about 40 s left",  # the time left at the rate so far
+        "smoke/v4_tiny: compiled 2/3 (66 %), about 20 s left",
         "smoke/v4_tiny: compiled 3/3 (100 %)",
         "smoke/v4_tiny: compiled 3 in 60 s",
     ]
@@ -106,6 +107,30 @@ def test_bars_mode_keeps_phase_and_summary_lines():
     text = out.getvalue()
     assert "v4 C=1: screening 3 launches\n" in text and "v4 C=96: done in 0 s (best T16-w4-s1-c4 1.00 µs)\n" in text
     assert "studies" in text  # the overall bar
+
+
+def test_a_resumed_task_counts_its_rate_from_what_it_did_itself():
+    progress, out, clock = lines_progress()
+    st = progress.study("C=8", total=100, initial=50)  # 50 done by an earlier run
+    for _ in range(10):
+        clock.t += 3  # 10 items in 30 s: 40 more take about 2 min
+        st.advance()
+    assert out.getvalue().splitlines() == ["C=8: 60/100 (60 %), about 2 min left"]
+
+
+def test_a_plain_task_shows_time_left_and_its_summary():
+    progress, out, clock = lines_progress()
+    with progress.task("calibrate v4_flash", total=4) as task:
+        for _ in range(4):
+            clock.t += 30
+            task.advance(postfix="C=1")
+    assert out.getvalue().splitlines() == [
+        "calibrate v4_flash: 1/4 (25 %), about 90 s left, C=1",
+        "calibrate v4_flash: 2/4 (50 %), about 60 s left, C=1",
+        "calibrate v4_flash: 3/4 (75 %), about 30 s left, C=1",
+        "calibrate v4_flash: 4/4 (100 %), C=1",
+        "calibrate v4_flash: done in 2 min",
+    ]
 
 
 def test_duration():
@@ -210,7 +235,8 @@ def test_check_rows_per_compiled_binary_with_progress_lines(tiny):
     assert "\r" not in proc.stderr
     lines = proc.stderr.splitlines()
     assert "tiny/v4_tiny: compile 2 configs ..." in lines
-    assert "tiny/v4_tiny: compiled 1/2 (50 %)" in lines  # read while the compile process runs
+    # read while the compile process runs, with the time left
+    assert any(ln.startswith("tiny/v4_tiny: compiled 1/2 (50 %), about ") and ln.endswith(" left") for ln in lines)
     assert any(ln.startswith("tiny/v4_tiny: compiled 2 in ") for ln in lines)
     assert len(lines) <= 8
     assert lines[-1] == "6 feasible / 0 infeasible for sm_120"

@@ -288,6 +288,7 @@ def test_version_and_help():
 
 def test_export_writes_the_table_the_kernel_reads(smoke_db, tmp_path):
     out = tmp_path / "configs"
+    exports = _rows(smoke_db["path"], "SELECT COUNT(*) FROM tuner_exports")[0][0]
     proc = tuner("export", "--db", smoke_db["url"], "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     name = "kv_format=fp8_model1,heads=16,topk=32,device_name=cpu-interpreter"
@@ -303,7 +304,9 @@ def test_export_writes_the_table_the_kernel_reads(smoke_db, tmp_path):
 
     cfg = lookup_config("cpu-interpreter", "fp8_model1", 16, 32, 3, config_dir=out)  # nearest key: 4
     assert cfg.as_dict() == table["4"]
-    assert _rows(smoke_db["path"], "SELECT COUNT(*) FROM tuner_exports")[0][0] >= 1
+    assert _rows(smoke_db["path"], "SELECT COUNT(*) FROM tuner_exports")[0][0] == exports  # only read
+    assert tuner("export", "--db", smoke_db["url"], "--out", str(out), "--record").returncode == 0
+    assert _rows(smoke_db["path"], "SELECT COUNT(*) FROM tuner_exports")[0][0] == exports + 1  # one table
     triton_fmt = tuner("export", "--db", smoke_db["url"], "--format", "triton")
     assert triton_fmt.returncode == 0 and "triton.Config(" in triton_fmt.stdout
 

@@ -126,3 +126,22 @@ def test_a_whole_call_is_checked_measured_and_recorded(tmp_path):
     assert all(e is not None and e < 1e-2 for (e,) in errs)  # the gate compared the whole call
     n = con.execute("SELECT COUNT(*) FROM tuner_samples WHERE phase = 'screen'").fetchone()[0]
     assert n == 2 * 3
+
+
+def test_the_recorded_split_count_counts_every_query_token_as_a_row(monkeypatch):
+    from kernels import KernelConfig
+    from kernels.config import split_grid
+    from tuner import measure_main
+    from tuner.protocol import CalibrateRequest
+    from tuner.protocol import MeasureRequest
+
+    monkeypatch.setattr(measure_main, "BACKEND", "interpreter")
+    wl = Workload("fp8_model1", 16, 64, page_size=64, context=128, q_tokens=2)
+    cfg = KernelConfig(16, 4, 1, 8)  # 4 tiles per row; a target of 8 programs over the rows
+    rows = 2 * wl.q_tokens  # 2 requests x 2 tokens
+    assert split_grid(cfg, rows, 16, 64).slots == 2 != split_grid(cfg, 2, 16, 64).slots  # the case tells them apart
+    runner = measure_main.Runner()
+    measured = runner.measure(MeasureRequest(wl, 2, cfg, cfg, 1, 7, False))
+    calibrated = runner.calibrate(CalibrateRequest(wl, 2, cfg, 1))
+    assert (measured.verdict, measured.num_splits) == ("ok", 2)
+    assert (calibrated.verdict, calibrated.num_splits) == ("ok", 2)

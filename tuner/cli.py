@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
+import re
 import sys
 
 import click
 
+from db.errors import QUOTE_MAX
 from db.errors import DatabaseError
+from db.errors import quote
 from db.verdicts import Phase
 from db.verdicts import Verdict
 from kernels.config import PARAM_NAMES
@@ -17,6 +21,7 @@ from tuner import __version__
 from tuner.errors import TunerError
 from tuner.output import format_option
 from tuner.output import render
+from tuner.output import varying
 
 CHECK_FIELDS = PARAM_NAMES + (
     "shared_bytes",
@@ -29,21 +34,243 @@ CHECK_FIELDS = PARAM_NAMES + (
 )
 
 
+INT64_MAX = 2**63 - 1  # SQLite's INTEGER and PostgreSQL's BIGINT: the largest integer the database stores
+LONG_TOKEN = re.compile(rf"\S{{{QUOTE_MAX + 50},}}")  # longer than what quote() leaves
+MESSAGE_MAX = 1000
+
+
+def one_line(text: str) -> str:
+    """A message as one line of sane length: any run of QUOTE_MAX + 50 or more characters without a space
+    (user input echoed by a library) is cut to QUOTE_MAX and its length said, and the whole line too."""
+    from tuner.output import plain
+
+    text = plain(" ".join(str(text).split()))  # a terminal escape in a stored name is shown, not obeyed
+    text = LONG_TOKEN.sub(lambda m: f"{m.group(0)[:QUOTE_MAX]}... ({len(m.group(0))} characters)", text)
+    return text if len(text) <= MESSAGE_MAX else text[:MESSAGE_MAX] + f"... ({len(text)} characters)"
+
+
+def _fail(message: str) -> None:
+    click.echo(f"error: {one_line(message)}", err=True)
+    sys.exit(2)
+
+
 def expected_errors(fn):
-    """Expected failures become one sentence on stderr and exit status 2, never a traceback."""
+    """Expected failures become one sentence on stderr and exit status 2, never a traceback: our own
+    errors, and the storage's errors that say the disk or file system cannot take a write."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except (TunerError, DatabaseError) as e:
-            click.echo(f"error: {e}", err=True)
-            sys.exit(2)
+            _fail(str(e))
         except KeyboardInterrupt:  # a second Ctrl-C: what was recorded stays recorded
             click.echo("interrupted", err=True)
             sys.exit(130)
+        except Exception as e:  # disk full, read-only, quota: Optuna's and SQLAlchemy's errors wrap the cause
+            from db.store import resource_error
+
+            err = resource_error(e, kwargs.get("db_url") or "the results database")
+            if err is None:
+                raise
+            _fail(str(err))
 
     return wrapper
+
+
+class BoundedInt(click.ParamType):
+    """An integer in ``low..high`` (by default what the database stores); the message quotes the input
+    cut to about 200 characters (click's own echoes it whole)."""
+
+    name = "integer"
+
+    def __init__(self, low: int = 1, high: int = INT64_MAX) -> None:
+        self.low, self.high = low, high
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) and not isinstance(value, bool):
+            n = value
+        else:
+            text = str(value).strip()
+            if not re.fullmatch(r"[+-]?[0-9]{1,40}", text):
+                self.fail(f"{quote(value)} is not a valid integer.", param, ctx)
+            n = int(text)
+        if not self.low <= n <= self.high:
+            self.fail(f"{quote(value)} is not in the range {self.low}<=x<={self.high}.", param, ctx)
+        return n
+
+
+class Seconds(click.ParamType):
+    """A duration in seconds: finite and positive (``nan``, ``inf``, 0 and negatives are refused)."""
+
+    name = "seconds"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            x = float(value)
+        else:
+            try:
+                x = float(str(value).strip()) if len(str(value)) <= 100 else math.nan
+            except ValueError:
+                self.fail(f"{quote(value)} is not a number of seconds", param, ctx)
+        if not math.isfinite(x) or x <= 0:
+            self.fail(f"{quote(value)} is not a finite number of seconds > 0", param, ctx)
+        return x
+
+
+DB_INT = BoundedInt()
+
+
+def _pct(band) -> str:
+    return "-" if band is None else f"±{band * 100:.1f}%"
+
+
+def _ci(lo, hi, digits: int = 2) -> str:
+    return "-" if lo is None or hi is None else f"{lo:.{digits}f}-{hi:.{digits}f}"
+
+
+def _ties(text: str) -> str:
+    keys = (text or "").split()
+    return "-" if not keys else f"{len(keys)}: {keys[0]}" + (" …" if len(keys) > 1 else "")
+
+
+def _best_brief(rows: list[dict]) -> list[dict]:
+    extra = varying(rows, "device", "backend")
+    return [
+        {
+            "space": r["space"],
+            "workload": r["workload"],
+            **{k: r[k] for k in extra},
+            "config": r["config"],
+            "median_us": r["median_us"],
+            "95% CI us": _ci(r["ci_low_us"], r["ci_high_us"]),
+            "ratio": r["ratio"],
+            "verdict": r["verdict"],
+            "band": _pct(r["noise_band"]),
+            "ties": _ties(r["tied_with"]),
+        }
+        for r in rows
+    ]
+
+
+def _trials_brief(rows: list[dict]) -> list[dict]:
+    keys = ("trial", *varying(rows, "space"), "C", "config", "verdict", "median_us", "ratio", "effect", "reason")
+    return [{k: r[k] for k in keys} for r in rows]
+
+
+def _studies_brief(rows: list[dict]) -> list[dict]:
+    return [
+        {
+            **{k: r[k] for k in ("space", "workload", "C", "device", "backend")},
+            "band": _pct(r["noise_band"]),
+            "trials": r["trials"],
+            "ok": r["ok"],
+            "kernel": (r["kernel"] or "")[:12],
+        }
+        for r in rows
+    ]
+
+
+def _values_text(v) -> str:
+    """A launch-only column's values in a brief row: up to three listed, more as ``low..high (n)``."""
+    values = [int(x) for x in v.split(",")] if isinstance(v, str) else v if isinstance(v, list) else [v]
+    return ",".join(map(str, values)) if len(values) <= 3 else f"{min(values)}..{max(values)} ({len(values)})"
+
+
+def _check_brief(rows: list[dict]) -> list[dict]:
+    from kernels.config import PARAMS
+
+    out = []
+    for r in rows:
+        compiled = KernelConfig(**{p.name: r[p.name] for p in PARAMS if p.compiled}).compile_label()
+        launch = {p.name: r[p.name] for p in PARAMS if not p.compiled}
+        out.append(
+            {
+                **({"workload": r["workload"]} if "workload" in r else {}),
+                "config": compiled,
+                **{k: _values_text(v) for k, v in launch.items()},
+                "shared": r["shared_bytes"],
+                "limit": r["limit_bytes"],
+                "regs": r["registers"],
+                "spill": r["spill_bytes"],
+                "feasible": r["feasible"],
+                "reason": r["reason"],
+            }
+        )
+    # columns that say nothing here: one limit for every row (the reasons quote it), no registers compiled
+    drop = {k for k in ("limit", "regs", "spill") if len({str(r[k]) for r in out}) == 1}
+    drop -= {k for k in ("regs", "spill") if out and out[0][k] is not None}
+    return [{k: v for k, v in r.items() if k not in drop} for r in out]
+
+
+def _search_brief(rows: list[dict]) -> list[dict]:
+    from db.verdicts import Verdict as V
+
+    out = []
+    for r in rows:
+        others = {v.value: r.get(v.value, 0) for v in V if v is not V.OK}
+        failed = ", ".join(f"{n} {k}" for k, n in others.items() if n and k != V.INFEASIBLE)
+        out.append(
+            {
+                "workload": r["workload"],
+                "C": r["C"],
+                "best": r["best"],
+                "median_us": r["median_us"],
+                "ratio (95% CI)": r["ratio vs baseline (95% CI)"],
+                "verdict": r["verdict"],
+                "band": r["noise band"],
+                "ok": r["ok"],
+                "infeasible": others.get(V.INFEASIBLE, 0),
+                "other": failed or "-",
+            }
+        )
+    return out
+
+
+def _compare_brief(rows: list[dict]) -> list[dict]:
+    keys = ("space", "workload", *varying(rows, "device"), "C", "A_us", "B_us", "A/B")
+    return [
+        {
+            **{k: r[k] for k in keys},
+            "95% CI": _ci(r["ci_low"], r["ci_high"], 4),
+            "band": _pct(r["noise_band"]),
+            "verdict": r["verdict"],
+        }
+        for r in rows
+    ]
+
+
+def _calibrate_brief(rows: list[dict]) -> list[dict]:
+    out = []
+    for r in rows:
+        mde = next(k for k in r if k.startswith("mde (") and "finalist" not in k)
+        out.append(
+            {
+                **{k: r[k] for k in ("workload", "C", *varying(rows, "device"), "pairs", "spread", "band")},
+                mde.replace("mde (", "mde (").replace(" rounds)", " r)"): r[mde],
+                "mde (final)": r["mde (finalist rounds)"],
+                "false rate": r["false non-flat rate"],
+                "multimodal": r["baseline multimodal"],
+            }
+        )
+    return out
+
+
+def _statistics_brief(rows: list[dict]) -> list[dict]:
+    return [
+        {
+            "phase": r["phase"],
+            "n": r["n"],
+            "median_us": round(r["median_us"], 3),
+            "95% CI us": _ci(r["ci_low_us"], r["ci_high_us"], 3),
+            "ratio": round(r["ratio"], 4),
+            "ratio CI": _ci(r["ratio_ci_low"], r["ratio_ci_high"], 4),
+            "band": _pct(r["noise_band"]),
+            "verdict": r["classification"],
+            "p": "-" if r["p_value"] is None else f"{r['p_value']:.2g}",
+        }
+        for r in rows
+    ]
 
 
 db_option = click.option(
@@ -66,12 +293,24 @@ def cli() -> None:
 @click.option("--target", default=None, help="Arch whose limits apply (default: the space's `target`).")
 @click.option("--workload", "workload_name", default=None, help="Only this workload of the space.")
 @click.option("--all", "show_all", is_flag=True, help="One row per config, not one per compiled binary.")
+@click.option(
+    "--registers",
+    is_flag=True,
+    help="Compile through ptxas for registers and spills too (default: only when max_spill_bytes makes them decide).",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @format_option
 @db_option
 @expected_errors
 def check(
-    space_file: str, target: str | None, workload_name: str | None, show_all: bool, quiet: bool, fmt: str, db_url: str
+    space_file: str,
+    target: str | None,
+    workload_name: str | None,
+    show_all: bool,
+    registers: bool,
+    quiet: bool,
+    fmt: str,
+    db_url: str,
 ) -> None:
     """Which configs of SPACE_FILE fit the target arch, and why not. Compiles only; needs no GPU.
 
@@ -79,6 +318,10 @@ def check(
     (TARGET_CTAS) compile to the same binary and share a row, whose launch-only columns list their
     values (json: a list). --all: one row per config. Verdicts are cached, so a second check is
     fast. With several workloads, json/csv rows also carry a `workload` field.
+
+    Where registers cannot decide a verdict (the space sets no max_spill_bytes), each compile stops
+    once Triton has allocated shared memory: the verdict is the compiler's own shared size for the
+    target, and registers and spills stay empty; --registers compiles through ptxas for them.
     """
     from db.store import Store
     from kernels.config import PARAMS
@@ -102,12 +345,20 @@ def check(
     fields = (("workload",) if len(workloads) > 1 else ()) + CHECK_FIELDS
     rows, n_ok = [], 0
     progress = Progress(quiet)
+    registers = registers or space.max_spill_bytes is not None
     for w in workloads:
         name = f"{space.name}/{w.name}"
-        progress.message(f"{name}: checking {len(configs)} configs for {target}")
+        depth = "" if registers else " (shared memory only; --registers: registers too)"
+        progress.message(f"{name}: checking {len(configs)} configs for {target}{depth}")
         with progress.compiling(name) as task:
             verdicts = check_many(
-                configs, w.workload(), target, max_spill_bytes=space.max_spill_bytes, store=store, on_progress=task
+                configs,
+                w.workload(),
+                target,
+                max_spill_bytes=space.max_spill_bytes,
+                store=store,
+                on_progress=task,
+                registers=registers,
             )
         groups: dict[tuple, list] = {}  # compile key -> [(config, verdict)]; one config each with --all
         for cfg, v in zip(configs, verdicts, strict=True):
@@ -126,7 +377,7 @@ def check(
             f"{len(configs) * len(workloads)} configs in {len(rows)} rows, one per compiled binary "
             f"(launch only: {', '.join(launch_only)}); --all lists every config"
         )
-    click.echo(render(rows, fmt))
+    click.echo(render(rows, fmt, _check_brief))
     summary = f"{n_ok} feasible / {len(configs) * len(workloads) - n_ok} infeasible for {target}"
     click.echo(summary, err=fmt != "table")
 
@@ -169,7 +420,7 @@ def _backend(requested: str | None) -> str:
 )
 @click.option(
     "--n-trials",
-    type=click.IntRange(min=1),
+    type=DB_INT,
     default=None,
     help="At most this many trials per study, counting those a previous run measured (a resumed search adds the rest).",
 )
@@ -181,14 +432,15 @@ def _backend(requested: str | None) -> str:
     "e.g. T32-w4-s1-c768-p2,T16-w4-s2-c256.",
 )
 @click.option(
-    "--timeout", "timeout_s", type=click.FloatRange(min=0), default=None, help="Stop after this many seconds."
+    "--timeout", "timeout_s", type=Seconds(), default=None, help="Stop after this many seconds (finite, > 0)."
 )
 @click.option("--concurrency", "concurrency", default=None, help="A subset of the space's levels, e.g. 1,96.")
 @click.option(
     "--workers",
-    type=click.IntRange(min=1),
+    type=DB_INT,
     default=None,
-    help="Measurement workers sharing each study: default one per visible GPU, 1 on the CPU.",
+    help="Measurement workers sharing each study: default one per visible GPU, 1 on the CPU; "
+    "at most the visible GPUs (cuda) or the machine's cores (interpreter).",
 )
 @click.option("--remeasure", is_flag=True, help="Measure again configs that already have results (kept).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
@@ -228,6 +480,7 @@ def search(
     first_configs = _first_configs(first, space)
     if (replay_db or replay_kernel) and backend != "replay":
         raise TunerError("--replay-db and --replay-kernel need --backend replay")
+    _check_workers(workers, _backend(backend))
     store = Store(db_url)
     opts = Options(
         backend=_backend(backend),
@@ -245,13 +498,14 @@ def search(
         seed=seed,
     )
     rows = run_search(space, store, opts)
+    store.verify()  # the file it opened still is the database's path: "results in" it is true
     if fmt == "table":
         click.echo(f"search {space.name} ({opts.backend}), results in {store.shown_url}:", err=True)
-        stopped = [f"{r['workload']} C={r['C']}: {r.pop('stopped')}" for r in rows]
-        click.echo(render(rows, fmt))
+        stopped = [f"{r['workload']} C={r['C']}: {r['stopped']}" for r in rows]
+        click.echo(render(rows, fmt, _search_brief))
         click.echo("why each level stopped:\n  " + "\n  ".join(stopped))
     else:
-        click.echo(render(rows, fmt))
+        click.echo(render(rows, fmt, _search_brief))
     if opts.interrupted:
         sys.exit(130)  # Ctrl-C: every finished trial is recorded; re-running resumes
 
@@ -264,8 +518,11 @@ def _first_configs(text: str | None, space) -> list:
         return []
     configs, allowed = [], set(space.configs())
     for key in text.split(","):
+        key = key.strip()
+        if len(key) > 100:  # no config key is this long; the message quotes only its start
+            raise TunerError(f"--first: {quote(key, 60)} is not a config key of the form {space.baseline}")
         try:
-            cfg = KernelConfig.parse(key.strip())
+            cfg = KernelConfig.parse(key)
         except ValueError as e:
             raise TunerError(f"--first: {e}") from None
         if cfg not in allowed:
@@ -280,22 +537,49 @@ def _first_configs(text: str | None, space) -> list:
 def _levels(text: str | None) -> list[int] | None:
     if not text:
         return None
-    try:
-        return [int(c) for c in text.split(",")]
-    except ValueError:
-        raise TunerError(f"--concurrency must be a comma list of integers, got {text!r}") from None
+    levels = []
+    for c in text.split(","):
+        c = c.strip()
+        if not re.fullmatch(r"[0-9]{1,19}", c) or not 1 <= int(c) <= INT64_MAX:
+            raise TunerError(f"--concurrency must be a comma list of integers in 1..{INT64_MAX}, got {quote(text)}")
+        levels.append(int(c))
+    return levels
+
+
+def _check_workers(workers: int | None, backend: str) -> None:
+    """``--workers`` within what this machine can run: one measurement process per visible GPU (cuda),
+    at most one per core of the machine (interpreter, replay)."""
+    if workers is None:
+        return
+    if backend == "cuda":
+        import torch
+
+        visible = torch.cuda.device_count()
+        if workers > visible:
+            raise TunerError(
+                f"--workers {workers} needs {workers} GPUs, but {visible} are visible "
+                "(CUDA_VISIBLE_DEVICES); use --workers 1.." + str(max(visible, 1))
+            )
+        return
+    cores = os.cpu_count() or 1
+    if workers > cores:
+        raise TunerError(
+            f"--workers {workers} is more than the {cores} cores of this machine; the {backend} backend "
+            f"runs one measurement process per worker: use --workers 1..{cores}"
+        )
 
 
 @cli.command()
 @click.argument("space_file", type=click.Path(dir_okay=False))
 @click.option("--workload", "workload_name", default=None, help="Only this workload of the space.")
 @click.option("--concurrency", default=None, help="Levels to calibrate, e.g. 1,96 (default: every level).")
-@click.option("--pairs", type=click.IntRange(min=3), default=30, show_default=True, help="Independent capture pairs.")
+@click.option("--pairs", type=BoundedInt(3, 100_000), default=30, show_default=True, help="Independent capture pairs.")
 @click.option("--backend", type=click.Choice(["cuda", "interpreter"]), default=None)
+@click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @format_option
 @db_option
 @expected_errors
-def calibrate(space_file, workload_name, concurrency, pairs, backend, fmt, db_url):
+def calibrate(space_file, workload_name, concurrency, pairs, backend, quiet, fmt, db_url):
     """Measure this GPU's A/A noise: the baseline against itself, independent captures and inputs.
 
     Prints the spread between captures, the band verdicts use (the larger of the spread and the
@@ -305,6 +589,7 @@ def calibrate(space_file, workload_name, concurrency, pairs, backend, fmt, db_ur
     """
     from db.store import Store
     from tuner import calibrate as cal
+    from tuner.progress import Progress
     from tuner.search import Options
     from tuner.search import start_processes
     from tuner.space import load_space
@@ -318,12 +603,38 @@ def calibrate(space_file, workload_name, concurrency, pairs, backend, fmt, db_ur
     levels = _levels(concurrency) or space.concurrency
     store = Store(db_url)
     processes = start_processes(Options(backend=_backend(backend)))
+    progress = Progress(quiet)
+    task = progress.task(f"calibrate {space.name}", len(workloads) * len(levels))
+    progress.message(
+        f"calibrate {space.name}: {pairs} A/A pairs of {space.baseline} at {len(workloads) * len(levels)} "
+        "(workload, concurrency) points"
+    )
     try:
-        rows = cal.run(space, store, _backend(backend), workloads, levels, pairs, processes)
+        with task:
+            counted = [_CountedProcess(p, task) for p in processes]
+            rows = cal.run(space, store, _backend(backend), workloads, levels, pairs, counted)
     finally:
         for p in processes:
             p.close()
-    click.echo(render(rows, fmt))
+    store.verify()
+    click.echo(render(rows, fmt, _calibrate_brief))
+
+
+class _CountedProcess:
+    """A measurement process whose every ok answer advances a progress task (calibrate's points); all
+    else is the process's own."""
+
+    def __init__(self, proc, task) -> None:
+        self._proc, self._task = proc, task
+
+    def __getattr__(self, name):
+        return getattr(self._proc, name)
+
+    def measure(self, req, **kw):
+        reply = self._proc.measure(req, **kw)
+        if reply.verdict == Verdict.OK:  # a retried failure counts once, when it answers
+            self._task.advance(1, postfix=f"C={req.batch}")
+        return reply
 
 
 def _best_row(t) -> dict:
@@ -331,6 +642,7 @@ def _best_row(t) -> dict:
     env = t.environment
     row = {
         "trial": t.id,
+        "config": t.config_key,
         **t.config().as_dict(),
         "median_us": round(st.median_us, 3),
         "ci_low_us": round(st.ci_low_us, 3),
@@ -343,10 +655,8 @@ def _best_row(t) -> dict:
         "n": st.n,
         "phase": st.phase,
     }
-    from kernels.workload import Workload
-
     wl = t.workload
-    nbytes = Workload(wl.kv_format, wl.heads, wl.topk, wl.page_size, wl.context).min_bytes(t.concurrency)
+    nbytes = wl.workload().min_bytes(t.concurrency)  # the whole call: both caches, every query token
     gbps = nbytes / (st.median_us * 1e-6) / 1e9
     row["GBps"] = round(gbps, 1) if t.backend == "cuda" else None
     row["pct_copy_bw"] = round(100 * gbps / env.copy_gbps, 1) if (env.copy_gbps and t.backend == "cuda") else None
@@ -363,7 +673,7 @@ def _best_row(t) -> dict:
 
 
 @cli.command()
-@click.option("--concurrency", type=click.IntRange(min=1), required=True, help="Batch size (concurrency level).")
+@click.option("--concurrency", type=DB_INT, required=True, help="Batch size (concurrency level).")
 @click.option("--space", default=None)
 @click.option("--workload", default=None)
 @click.option("--device", default=None, help="GPU name as stored, e.g. 'NVIDIA H200'.")
@@ -384,18 +694,31 @@ def best(concurrency, space, workload, device, backend, fmt, db_url):
             for t in found
         ]
     if not rows:
-        raise TunerError(f"no ok result at concurrency {concurrency} in {store.shown_url} (run `tuner search` first)")
+        raise TunerError(_no_level(store, concurrency, space=space, workload=workload, device=device, backend=backend))
     if len(rows) > 1:
-        click.echo(
-            f"{len(rows)} matches (one per space/workload/device/backend); narrow with --space, --workload, "
-            "--device or --backend",
-            err=True,
-        )
-    click.echo(render(rows, fmt))
+        click.echo(f"{len(rows)} matches, one per space/workload/device/backend (narrow with --space etc.)", err=True)
+    click.echo(render(rows, fmt, _best_brief))
+
+
+def _no_level(store, concurrency: int, **where) -> str:
+    """Why ``best`` found nothing: the levels that do hold ok results (under the same filters), and the nearest."""
+    from db import queries
+
+    with store.session() as s:
+        levels = queries.ok_levels(s, **where)
+    filters = ", ".join(f"--{k} {quote(v, 60)}" for k, v in where.items() if v)
+    scope = f" ({filters})" if filters else ""
+    if not levels:
+        return f"no ok result at any concurrency in {store.shown_url}{scope} (run `tuner search` first)"
+    nearest = min(levels, key=lambda c: (abs(c - concurrency), c))
+    return (
+        f"no ok result at concurrency {concurrency} in {store.shown_url}{scope}; the levels with ok results are "
+        f"{', '.join(map(str, levels))} (nearest: {nearest})"
+    )
 
 
 @cli.command()
-@click.option("--concurrency", type=click.IntRange(min=1), default=None)
+@click.option("--concurrency", type=DB_INT, default=None)
 @click.option("--verdict", type=click.Choice([v.value for v in Verdict] + ["all"]), default="all")
 @click.option("--space", default=None)
 @click.option("--sort", type=click.Choice(["id", "median_us", "config"]), default="id")
@@ -404,7 +727,10 @@ def best(concurrency, space, workload, device, backend, fmt, db_url):
 @expected_errors
 def trials(concurrency, verdict, space, sort, fmt, db_url):
     """Every trial: config, verdict, reason, feasibility numbers, median and ratio."""
+    from sqlalchemy import select
+
     from db import queries
+    from db.models import TrialModel
     from db.store import Store
 
     store = Store(db_url, readonly=True)
@@ -417,6 +743,7 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
                     "trial": t.id,
                     "space": t.study.space.name,
                     "C": t.concurrency,
+                    "config": t.config_key,
                     **t.config().as_dict(),
                     "verdict": t.verdict,
                     "duplicate_of": t.duplicate_of,
@@ -435,8 +762,13 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
     }[sort]
     rows.sort(key=key)
     if not rows:
-        click.echo("no trials match", err=True)
-    click.echo(render(rows, fmt))
+        levels = ""
+        if concurrency is not None:
+            with store.session() as s:
+                found = sorted(set(s.scalars(select(TrialModel.concurrency).distinct())))
+            levels = f" (levels with trials: {', '.join(map(str, found)) or 'none'})"
+        click.echo(f"no trials match{levels}", err=True)
+    click.echo(render(rows, fmt, _trials_brief))
 
 
 @cli.command()
@@ -457,15 +789,20 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
     "sglang: the same in a triton_<version>/ folder; triton: an importable list of triton.Config.",
 )
 @click.option("--backend", type=click.Choice(["cuda", "interpreter"]), default=None)
+@click.option(
+    "--record",
+    is_flag=True,
+    help="Also record each table written in the database's tuner_exports (without it the database is only read).",
+)
 @db_option
 @expected_errors
-def export(out_dir, export_format, backend, db_url):
+def export(out_dir, export_format, backend, record, db_url):
     """Write the kernel's autotune tables: the best ok config per concurrency, per device and workload."""
     from db.store import Store
     from tuner.export import export_tables
     from tuner.export import triton_module
 
-    store = Store(db_url, create=False)
+    store = Store(db_url, create=False) if record and export_format != "triton" else Store(db_url, readonly=True)
     if export_format == "triton":
         text = triton_module(store, backend)
         if out_dir is None:
@@ -479,7 +816,7 @@ def export(out_dir, export_format, backend, db_url):
         click.echo(out_dir)
         return
     try:
-        paths = export_tables(store, out_dir, backend, export_format)
+        paths = export_tables(store, out_dir, backend, export_format, record=record)
     except OSError as e:
         raise TunerError(f"cannot write {e.filename or out_dir}: {e.strerror}") from None
     for path in paths:
@@ -517,7 +854,7 @@ def report(output, plots_dir, db_url):
 
 
 @cli.command()
-@click.argument("trial_id", type=int)
+@click.argument("trial_id", type=DB_INT)
 @format_option
 @db_option
 @expected_errors
@@ -560,11 +897,11 @@ def show(trial_id, fmt, db_url):
     if fmt == "csv":
         click.echo(render(samples, "csv"))
         return
-    click.echo(render([{"field": k, "value": v} for k, v in info.items()], "table"))
+    click.echo(render([{"field": k, "value": v} for k, v in info.items()], "table", lambda rows: rows))
     click.echo("")
-    click.echo(render(stats_rows, "table"))
+    click.echo(render(stats_rows, "table", _statistics_brief))
     click.echo("")
-    click.echo(render(samples, "table"))
+    click.echo(render(samples, "table", lambda rows: rows))
 
 
 @cli.command()
@@ -615,7 +952,7 @@ def compare(config_a, config_b, space, fmt, db_url):
     if not rows:
         raise TunerError(f"no study in {store.shown_url} has ok results for both {config_a} and {config_b}")
     rows.sort(key=lambda r: (r["space"], r["workload"], r["device"], r["C"]))
-    click.echo(render(rows, fmt))
+    click.echo(render(rows, fmt, _compare_brief))
 
 
 def _parse_config(text: str) -> KernelConfig:
@@ -658,7 +995,7 @@ def studies(fmt, db_url):
             )
     if not rows:
         click.echo(f"no studies in {store.shown_url}", err=True)
-    click.echo(render(rows, fmt))
+    click.echo(render(rows, fmt, _studies_brief))
 
 
 @cli.group()
@@ -686,6 +1023,6 @@ def main() -> None:
         click.echo("interrupted", err=True)
         sys.exit(130)
     except click.ClickException as e:
-        click.echo(f"error: {e.format_message()} (see `tuner --help`)".replace("\n", " "), err=True)
+        click.echo(f"error: {one_line(e.format_message())} (see `tuner --help`)", err=True)
         sys.exit(e.exit_code)
     sys.exit(rv if isinstance(rv, int) else 0)

@@ -9,10 +9,22 @@ before a search (the warm-up), so the measurement process does not compile insid
 Each finished job is reported at once on stderr as one line, ``compiled <done>/<total> <label>``
 (:data:`PROGRESS_FORMAT`, in completion order), which ``compile_numbers`` reads while the process
 runs; the results come in job order on stdout at the end.
+
+Kernels that several jobs share (the combine kernel is the same for many configs, and variants of one
+config often coincide) compile once: the jobs' kernels are listed first, and each distinct one goes to
+the pool once.
+
+A job's ``depth`` is ``"cubin"`` (default: through ptxas, for registers and the stack frame) or
+``"shared"``: the compile stops inside Triton's own LLIR stage as soon as its shared-memory allocation
+pass has run (the backend's pass manager, run up to the conversion to LLVM), and reports the
+``ttg.shared`` that pass wrote, the very attribute ``triton.compile`` reports as ``metadata.shared``.
+That skips the LLVM conversion and optimization, PTX and ptxas: most of the time, for a verdict that
+shared memory alone decides.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -53,26 +65,118 @@ def _resources(cubin: bytes) -> tuple[int, int]:
     raise RuntimeError(f"no resource usage in cuobjdump output: {out[:200]!r}")
 
 
-def compile_one(job: dict) -> dict:
-    """``{config, workload, cc}`` -> the largest shared memory of the call's kernels, and the split
-    kernel's registers and stack frame (its worst variant); ``{error}`` when the compiler refuses."""
+class _SharedKnown(Exception):  # noqa: N818 - a signal, not an error: the compile stops here on purpose
+    def __init__(self, shared: int) -> None:
+        self.shared = shared
+
+
+class _Truncate(Exception):  # noqa: N818
+    def __init__(self, pm) -> None:
+        self.pm = pm
+
+
+@contextlib.contextmanager
+def _stop_after_shared_allocation():
+    """Within: ``triton.compile`` raises :class:`_SharedKnown` once the NVIDIA backend's LLIR stage has run
+    its passes up to (not including) the conversion to LLVM, the shared-memory allocation among them.
+    None when this Triton has no such hook point (then the caller compiles in full)."""
+    try:
+        from triton import knobs
+        from triton.backends.nvidia import compiler as nv
+    except ImportError:
+        yield False
+        return
+    passes = getattr(getattr(getattr(nv, "nvidia", None), "passes", None), "ttgpuir", None)
+    if (
+        passes is None
+        or not hasattr(passes, "add_to_llvmir")
+        or not hasattr(knobs.runtime, "add_stages_inspection_hook")
+    ):
+        yield False
+        return
+
+    def cut(pm, *args, **kwargs):  # the backend is adding the conversion: run what it added so far instead
+        raise _Truncate(pm)
+
+    def hook(backend, stages, *args, **kwargs):  # (options, language, capability) on Triton 3.6
+        if before is not None:
+            before(backend, stages, *args, **kwargs)
+        make_llir = stages["llir"]
+
+        def llir(src, metadata):
+            try:
+                return make_llir(src, metadata)
+            except _Truncate as t:
+                t.pm.run(src, "make_llir")
+                raise _SharedKnown(int(src.get_int_attr("ttg.shared") or 0)) from None
+
+        stages["llir"] = llir
+
+    real, before = passes.add_to_llvmir, knobs.runtime.add_stages_inspection_hook
+    passes.add_to_llvmir, knobs.runtime.add_stages_inspection_hook = cut, hook
+    try:
+        yield True
+    finally:
+        passes.add_to_llvmir, knobs.runtime.add_stages_inspection_hook = real, before
+
+
+def specs_of(job: dict) -> list:
     cfg, wl, cc = KernelConfig.from_dict(job["config"]), Workload(**job["workload"]), job["cc"]
-    shared, regs, stack = 0, 0, 0
-    for spec in compile_spec(cfg, wl, cc, extra=wl.extra, attn_sink=wl.attn_sink, q_tokens=wl.q_tokens):
+    return compile_spec(cfg, wl, cc, extra=wl.extra, attn_sink=wl.attn_sink, q_tokens=wl.q_tokens)
+
+
+def compile_kernel(spec, cc: int, depth: str = "cubin") -> dict:
+    """One kernel: ``{shared}`` (and ``{registers, stack}`` at depth cubin), or ``{error}``."""
+    truncated = depth == "shared"
+    with _stop_after_shared_allocation() if truncated else contextlib.nullcontext(False) as stops:
         try:
             k = triton.compile(
                 ASTSource(spec.kernel, spec.signature, spec.constexprs, spec.attrs),
                 target=GPUTarget("cuda", cc, 32),
                 options=spec.options,
             )
+        except _SharedKnown as known:
+            return {"shared": known.shared}
+        except _Truncate:  # this Triton adds the conversion outside its LLIR stage: compile in full instead
+            return compile_kernel(spec, cc, "cubin") | {"registers": None, "stack": None}
         except Exception as e:  # a config the compiler rejects is a verdict, not a crash
             text = str(e).strip()
             return {"error": f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"}
-        shared = max(shared, k.metadata.shared)
-        if spec.name == "split":
-            r, st = _resources(k.asm["cubin"])
-            regs, stack = max(regs, r), max(stack, st)
-    return {"shared": shared, "registers": regs, "stack": stack}
+    out = {"shared": k.metadata.shared}  # a cache hit, or a Triton without the hook point: compiled in full
+    if spec.name == "split" and not (truncated and stops):
+        out["registers"], out["stack"] = _resources(k.asm["cubin"])
+    return out
+
+
+def combine(results: list[dict], depth: str = "cubin") -> dict:
+    """A job's numbers from its kernels': the largest shared memory of the call's kernels, the split
+    kernel's registers and stack frame (its worst variant), or the first error."""
+    for r in results:
+        if "error" in r:
+            return {"error": r["error"]}
+    out = {"shared": max((r["shared"] for r in results), default=0)}
+    if depth == "shared":
+        return {**out, "registers": None, "stack": None}
+    regs = [r["registers"] for r in results if "registers" in r]
+    stacks = [r["stack"] for r in results if "stack" in r]
+    return {**out, "registers": max(regs, default=0), "stack": max(stacks, default=0)}
+
+
+def compile_one(job: dict) -> dict:
+    """``{config, workload, cc[, depth]}`` -> the call's numbers (:func:`combine`); ``{error}`` when the
+    compiler refuses."""
+    depth = job.get("depth", "cubin")
+    results = []
+    for spec in specs_of(job):
+        results.append(compile_kernel(spec, job["cc"], depth))
+        if "error" in results[-1]:
+            break
+    return combine(results, depth)
+
+
+def _compile_indexed(job: dict, i: int) -> dict:
+    """Kernel ``i`` of ``job`` (the pool gets indices: kernels are not picklable, their lists are cheap)."""
+    return compile_kernel(specs_of(job)[i], job["cc"], job.get("depth", "cubin"))
 
 
 def _report(done: int, total: int, job: dict) -> None:
@@ -94,18 +198,47 @@ def main() -> int:
     _die_with_parent()
     jobs = json.load(sys.stdin)
     n = min(len(jobs), int(os.environ.get("TUNER_COMPILE_JOBS") or os.cpu_count() or 1))
+    # every distinct kernel once: (job, kernel index) of its first use, and each job's kernels by key
+    first: dict[tuple, tuple[int, int]] = {}
+    kernels_of: list[list[tuple]] = []
+    for j, job in enumerate(jobs):
+        keys = [(job["cc"], job.get("depth", "cubin"), spec.key()) for spec in specs_of(job)]
+        kernels_of.append(keys)
+        for i, key in enumerate(keys):
+            first.setdefault(key, (j, i))
+    waiting = {j: set(keys) for j, keys in enumerate(kernels_of)}
+    users: dict[tuple, list[int]] = {}
+    for j, keys in enumerate(kernels_of):
+        for key in set(keys):
+            users.setdefault(key, []).append(j)
+    numbers: dict[tuple, dict] = {}
     results: list[dict | None] = [None] * len(jobs)
+    done = 0
+
+    def finished(key: tuple, value: dict) -> None:
+        nonlocal done
+        numbers[key] = value
+        for j in users[key]:
+            waiting[j].discard(key)
+            if not waiting[j] and results[j] is None:
+                job = jobs[j]
+                results[j] = combine([numbers[k] for k in kernels_of[j]], job.get("depth", "cubin"))
+                done += 1
+                _report(done, len(jobs), job)
+
+    for j, keys in enumerate(kernels_of):  # a job without kernels (none planned) is done at once
+        if not keys:
+            results[j] = combine([], jobs[j].get("depth", "cubin"))
+            done += 1
+            _report(done, len(jobs), jobs[j])
     if n <= 1:
-        for i, job in enumerate(jobs):
-            results[i] = compile_one(job)
-            _report(i + 1, len(jobs), job)
+        for key, (j, i) in first.items():
+            finished(key, _compile_indexed(jobs[j], i))
     else:
         with ProcessPoolExecutor(max_workers=n, initializer=_die_with_parent) as pool:
-            futures = {pool.submit(compile_one, job): i for i, job in enumerate(jobs)}
-            for done, fut in enumerate(as_completed(futures), 1):
-                i = futures[fut]
-                results[i] = fut.result()
-                _report(done, len(jobs), jobs[i])
+            futures = {pool.submit(_compile_indexed, jobs[j], i): key for key, (j, i) in first.items()}
+            for fut in as_completed(futures):
+                finished(futures[fut], fut.result())
     json.dump(results, sys.stdout)
     return 0
 

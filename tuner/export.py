@@ -1,14 +1,27 @@
 """``tuner export``: the kernel's autotune tables, from the database.
 
-Formats (only ``ok`` trials, which passed the correctness gate, are ever exported):
+Formats (only ``ok`` trials, which passed the correctness gate, are ever exported), each read by the
+loader it is meant for:
 
-- ``engine`` (default): one flat JSON file per (device, workload) in the layout serving engines
-  use, ``kv_format=…,heads=…,topk=…,device_name=NVIDIA_H200.json`` holding
-  ``{"<batch>": {parameter: value}}``, plus a ``….provenance.json`` sidecar (kernel hash, Triton
-  version, date, redacted source URL, each entry's median, CI and verdict). The kernel reads these
-  files itself (:mod:`kernels.table`).
-- ``sglang``: the same files in a ``triton_<version>/`` folder (``triton_3_6_0/``), as SGLang keeps them.
-- ``triton``: an importable Python module with a ``triton.Config`` list per (device, workload).
+- ``engine`` (default): one flat JSON file per (device, workload) in vLLM's layout,
+  ``kv_format=…,heads=…,topk=…,device_name=NVIDIA_H200.json`` holding ``{"<batch>": {parameter: value}}``
+  (vLLM's device name: every H200 variant is ``NVIDIA_H200``), plus a ``….provenance.json`` sidecar
+  (kernel hash, Triton version, date, redacted source URL, each entry's median, CI and verdict). The
+  kernel reads these files itself (:mod:`kernels.table`), and so does vLLM's ``get_moe_configs`` way of
+  reading (``json.load``, ``int`` keys, nearest key). A table holds the trials of one Triton version: the
+  newest measured for that device and workload.
+- ``sglang``: the same tables per Triton version in ``triton_<version>/`` folders (``triton_3_6_0/``), named
+  by SGLang's device name (``torch.cuda.get_device_name()`` with spaces as underscores), as SGLang's loader
+  looks for them. :mod:`kernels.table` finds them there too (``$SPARSE_MLA_CONFIG_DIR``).
+- ``triton``: an importable Python module with a ``triton.Config`` list per (device, workload) and the
+  helpers that pick the tuned config per batch (:func:`triton_module`).
+
+Everything written from stored strings (device names, URLs) is data: file names go through
+:func:`kernels.table.raw_slug` / :func:`kernels.table.device_slug` (only ``[0-9A-Za-z_.+()-]``, cut when
+long), JSON through ``json.dumps``, and the Python module holds them only as ``ascii()`` literals.
+
+Nothing is written to the database unless asked (``record=True``, ``tuner export --record``): then each
+table is also recorded in ``tuner_exports``.
 """
 
 from __future__ import annotations
@@ -30,29 +43,50 @@ from db.verdicts import Verdict
 from kernels.config import PARAMS
 from kernels.config import Role
 from kernels.table import CONFIG_DIR
+from kernels.table import device_slug
+from kernels.table import raw_slug
 from kernels.table import sidecar_path
 from kernels.table import table_name
+from kernels.table import triton_folder
+from kernels.table import version_tuple
 from tuner.errors import TunerError
 
 FORMATS = ("engine", "sglang", "triton")
+__all__ = ["FORMATS", "export_tables", "triton_folder", "triton_module", "winners"]
 
 
 def winners(s: Session, backend: str | None = None) -> dict[tuple, dict[int, TrialModel]]:
-    """{(device, kv_format, heads, topk): {concurrency: best ok trial}} over every space.
+    """{(device, kv_format, heads, topk, triton): {concurrency: best ok trial}} over every space.
 
+    Results belong to the Triton version they were measured with, so each version has its own winners.
     The table name does not carry the page size, so workloads that differ only there share a table
     and the better trial (:func:`db.queries.best_of`) wins each concurrency.
     """
     out: dict[tuple, dict[int, TrialModel]] = defaultdict(dict)
-    levels = sorted({t.concurrency for t in queries.trials(s, verdict=Verdict.OK, backend=backend)})
-    for c in levels:
-        for best in queries.best(s, c, backend=backend):
-            t = queries.pick(list(queries.done_configs(s, best.study_id).values())) or best
-            w = t.workload
-            key = (t.environment.gpu_name, w.kv_format, w.heads, w.topk)
-            cur = out[key].get(c)
-            out[key][c] = t if cur is None else queries.best_of([cur, t])
+    groups: dict[tuple, list[TrialModel]] = defaultdict(list)
+    for t in queries.trials(s, verdict=Verdict.OK, backend=backend):
+        if not _within_bounds(t):
+            continue  # a row another tool wrote outside the declaration's bounds: never deployed
+        env = t.environment
+        groups[(t.concurrency, t.study.space.name, t.workload.name, env.gpu_name, t.backend, env.triton)].append(t)
+    for (c, *_), ts in sorted(groups.items(), key=lambda kv: kv[0]):
+        best = queries.best_of(queries.newest_kernel(ts))
+        if best is None:
+            continue
+        t = queries.pick(list(queries.done_configs(s, best.study_id).values())) or best
+        w = t.workload
+        key = (t.environment.gpu_name, w.kv_format, w.heads, w.topk, t.environment.triton)
+        cur = out[key].get(c)
+        out[key][c] = t if cur is None else queries.best_of([cur, t])
     return dict(out)
+
+
+def _within_bounds(t: TrialModel) -> bool:
+    try:
+        t.config()
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _nothing(store: Store) -> TunerError:
@@ -90,15 +124,41 @@ def _one(values: set[str]) -> str:
     return next(iter(values)) if len(values) == 1 else ",".join(sorted(values))
 
 
-def triton_folder(version: str) -> str:
-    """SGLang's folder for a Triton version: ``3.6.0`` -> ``triton_3_6_0``."""
-    return "triton_" + re.sub(r"[^0-9A-Za-z]+", "_", version).strip("_")
+def tables(s: Session, backend: str | None, fmt: str) -> dict[tuple[str, str], dict[int, TrialModel]]:
+    """{(folder, file name): {concurrency: trial}}: what each format writes where (folder "" = the top).
+
+    ``engine``: vLLM's device name (H200 variants as one), the newest Triton version measured per table.
+    ``sglang``: SGLang's device name, one ``triton_<version>/`` folder per version. Stored names that map to
+    one file (two H200 variants, two names that differ only in characters a file name cannot hold) share
+    it, the better trial winning each concurrency."""
+    groups = winners(s, backend)
+    if fmt == "engine":
+        newest: dict[tuple, str] = {}
+        for device, kv, heads, topk, triton in groups:
+            k = (device_slug(device), kv, heads, topk)
+            if k not in newest or version_tuple(triton) > version_tuple(newest[k]):
+                newest[k] = triton
+    out: dict[tuple[str, str], dict[int, TrialModel]] = defaultdict(dict)
+    for (device, kv, heads, topk, triton), by_c in sorted(groups.items()):
+        if fmt == "engine":
+            if newest[(device_slug(device), kv, heads, topk)] != triton:
+                continue
+            where = ("", table_name(device, kv, heads, topk))
+        else:
+            where = (triton_folder(triton), table_name(device, kv, heads, topk, slug=raw_slug(device)))
+        for c, t in by_c.items():
+            cur = out[where].get(c)
+            out[where][c] = t if cur is None else queries.best_of([cur, t])
+    return {k: dict(sorted(v.items())) for k, v in sorted(out.items())}
 
 
 def export_tables(
-    store: Store, out_dir: Path | None = None, backend: str | None = None, fmt: str = "engine"
+    store: Store, out_dir: Path | None = None, backend: str | None = None, fmt: str = "engine", record: bool = False
 ) -> list[Path]:
-    """Write each table and its provenance sidecar; returns the paths written (table, sidecar, ...)."""
+    """Write each table and its provenance sidecar; returns the paths written (table, sidecar, ...).
+
+    ``record``: also add a row per table to the database's ``tuner_exports`` (else the database is only read).
+    """
     if fmt not in ("engine", "sglang"):
         raise TunerError(f"export format must be engine or sglang here, got {fmt!r}")
     out_dir = Path(out_dir or CONFIG_DIR)
@@ -106,25 +166,25 @@ def export_tables(
     date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     written = []
     with store.session() as s:
-        groups = winners(s, backend)
-        if not groups:
+        found = tables(s, backend, fmt)
+        if not found:
             raise _nothing(store)
-        for (device, kv_format, heads, topk), trials in sorted(groups.items()):
-            by_c = dict(sorted(trials.items()))
-            tritons = {t.environment.triton for t in by_c.values()}
-            folder = out_dir / triton_folder(_one(tritons)) if fmt == "sglang" else out_dir
+        for (sub, name), by_c in found.items():
+            folder = out_dir / sub if sub else out_dir
             try:
                 folder.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise TunerError(f"cannot write to {folder}: {e.strerror}") from None
+            first = next(iter(by_c.values()))
+            w = first.workload
             table = {str(c): t.config().as_dict() for c, t in by_c.items()}
-            path = folder / table_name(device, kv_format, heads, topk)
+            path = folder / name
             provenance = {
                 "table": path.name,
-                "device": device,
-                "workload": {"kv_format": kv_format, "heads": heads, "topk": topk},
+                "device": _one({t.environment.gpu_name for t in by_c.values()}),
+                "workload": {"kv_format": w.kv_format, "heads": w.heads, "topk": w.topk},
                 "kernel_hash": _one({t.study.kernel.source_hash for t in by_c.values()}),
-                "triton": _one(tritons),
+                "triton": _one({t.environment.triton for t in by_c.values()}),
                 "backend": _one({t.backend for t in by_c.values()}),
                 "date": date,
                 "source": source,
@@ -139,9 +199,16 @@ def export_tables(
                 side.write_text(side_text)
             except OSError as e:
                 raise TunerError(f"cannot write {path}: {e.strerror}") from None
-            content = json.dumps({"format": fmt, "table": table, "provenance": provenance})
-            workload_id = next(iter(by_c.values())).workload_id
-            s.add(ExportModel(path=_recorded_path(path), device=device, workload_id=workload_id, content=content))
+            if record:
+                content = json.dumps({"format": fmt, "table": table, "provenance": provenance})
+                s.add(
+                    ExportModel(
+                        path=_recorded_path(path),
+                        device=provenance["device"],
+                        workload_id=first.workload_id,
+                        content=content,
+                    )
+                )
             written += [path, side]
     return written
 
@@ -157,69 +224,146 @@ def _recorded_path(path: Path) -> str:
 
 
 def _ident(*parts) -> str:
-    return re.sub(r"\W+", "_", "_".join(map(str, parts))).strip("_").upper()
+    """An ASCII identifier part from any strings (letters, digits and underscores only)."""
+    return re.sub(r"[^0-9A-Za-z]+", "_", "_".join(map(str, parts))).strip("_").upper() or "UNNAMED"
+
+
+# The module's fixed code: how a caller picks the tuned config per batch. Nothing here is built from data.
+_HELPERS = '''
+
+def nearest_batch(name, batch):
+    """The tuned batch size nearest ``batch`` (a tie goes to the smaller, as vLLM's ``min`` over sorted keys)."""
+    keys = sorted(CONFIG_INDEX[name])
+    return min(keys, key=lambda k: abs(k - batch))
+
+
+def config_for(name, batch):
+    """The tuned ``triton.Config`` for ``batch``: ``CONFIGS[name][CONFIG_INDEX[name][nearest batch]]``."""
+    return CONFIGS[name][CONFIG_INDEX[name][nearest_batch(name, batch)]]
+
+
+def target_ctas(name, batch):
+    """The tuned ``TARGET_CTAS`` for ``batch``: the launcher's split target (it sizes the grid)."""
+    return TARGET_CTAS[name][nearest_batch(name, batch)]
+
+
+def prune_configs_by(name, batch_arg):
+    """``triton.autotune(prune_configs_by=...)``: keeps only the config tuned for the batch size that the
+    kernel argument ``batch_arg`` holds (an int, or a tensor whose first dimension is the batch)."""
+
+    def early_config_prune(configs, named_args, **kwargs):
+        batch = {**named_args, **kwargs}[batch_arg]
+        batch = int(batch.shape[0]) if hasattr(batch, "shape") else int(batch)
+        return [configs[CONFIG_INDEX[name][nearest_batch(name, batch)]]]
+
+    return {"early_config_prune": early_config_prune}
+
+
+def no_timing(kernel_call, quantiles):
+    """``triton.autotune(do_bench=...)`` that times nothing: the configs were timed by the tuner. (Triton 3.9
+    skips timing a lone pruned config by itself; older versions time it.)"""
+    return [0.0] * len(quantiles)
+
+
+def autotune_kwargs(name, batch_arg):
+    """Everything ``triton.autotune`` needs to run the tuned config per batch without re-timing::
+
+        kernel = triton.autotune(**autotune_kwargs(NAME, "B"))(kernel)
+    """
+    return {
+        "configs": CONFIGS[name],
+        "key": [batch_arg],
+        "prune_configs_by": prune_configs_by(name, batch_arg),
+        "do_bench": no_timing,
+    }
+'''
 
 
 def triton_module(store: Store, backend: str | None = None) -> str:
     """The winners as an importable module: per (device, workload) a ``list`` of ``triton.Config``.
 
-    A ``triton.Config`` holds only the kernel's meta-parameters (``KernelConfig.meta()``) and compile
-    options (``num_warps``, ``num_stages``, ``maxnreg``): the JIT rejects any other keyword. The
-    launch-side ``TARGET_CTAS`` shapes the grid, so it travels beside the list, per batch.
+    A ``triton.Config`` holds only the kernel's meta-parameters (``KernelConfig.meta()``, all kernel
+    arguments) and compile options (``num_warps``, ``num_stages``, ``maxnreg``): the JIT rejects any other
+    keyword. The launch-side ``TARGET_CTAS`` shapes the grid, so it travels beside the list, per batch.
+    The module's helpers (``config_for``, ``target_ctas``, ``prune_configs_by``, ``autotune_kwargs``) pick the
+    tuned config per batch; ``tests/test_export.py`` runs them.
     """
     with store.session() as s:
-        groups = winners(s, backend)
-        if not groups:
+        found = tables(s, backend, "engine")
+        if not found:
             raise _nothing(store)
-        body = []
-        names = []
-        for (device, kv_format, heads, topk), trials in sorted(groups.items()):
-            by_c = dict(sorted(trials.items()))
-            name = _ident(kv_format, f"H{heads}", f"TOPK{topk}", device)
+        body, names, meta_rows = [], [], {}
+        for (_, _file), by_c in found.items():
+            first = next(iter(by_c.values()))
+            w = first.workload
+            devices = sorted({t.environment.gpu_name for t in by_c.values()})
+            name = base = _ident(w.kv_format, f"H{w.heads}", f"TOPK{w.topk}", device_slug(devices[0]))
+            n = 2
+            while name in names:  # two stored names with one identifier: both kept
+                name, n = f"{base}_{n}", n + 1
             names.append(name)
             compiled: dict[tuple, list[int]] = {}
             for c, t in by_c.items():
                 compiled.setdefault(t.config().compile_key(), []).append(c)
             index = {c: i for i, cs in enumerate(compiled.values()) for c in cs}
-            kernels_ = sorted({t.study.kernel.source_hash for t in by_c.values()})
-            tritons = sorted({t.environment.triton for t in by_c.values()})
-            body += [
-                "",
-                f"# {device}, {kv_format}, {heads} local heads, topk {topk}; kernel {', '.join(kernels_)}, "
-                f"triton {', '.join(tritons)}",
-                f"CONFIGS_{name} = [",
-            ]
+            meta_rows[name] = {
+                "devices": devices,
+                "kv_format": w.kv_format,
+                "heads": w.heads,
+                "topk": w.topk,
+                "kernel_hash": sorted({t.study.kernel.source_hash for t in by_c.values()}),
+                "triton": sorted({t.environment.triton for t in by_c.values()}),
+                "median_us": {c: round(t.statistic().median_us, 3) for c, t in by_c.items()},
+            }
+            body += ["", f"CONFIGS_{name} = ["]
             for cs in compiled.values():
                 t = by_c[cs[0]]
                 kw = t.config().triton_config_kwargs()
-                options = "".join(f", {k}={v!r}" for k, v in kw.items() if k != "kwargs")
-                medians = ", ".join(f"C={c} {by_c[c].statistic().median_us:.2f} us" for c in cs)
-                body.append(f"    triton.Config({kw['kwargs']!r}{options}),  # {medians}")
+                options = "".join(f", {k}={int(v)!r}" for k, v in kw.items() if k != "kwargs")
+                meta = {str(k): int(v) for k, v in kw["kwargs"].items()}
+                keys = ", ".join(f"C={c} {t.config()}" for c in cs)
+                body.append(f"    triton.Config({meta!r}{options}),  # {keys}")
             body += [
                 "]",
-                f"# batch -> index into CONFIGS_{name} (the tuned winner at that batch)",
-                f"CONFIG_INDEX_{name} = {index!r}",
-                "# batch -> TARGET_CTAS, read by the launcher (grid size), not a kernel argument",
-                f"TARGET_CTAS_{name} = { ({c: t.TARGET_CTAS for c, t in by_c.items()})!r}",
+                f"CONFIG_INDEX_{name} = { ({int(c): i for c, i in index.items()})!r}",
+                f"TARGET_CTAS_{name} = { ({int(c): int(t.TARGET_CTAS) for c, t in by_c.items()})!r}",
             ]
     meta = ", ".join(p.name for p in PARAMS if p.role is Role.META)
     options = ", ".join(p.name for p in PARAMS if p.role is Role.OPTION)
     head = [
         '"""Tuned configs of the sparse-MLA decode kernel, written by `tuner export --format triton`.',
         "",
-        "Per device and workload: CONFIGS_<NAME>, a list of triton.Config for",
-        "@triton.autotune(configs=CONFIGS_<NAME>, key=[...]) holding the kernel's meta-parameters",
-        f"({meta}) and compile options ({options}; a 0 maxnreg is left out);",
-        "CONFIG_INDEX_<NAME>, the winner per batch size; TARGET_CTAS_<NAME>, the launch-side split target",
-        "per batch size (it sizes the grid, so the launcher reads it for the nearest batch key; it is not",
-        "a kernel argument). BALANCED=1 changes the grid's shape too: kernels.config.split_grid gives it.",
-        f"Source: {redact_url(store.url)}; only configs that passed the correctness gate.",
+        "Per device and workload NAME (see TABLES): CONFIGS_<NAME>, a list of triton.Config holding the",
+        f"kernel's meta-parameters ({meta}, all kernel arguments) and compile options ({options};",
+        "a 0 maxnreg is left out); CONFIG_INDEX_<NAME>, batch size -> the index of the config tuned there;",
+        "TARGET_CTAS_<NAME>, batch size -> the launch-side split target (it sizes the grid: not a kernel",
+        "argument). BALANCED=1 changes the grid's shape too: kernels.config.split_grid gives it.",
+        "",
+        "Pick by batch, never by re-timing (the tuner measured these under its noise control):",
+        "",
+        "    cfg = config_for(NAME, B)          # the tuned triton.Config for the nearest tuned batch",
+        "    ctas = target_ctas(NAME, B)        # and its TARGET_CTAS, for the grid",
+        "    kernel = triton.autotune(**autotune_kwargs(NAME, 'B'))(kernel)   # or let autotune pick it",
+        "",
+        "autotune_kwargs gives triton.autotune the configs, key=[batch_arg], a prune_configs_by that keeps",
+        "the tuned config for the batch, and a do_bench that times nothing.",
         '"""',
         "",
         "import triton",
         "",
-        "__all__ = [",
-        *(f'    "{p}_{n}",' for n in names for p in ("CONFIGS", "CONFIG_INDEX", "TARGET_CTAS")),
-        "]",
+        f"SOURCE = {ascii(redact_url(store.url))}",
+        "# NAME -> the device names (as stored), workload, kernel hash, Triton version and median per batch",
+        f"TABLES = {ascii(meta_rows)}",
+        *body,
+        "",
+        "CONFIGS = {" + ", ".join(f"{n!r}: CONFIGS_{n}" for n in names) + "}",
+        "CONFIG_INDEX = {" + ", ".join(f"{n!r}: CONFIG_INDEX_{n}" for n in names) + "}",
+        "TARGET_CTAS = {" + ", ".join(f"{n!r}: TARGET_CTAS_{n}" for n in names) + "}",
     ]
-    return "\n".join(head + body) + "\n"
+    exported = [f"{p}_{n}" for n in names for p in ("CONFIGS", "CONFIG_INDEX", "TARGET_CTAS")]
+    helpers = ["nearest_batch", "config_for", "target_ctas", "prune_configs_by", "no_timing", "autotune_kwargs"]
+    tail = [
+        "",
+        "__all__ = " + repr(["SOURCE", "TABLES", "CONFIGS", "CONFIG_INDEX", "TARGET_CTAS", *exported, *helpers]),
+    ]
+    return "\n".join(head) + "\n" + _HELPERS + "\n".join(tail) + "\n"

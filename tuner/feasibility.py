@@ -7,9 +7,15 @@ the launcher's own plan, so the check cannot drift from what runs. Registers and
 triton package. The verdict always comes from the compiled number; :func:`estimate_shared` explains it.
 
 ``@triton.jit`` decides interpreter-or-compiler at import time, so compiles run in the compile
-process (:mod:`tuner.compile_process`) started without ``TRITON_INTERPRET``, several configs in
-parallel. Verdicts are cached in the results database (table ``tuner_feasibility``) by
-(kernel source hash, triton version, target, compile key, workload shape).
+process (:mod:`tuner.compile_process`) started without ``TRITON_INTERPRET``, several kernels in
+parallel, each distinct kernel once. Verdicts are cached in the results database (table
+``tuner_feasibility``) by (kernel source hash, triton version, target, compile key, workload shape).
+
+Where registers cannot decide the verdict (no ``max_spill_bytes``) a check may stop each compile once
+Triton's own shared-memory allocation has run (``registers=False``, the compile process's ``shared``
+depth): the verdict is the compiler's ``shared`` for the target, and registers and the stack frame
+are left unknown (None). Those numbers are cached apart from full ones, so a search, which records
+registers with every trial, still compiles through ptxas.
 """
 
 from __future__ import annotations
@@ -44,8 +50,8 @@ class Feasibility:
     feasible: bool
     shared_bytes: int  # compiled, the larger of the split and combine kernels
     limit_bytes: int
-    registers: int  # per thread, split kernel
-    spill_bytes: int  # stack frame of the split kernel (ptxas spills live there)
+    registers: int | None  # per thread, split kernel (None: not compiled that far, see registers=False)
+    spill_bytes: int | None  # stack frame of the split kernel (ptxas spills live there)
     estimate_bytes: int  # analytic estimate, see estimate_shared
     reason: str  # why it does not fit; for a feasible config, warnings (spills) or ""
 
@@ -98,12 +104,15 @@ def estimate_shared(config: KernelConfig, workload: Workload) -> int:
     return max(loop, epilogue)
 
 
-def cache_key(config: KernelConfig, workload: Workload, target: str) -> str:
-    """The compiled binary's identity: TARGET_CTAS only sets the grid, so it is not part of the key."""
+def cache_key(config: KernelConfig, workload: Workload, target: str, depth: str = "cubin") -> str:
+    """The compiled binary's identity: TARGET_CTAS only sets the grid, so it is not part of the key.
+    ``depth="shared"`` names the shared-memory-only numbers (no registers), kept apart from full ones."""
     shape = (workload.kv_format, workload.heads, workload.topk, workload.page_size)
     if workload.call() is not None:  # the whole call compiles more variants (extra cache, sink)
         shape = (*shape, json.dumps(workload.call(), sort_keys=True))
     raw = json.dumps([kernel_source_hash(), triton.__version__, target, config.compile_key(), shape])
+    if depth != "cubin":
+        raw += f"|{depth}"
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
@@ -115,15 +124,16 @@ def compile_numbers(
     workload: Workload,
     cc: int,
     on_progress: Callable[[int, int], None] | None = None,
+    depth: str = "cubin",
 ) -> list[dict]:
     """Compile each config's kernels for ``sm_<cc>`` in the compile process: ``{shared, registers, stack}``
-    or ``{error}`` per config.
+    or ``{error}`` per config (``depth="shared"``: registers and stack None, see the module docstring).
 
     ``on_progress(done, total)`` is called with ``(0, total)`` before the first compile, then once per
     finished compile as the process reports it (from this thread, in completion order).
     """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    jobs = [{"config": c.as_dict(), "workload": asdict(workload), "cc": cc} for c in configs]
+    jobs = [{"config": c.as_dict(), "workload": asdict(workload), "cc": cc, "depth": depth} for c in configs]
     if on_progress is not None:
         on_progress(0, len(jobs))
     proc = subprocess.Popen(
@@ -177,15 +187,15 @@ def _verdict(
     est = estimate_shared(config, workload)
     if "error" in numbers:
         return Feasibility(False, 0, limit, 0, 0, est, f"does not compile for {target}: {numbers['error']}")
-    shared, regs, spill = numbers["shared"], numbers["registers"], numbers["stack"]
+    shared, regs, spill = numbers["shared"], numbers.get("registers"), numbers.get("stack")
     reasons = []
     if shared > limit:
         reasons.append(f"shared {fmt_bytes(shared)} > {target} limit {fmt_bytes(limit)}")
-    if max_spill_bytes is not None and spill > max_spill_bytes:
+    if max_spill_bytes is not None and spill is not None and spill > max_spill_bytes:
         reasons.append(f"spills {fmt_bytes(spill)} > max_spill_bytes {fmt_bytes(max_spill_bytes)}")
     if reasons:
         return Feasibility(False, shared, limit, regs, spill, est, "; ".join(reasons))
-    note = f"spills {fmt_bytes(spill)} (stack frame)" if spill else ""
+    note = f"spills {fmt_bytes(spill)} (stack frame)" if spill else ""  # None: not compiled to SASS
     return Feasibility(True, shared, limit, regs, spill, est, note)
 
 
@@ -210,25 +220,32 @@ def check_many(
     enforce_device: bool = False,
     store=None,
     on_progress: Callable[[int, int], None] | None = None,
+    registers: bool = True,
 ) -> list[Feasibility]:
     """Verdicts for many configs of one workload; uncached ones compile in one compile process.
 
     With a results database (``store``) verdicts are cached there; without one every check compiles.
     ``on_progress(done, total)`` counts the compiles (one per uncached compile key, see
-    :func:`compile_numbers`); it is not called when everything is cached.
+    :func:`compile_numbers`); it is not called when everything is cached. ``registers=False`` (allowed
+    only without ``max_spill_bytes``: spills would decide) stops each compile after shared-memory
+    allocation; the verdicts' registers and spill bytes are then None unless full numbers are cached.
     """
     cc = target_cc(target)
     limit = TARGETS[target]
     if enforce_device and (dev := device_limit()) is not None:
         limit = min(limit, dev)
-    keys = [cache_key(c, workload, target) for c in configs]
+    depth = "cubin" if registers or max_spill_bytes is not None else "shared"
+    full = [cache_key(c, workload, target) for c in configs]
+    keys = full if depth == "cubin" else [cache_key(c, workload, target, depth) for c in configs]
     known: dict[str, dict] = {}
     if store is not None:
         with store.session() as s:
-            known = queries.feasibility_get(s, keys)
+            known = queries.feasibility_get(s, list(dict.fromkeys(full + keys)))
+        # full numbers answer a shared-only question too
+        known.update({k: known[f] for f, k in zip(full, keys, strict=True) if f in known})
     todo = list({k: i for i, k in enumerate(keys) if k not in known}.values())  # one compile per key
     if todo:
-        numbers = compile_numbers([configs[i] for i in todo], workload, cc, on_progress)
+        numbers = compile_numbers([configs[i] for i in todo], workload, cc, on_progress, depth)
         fresh = dict(zip([keys[i] for i in todo], numbers, strict=True))
         if store is not None:
             with store.session() as s:

@@ -191,7 +191,7 @@ class Runner:
     def measure(self, req: MeasureRequest) -> MeasureReply:
         wl, batch, cand, base = req.workload, req.batch, req.candidate, req.baseline
         _inject_fault(cand)
-        num_splits = split_grid(cand, batch, wl.heads, wl.topk).slots
+        num_splits = splits_of(cand, wl, batch)
         errs = {}
         if req.check:
             g = self.gate(wl, batch, cand, req.seed)
@@ -213,7 +213,13 @@ class Runner:
         samples, reps = self._pairs(
             lambda: self._capture(pools[0], wl, cfg), lambda: self._capture(pools[1], wl, cfg), req.pairs
         )
-        return MeasureReply(Verdict.OK, "", samples, reps, split_grid(cfg, batch, wl.heads, wl.topk).slots)
+        return MeasureReply(Verdict.OK, "", samples, reps, splits_of(cfg, wl, batch))
+
+
+def splits_of(cfg: KernelConfig, wl: Workload, batch: int) -> int:
+    """The partials per row of the main cache's split launch, as recorded with a trial: the grid's rows are
+    ``batch`` requests times ``wl.q_tokens`` query tokens (as ``tuner.study.launch_key`` counts them)."""
+    return split_grid(cfg, batch * wl.q_tokens, wl.heads, wl.topk).slots
 
 
 def _inject_fault(cfg: KernelConfig) -> None:

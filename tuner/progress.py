@@ -7,7 +7,8 @@ Three modes, picked once per :class:`Progress`:
 - **lines** (no TTY: logs, CI): never a carriage return. One plain line per task and phase
   (``v4_flash C=96: screening 87 launches``), and while a task counts, a progress line only when it
   passes a 10 % step and at least ``interval_s`` (10 s; ``$TUNER_PROGRESS_INTERVAL_S``) after the
-  previous line: at most 10 per task, however many items.
+  previous line: at most 10 per task, however many items; each says the time left at the rate so far
+  (``compiled 40/126 (31 %), about 3 min left``), as the bars do.
 - **off** (``quiet``): nothing at all, except :meth:`Progress.warn`.
 
 API::
@@ -108,6 +109,11 @@ class Progress:
         Its :meth:`Task.close` advances the overall bar."""
         return Task(self, name, total, initial, counts_as_study=True)
 
+    def task(self, name: str, total: int) -> Task:
+        """A counted piece of work that is neither a study nor a compile (e.g. calibrate's levels);
+        ``<name>: done in 23 s (<summary>)`` on close."""
+        return Task(self, name, total, 0)
+
     def compiling(self, name: str, n: int | None = None) -> Task:
         """A compile task, used as ``on_progress``: says ``<name>: compile <total> configs ...`` at its first
         call (so nothing shows when every verdict is cached) and ``<name>: compiled <n> in 12 s`` on close."""
@@ -139,7 +145,7 @@ class Task:
         start: Callable[[int], str] | None = None,
         counts_as_study: bool = False,
     ) -> None:
-        self.progress, self.name, self.total, self.done = progress, name, total, initial
+        self.progress, self.name, self.total, self.done, self.initial = progress, name, total, initial, initial
         self.label, self.start, self.counts_as_study = label, start, counts_as_study
         self.t0 = progress.clock()
         self.lock = threading.Lock()
@@ -242,4 +248,12 @@ class Task:
             pct = f" ({100 * done // total} %)" if total else ""
             head = f"{self.label} " if self.label else ""
             tail = f", {postfix}" if postfix else ""
-            self.progress.message(f"{self.name}: {head}{done}/{total}{pct}{tail}")
+            eta = f", about {duration(self.eta_s(now))} left" if self.eta_s(now) is not None else ""
+            self.progress.message(f"{self.name}: {head}{done}/{total}{pct}{eta}{tail}")
+
+    def eta_s(self, now: float) -> float | None:
+        """Seconds left at the rate so far (None before the first item or after the last)."""
+        done = self.done - self.initial
+        if done <= 0 or self.total <= self.done:
+            return None
+        return (now - self.t0) / done * (self.total - self.done)

@@ -18,6 +18,7 @@ import optuna
 from db import queries
 from db import record
 from db.errors import DatabaseError
+from db.errors import DatabaseGoneError
 from db.models import StudyModel
 from db.verdicts import Effect
 from db.verdicts import Phase
@@ -119,6 +120,8 @@ class StudyRecorder:
         try:
             with run.store.session() as s, s.begin_nested():
                 return add_samples(s, trial_id, Phase.FINALIST, reply, proc.gpu_index, band, seed=trial_id)
+        except DatabaseGoneError:
+            raise  # every later write fails too
         except DatabaseError:
             return None  # another host re-measured this finalist first
 

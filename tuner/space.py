@@ -14,6 +14,7 @@ import hashlib
 import itertools
 import json
 import math
+import re
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
@@ -384,9 +385,41 @@ def _read(path: str):
     return text, doc
 
 
+# The shipped spaces: installed as tuner/search_spaces/ (the wheel), or search_spaces/ beside tuner/ (a checkout).
+SHIPPED_DIRS = (Path(__file__).parent / "search_spaces", Path(__file__).parent.parent / "search_spaces")
+_SPACE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,100}")
+
+
+def shipped_spaces() -> dict[str, Path]:
+    """The spaces that come with the package, by name (``v4_flash_tp4`` -> its ``.yaml``)."""
+    out: dict[str, Path] = {}
+    for folder in SHIPPED_DIRS:
+        if folder.is_dir():
+            for f in sorted(folder.glob("*.yaml")):
+                out.setdefault(f.stem, f)
+    return out
+
+
+def resolve_space(path: str | Path) -> str:
+    """A space file, or the name of a shipped space (``v4_flash_tp4``, ``v4_flash_tp4.yaml``): the file to read.
+
+    A file that exists always wins; a bare name that is not a file names a shipped space."""
+    text = str(path)
+    if Path(text).exists() or not _SPACE_NAME.fullmatch(text):
+        return text
+    shipped = shipped_spaces()
+    name = text.removesuffix(".yaml").removesuffix(".yml")
+    if name in shipped:
+        return str(shipped[name])
+    raise SpaceError(
+        f"{_show(text, 100)}: no such file, and no shipped space of that name (shipped: {', '.join(shipped)})"
+    )
+
+
 def load_space(path: str | Path) -> SearchSpace:
-    """Read and validate a search-space file; raise :class:`SpaceError` with a clear message."""
-    path = str(path)
+    """Read and validate a search-space file (or a shipped space by name, :func:`resolve_space`); raise
+    :class:`SpaceError` with a clear message."""
+    path = resolve_space(path)
     text, doc = _read(path)
     if not isinstance(doc, dict):
         raise SpaceError(f"{path}: must be a YAML mapping with keys {list(TOP_KEYS)}, got {type(doc).__name__}")

@@ -1,0 +1,120 @@
+"""Output people can read: every default table within 100 columns with the config key, median, CI,
+verdict, band and ties; `--wide`, json and csv with every field; a missing level names the ones there."""
+
+import csv
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner.output import WIDTH
+from tuner.output import table
+
+ROOT = Path(__file__).resolve().parent.parent
+H200_DB = ROOT / "results" / "h200.db"
+
+
+def tuner(*args, cwd=None):
+    exe = shutil.which("tuner")
+    cmd = [exe] if exe else [sys.executable, "-m", "tuner"]
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=600, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def h200(tmp_path_factory):
+    """A copy of the committed H200 results (the original is never opened for writing)."""
+    path = tmp_path_factory.mktemp("h200") / "h200.db"
+    shutil.copy(H200_DB, path)
+    return f"sqlite:///{path}"
+
+
+def _width(text: str) -> int:
+    return max((len(line) for line in text.splitlines()), default=0)
+
+
+LISTINGS = [
+    ["best", "--concurrency", "96"],
+    ["best", "--concurrency", "1", "--space", "v32_tp8"],
+    ["trials", "--concurrency", "96"],
+    ["trials", "--verdict", "infeasible"],
+    ["studies"],
+    ["show", "18272"],
+    ["compare", "T32-w4-s1-c512-p1", "T16-w4-s2-c256"],
+]
+
+
+@pytest.mark.parametrize("args", LISTINGS, ids=lambda a: "-".join(a[:2]))
+def test_default_tables_fit_100_columns(h200, args):
+    proc = tuner(*args, "--db", h200)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() and _width(proc.stdout) <= WIDTH, _width(proc.stdout)
+    assert _width(proc.stderr) <= WIDTH
+
+
+def test_best_names_its_config_with_median_ci_verdict_band_and_ties(h200):
+    proc = tuner("best", "--concurrency", "96", "--db", h200)
+    header = proc.stdout.splitlines()[0].split()
+    for column in ("config", "median_us", "CI", "verdict", "band", "ties"):
+        assert column in header, header
+    rows = json.loads(tuner("best", "--concurrency", "96", "--db", h200, "-f", "json").stdout)
+    for r in rows:  # the config key is whole in the table, and tied_with's keys are config keys
+        assert r["config"] in proc.stdout
+        assert all("-w" in k for k in r["tied_with"].split())
+
+
+def test_wide_json_and_csv_carry_every_field(h200):
+    wide = tuner("best", "--concurrency", "96", "--db", h200, "--wide")
+    assert wide.returncode == 0 and _width(wide.stdout) > WIDTH
+    rows = json.loads(tuner("best", "--concurrency", "96", "--db", h200, "-f", "json").stdout)
+    fields = set(rows[0])
+    assert {"config", "BLOCK_T", "ci_low_us", "ratio_ci_high", "noise_band", "tied_with", "GBps", "date"} <= fields
+    header = wide.stdout.splitlines()[0].split()
+    assert fields <= set(header)
+    text = tuner("best", "--concurrency", "96", "--db", h200, "-f", "csv").stdout
+    (first, *_) = list(csv.DictReader(io.StringIO(text)))
+    assert set(first) == fields
+
+
+def test_a_missing_level_names_the_levels_there_and_the_nearest(h200):
+    proc = tuner("best", "--concurrency", "3", "--db", h200)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    line = proc.stderr.strip()
+    assert "concurrency 3" in line and "1, 2, 4, 8, 16" in line and "(nearest: 2)" in line
+    proc = tuner("best", "--concurrency", "90", "--db", h200, "--space", "v32_tp8")
+    assert "(nearest: 88)" in proc.stderr and "--space 'v32_tp8'" in proc.stderr
+
+
+def test_a_table_gives_way_in_its_text_columns_never_in_a_config_key():
+    rows = [
+        {"space": "s" * 60, "config": "T32-w4-s1-c256-p3-b1", "median_us": 33.895, "reason": "r" * 80},
+        {"space": "t", "config": "T16-w4-s2-c256", "median_us": 1.0, "reason": ""},
+    ]
+    text = table(rows)
+    assert _width(text) <= WIDTH
+    assert "T32-w4-s1-c256-p3-b1" in text and "33.895" in text and "…" in text
+    narrow = [{"config": "T32-w4-s1-c256-p3-b1", "x": 1}]
+    assert table(narrow) == table(narrow, width=1000)  # nothing cut when it fits
+
+
+def test_stored_strings_cannot_break_a_table_or_drive_the_terminal(h200, tmp_path):
+    """A results database may come from someone else: a device name with a newline or a terminal escape
+    stays one cell of one row, shown as escapes, in the brief and the wide table alike."""
+    import sqlite3
+
+    path = tmp_path / "hostile.db"
+    shutil.copy(h200.removeprefix("sqlite:///"), path)
+    con = sqlite3.connect(path)
+    con.execute("UPDATE tuner_environments SET gpu_name = ?", ("GPU\n\x1b[2J\x1b[31mred\x07",))
+    con.commit()
+    con.close()
+    for extra in ([], ["--wide"]):
+        proc = tuner("studies", "--db", f"sqlite:///{path}", *extra)
+        assert proc.returncode == 0, proc.stderr
+        assert "\x1b" not in proc.stdout and "\x07" not in proc.stdout
+        lines = proc.stdout.splitlines()
+        assert len(lines) == 2 + len(json.loads(tuner("studies", "--db", f"sqlite:///{path}", "-f", "json").stdout))
+        assert all("GPU\\n\\x1b[2J" in ln for ln in lines[2:])

@@ -1,0 +1,132 @@
+"""What a user who installs the wheel gets: the shipped spaces by name, optional matplotlib, a true Python floor."""
+
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+SPACES = sorted(p.stem for p in (ROOT / "search_spaces").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def wheel_install(tmp_path_factory):
+    """The project's wheel, built here and installed alone into a folder (dependencies come from this
+    interpreter): what ``pip install sparse-mla-tuner`` puts on a machine, without the checkout."""
+    out = tmp_path_factory.mktemp("wheel")
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(ROOT), "-w", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=out,
+    )
+    if build.returncode != 0:
+        pytest.skip(f"cannot build the wheel here: {build.stderr.strip()[-300:]}")
+    wheel = next(out.glob("*.whl"))
+    target = out / "site"
+    inst = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert inst.returncode == 0, inst.stderr
+    return wheel, target
+
+
+def _run(target, *args, cwd):
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
+
+
+def test_the_wheel_carries_the_shipped_spaces(wheel_install):
+    wheel, _ = wheel_install
+    names = zipfile.ZipFile(wheel).namelist()
+    assert sorted(n for n in names if n.startswith("tuner/search_spaces/")) == [
+        f"tuner/search_spaces/{s}.yaml" for s in SPACES
+    ]
+    assert not any(n.startswith("search_spaces/") for n in names)  # no top-level package of that name
+
+
+def test_a_shipped_space_by_name_from_a_wheel_install(wheel_install, tmp_path):
+    """Outside the checkout, `tuner check smoke` and `load_space("v4_flash_tp4")` find the installed spaces."""
+    _, target = wheel_install
+    code = (
+        "import tuner.space as s, json; "
+        f"print(json.dumps({{n: [s.load_space(n).name, s.resolve_space(n)] for n in {SPACES!r}}}))"
+    )
+    proc = _run(target, "-c", code, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    got = json.loads(proc.stdout)
+    for name, (space_name, path) in got.items():
+        assert Path(path).is_relative_to(target) and Path(path).name == f"{name}.yaml"
+        assert space_name == name  # each shipped space is named as its file
+    proc = _run(target, "-m", "tuner", "check", "smoke", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"\d+ feasible / \d+ infeasible for sm_120", proc.stdout + proc.stderr)
+
+
+def test_an_unknown_space_name_is_one_sentence_naming_the_shipped_ones(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tuner", "check", "v4_flash"], capture_output=True, text=True, cwd=tmp_path, env=env
+    )
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    msg = proc.stderr.strip()
+    assert "no shipped space of that name" in msg and "v4_flash_tp4" in msg and len(msg.splitlines()) == 1
+
+
+def test_a_file_beats_a_shipped_name(tmp_path, monkeypatch):
+    from tuner.space import resolve_space
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "smoke").write_text("name: mine\n")
+    assert resolve_space("smoke") == "smoke"
+    assert resolve_space("v32_tp8") == str(ROOT / "search_spaces" / "v32_tp8.yaml")
+    assert resolve_space("v32_tp8.yaml") == str(ROOT / "search_spaces" / "v32_tp8.yaml")
+    assert resolve_space("some/dir/x.yaml") == "some/dir/x.yaml"  # a path is a path: its error says so
+
+
+def test_report_plots_without_matplotlib_say_how_to_get_it(tmp_path):
+    """matplotlib is the [report] extra: without it, `tuner report --plots` is one sentence, and the report itself
+    still works."""
+    db = ROOT / "results" / "h200.db"
+    if not db.exists():
+        pytest.skip("no committed results database")
+    import shutil
+
+    from db.store import Store
+
+    copy = tmp_path / "h200.db"
+    shutil.copy(db, copy)
+    Store(f"sqlite:///{copy}", upgrade=True)
+    blocker = tmp_path / "block"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text("import sys\nsys.modules['matplotlib'] = None\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocker), str(ROOT)])}
+    cmd = [sys.executable, "-m", "tuner", "report", "--db", f"sqlite:///{copy}"]
+    proc = subprocess.run([*cmd, "--plots", str(tmp_path / "plots")], capture_output=True, text=True, env=env)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "needs matplotlib" in proc.stderr and "sparse-mla-tuner[report]" in proc.stderr
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0 and "## " in proc.stdout, proc.stderr
+
+
+def test_the_declared_versions_are_the_tested_ones():
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert meta["requires-python"] == ">=3.11"  # db/verdicts.py uses enum.StrEnum (3.11)
+    assert "StrEnum" in (ROOT / "db" / "verdicts.py").read_text()
+    triton = next(d for d in meta["dependencies"] if d.startswith("triton"))
+    assert triton == "triton>=3.6,<3.10"  # .ci/run: the suite on 3.6.0, the kernel's tests on 3.9.0
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "triton==3.6.0" in ci and "triton==3.9.0" in ci
+    assert not any(d.startswith("matplotlib") for d in meta["dependencies"])
+    assert meta["optional-dependencies"]["report"] == ["matplotlib>=3.7"]
