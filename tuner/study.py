@@ -409,7 +409,10 @@ class StudyRun:
                 with pg.lock:
                     if self.stop.requested or pg.stopped or self._out_of_time():
                         return
-                    trial = self._next_trial()
+                    try:
+                        trial = self._next_trial()
+                    except optuna.exceptions.UpdateFinishedTrialError:
+                        trial = None  # another process finished the trial this one was pruning: nothing lost
                 if trial is None:
                     if pg.stopped:
                         return
@@ -455,8 +458,11 @@ class StudyRun:
         cfg = KernelConfig.from_dict(trial.params)
         why = self._not_a_candidate(cfg)
         if why is not None:  # a sampler's suggestion that needs no launch
-            trial.set_user_attr("reason", why)
-            self.study.tell(trial, state=PRUNED)
+            try:
+                trial.set_user_attr("reason", why)
+                self.study.tell(trial, state=PRUNED)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                pass  # another process finished it first
             return
         key, original = self._duplicate_of(cfg) if self.plan.verdicts[cfg].feasible else (None, None)
         # the heartbeat runs until Optuna is told: a finalist re-measurement can take longer than the grace
