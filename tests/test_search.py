@@ -238,6 +238,8 @@ def test_out_of_resources_at_launch_is_recorded_as_infeasible(tmp_path):
         "1",
         "--n-trials",
         "2",
+        "--sampler",
+        "grid",  # the grid's order: the baseline, then T16-w4-s1-c4
         env={"TUNER_FAULT": "oor@T16-w4-s1-c4"},
     )
     assert proc.returncode == 0, proc.stderr

@@ -71,7 +71,7 @@ BAD = [
     (GOOD.replace('"BLOCK_T * num_stages <= 32"', '"__import__(1)"'), "`constraints[0]`: may use only"),
     (GOOD.replace('"BLOCK_T * num_stages <= 32"', '"BLOCK_N < 3"'), "unknown name 'BLOCK_N'"),
     (GOOD.replace("rounds: 5", "rounds: 2"), "`measurement.rounds`: must be >= 3"),
-    (GOOD.replace("name: grid", "name: random"), "`sampler.name`: must be one of ['grid', 'tpe']"),
+    (GOOD.replace("name: grid", "name: random"), "`sampler.name`: must be one of ['grid', 'surrogate', 'tpe']"),
     (GOOD.replace("constraints: [", "constraints: [[").replace('32"]', '32"]]'), "`constraints[0]`"),
     ("workloads: [\n", "not valid YAML at line"),
     (GOOD.replace('"BLOCK_T * num_stages <= 32"', '"BLOCK_T > 64"'), "`baseline`: violates the constraints"),

@@ -135,7 +135,7 @@ def test_four_first_starts_on_a_new_postgresql_database(db_url):
         subprocess.Popen(_cmd(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(4)
     ]
     errs = [p.communicate(timeout=1800)[1] for p in procs]
-    failed = [f"exit {p.returncode}: ...{e[-2000:]}" for p, e in zip(procs, errs) if p.returncode != 0]
+    failed = [f"exit {p.returncode}: ...{e[-2000:]}" for p, e in zip(procs, errs, strict=True) if p.returncode != 0]
     assert not failed, "\n".join(failed)
     password = db_url.split("@")[0].rsplit(":", 1)[-1]
     assert all(f":{password}@" not in e for e in errs)  # the password is never shown

@@ -9,6 +9,7 @@ that beats every value told so far gets its finalist rounds before Optuna is tol
 
 from __future__ import annotations
 
+import re
 import time
 import zlib
 
@@ -20,12 +21,24 @@ from db import record
 from db.errors import DatabaseError
 from db.errors import DatabaseGoneError
 from db.models import StudyModel
+from db.models import get_or_create
 from db.verdicts import Effect
 from db.verdicts import Phase
 from db.verdicts import Verdict
 from kernels.config import KernelConfig
+from kernels.config import kernel_source_hash
 from tuner import stats
 from tuner.protocol import MeasureReply
+
+RUNNING, COMPLETE = optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.COMPLETE
+
+
+def slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "_", s).strip("_")
+
+
+def study_name(space: str, workload: str, concurrency: int, device: str, backend: str, kernel: str) -> str:
+    return f"{space}/{workload}/C{concurrency}/{slug(device)}/{backend}/k{kernel}"
 
 
 class StudyRecorder:
@@ -230,3 +243,89 @@ def baseline_median(samples) -> float:
 
 def _direction(st) -> Effect:
     return Effect.WIN if st.ratio < 1.0 else Effect.REGRESSION
+
+
+class StudyRecords:
+    """Mixed into :class:`tuner.study.StudyRun`: the study's own rows, what the Optuna study shows of it beyond
+    its trials (attributes, heartbeats of running trials), and the finalist re-measurement that keeps Optuna's
+    best the tuner's best."""
+
+    def _open_rows(self) -> set[str]:
+        """The study's database rows (created if new); returns the configs it has already recorded."""
+        plan, info = self.plan, self.processes[0].info
+        base = study_name(
+            plan.space.name, plan.spec.name, plan.concurrency, info["gpu_name"], self.opts.backend, kernel_source_hash()
+        )
+        with self.store.session() as s:
+            env = queries.ensure_environment(s, info)
+            kernel = queries.ensure_kernel(s, kernel_source_hash())
+            wrow = queries.ensure_workload(s, **plan.spec.fields())
+            srow = queries.ensure_space(s, plan.space.name, plan.space.text_hash, plan.space.text, plan.space.path)
+            self.name = base
+            if self.opts.remeasure:  # a fresh study beside the old ones: nothing measured before is lost
+                n_old = s.query(StudyModel).filter(StudyModel.name.like(base + "%")).count()
+                self.name = f"{base}#r{n_old + 1}" if n_old else base
+            row = get_or_create(
+                s,
+                StudyModel,
+                name=self.name,
+                space_id=srow.id,
+                workload_id=wrow.id,
+                environment_id=env.id,
+                kernel_id=kernel.id,
+                concurrency=plan.concurrency,
+                backend=self.opts.backend,
+            )
+            self.study_id, self.kernel_id, self.workload_id, self._env_id = row.id, kernel.id, wrow.id, env.id
+            return set(queries.done_keys(s, row.id))
+
+    def env_id(self) -> int:
+        return self._env_id
+
+    def _beat_running_trials(self) -> None:
+        """One heartbeat for every running trial. Optuna fails only a trial whose heartbeat went silent, so a
+        process killed between ``ask`` and its trial's first beat would hold that config as running forever.
+        With one beat it goes stale after the grace period, and is failed and re-queued."""
+        if self._beats:
+            for t in self.study.get_trials(deepcopy=False, states=(RUNNING,)):
+                self.storage.record_heartbeat(self._trial_id(t))
+
+    def _describe_study(self) -> None:
+        """Metric name and attributes, so the study reads on its own in Optuna's tools (optuna-dashboard)."""
+        plan, info = self.plan, self.processes[0].info
+        shared_write(lambda: self.study.set_metric_names(["median_us"]))
+        attrs = {
+            "objective": "median_us: this study's baseline median x the candidate's paired ratio (lower is better)",
+            "space": plan.space.name,
+            "workload": plan.spec.name,
+            "concurrency": plan.concurrency,
+            "device": info["gpu_name"],
+            "backend": self.opts.backend,
+            "target_arch": plan.space.target,
+            "baseline": str(plan.space.baseline),
+            "kernel_hash": kernel_source_hash(),
+            "strategy": self.strategy.name,
+        }
+        for k, v in attrs.items():
+            shared_write(lambda k=k, v=v: self.study.set_user_attr(k, v))
+
+    def _told_min(self) -> float | None:
+        """The lowest ratio Optuna was told before (a resumed study), or None."""
+        told = [t.user_attrs.get("ratio") for t in self.study.get_trials(deepcopy=False, states=(COMPLETE,))]
+        return min((r for r in told if r is not None), default=None)
+
+    def _record_finalist(self, proc, trial_id: int, cfg: KernelConfig, stat, band: float):
+        """A screening result that beats everything told to Optuna so far is re-measured with the finalist
+        rounds at once, and Optuna is told that estimate instead.
+
+        So every value Optuna holds is either a finalist estimate or a screening estimate no lower than some
+        finalist estimate, and Optuna's best trial is the tuner's best (the best finalist). Returns the
+        finalist statistic, or None.
+        """
+        k, rounds = self.plan.space.measurement["finalists"], self.plan.space.measurement["finalist_rounds"]
+        with self.progress.lock:
+            record_low = self.progress.told_min is None or stat.ratio < self.progress.told_min
+        if not (k and rounds and record_low):
+            return None
+        self.bar.phase(f"finalist: {cfg} beats all so far, {rounds} more rounds")
+        return self.recorder.finalist(proc, trial_id, cfg, band)

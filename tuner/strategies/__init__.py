@@ -17,63 +17,13 @@ an ordinary Optuna study; TPE instead proposes through Optuna's own sampler (``a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from dataclasses import field
-
-from kernels.config import KernelConfig
-from kernels.workload import Workload
+from tuner.strategies.base import Level
+from tuner.strategies.base import Strategy
 
 DEFAULT = "surrogate"
 NAMES = ("grid", "tpe", "surrogate")
 
-
-@dataclass
-class Level:
-    """What a strategy sees of one study (one workload at one concurrency)."""
-
-    concurrency: int
-    workload: Workload
-    candidates: list[KernelConfig]  # one config per distinct feasible launch, in queue order (baseline first)
-    measured: dict[KernelConfig, float | None] = field(default_factory=dict)  # log ratio; None: failed
-    pending: set[KernelConfig] = field(default_factory=set)  # queued or running, not yet recorded
-    band: float = 0.01
-    baseline: KernelConfig | None = None
-    neighbours: dict[KernelConfig, list[KernelConfig]] = field(default_factory=dict)  # one step in one parameter
-    representative: object = None  # config -> the candidate that stands for its launch here (or None)
-    resources: dict = field(default_factory=dict)  # config key -> (registers, shared bytes), compiled for the target
-    sm_count: int = 0  # multiprocessors of the device that measures
-
-    def open(self) -> list[KernelConfig]:
-        """Candidates neither measured nor pending, in queue order."""
-        return [c for c in self.candidates if c not in self.measured and c not in self.pending]
-
-    def best(self) -> tuple[KernelConfig, float] | None:
-        ok = [(c, y) for c, y in self.measured.items() if y is not None]
-        return min(ok, key=lambda cy: cy[1]) if ok else None
-
-
-class Strategy:
-    """One search strategy. ``propose`` and ``stop_reason`` are called under the study's lock."""
-
-    name = ""
-    asks = False  # True: Optuna's own sampler proposes (``study.ask``), narrowed to the candidates
-
-    def sampler(self, seed: int):
-        """The Optuna sampler of the study (None: Optuna's default; every trial is enqueued anyway)."""
-        return None
-
-    def propose(self, level: Level, n: int) -> list[KernelConfig]:
-        """Up to ``n`` distinct open candidates to measure next; [] when the strategy has nothing more."""
-        raise NotImplementedError
-
-    def stop_reason(self, level: Level) -> str | None:
-        """Why the level is done, or None to go on."""
-        if not level.open():
-            return f"every one of the {len(level.candidates)} distinct feasible launches measured"
-        return None
-
-    def history(self, rows) -> None:
-        """Every measurement of the space at every level (and priors); see :mod:`tuner.strategies.surrogate`."""
+__all__ = ["DEFAULT", "NAMES", "Level", "Strategy", "make"]
 
 
 def make(name: str, seed: int = 0) -> Strategy:

@@ -4,8 +4,8 @@ first, then the space's order). Reliable, and the reference the others are judge
 from __future__ import annotations
 
 from kernels.config import KernelConfig
-from tuner.strategies import Level
-from tuner.strategies import Strategy
+from tuner.strategies.base import Level
+from tuner.strategies.base import Strategy
 
 
 class Grid(Strategy):

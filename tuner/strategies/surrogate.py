@@ -36,8 +36,8 @@ from kernels.config import KernelConfig
 from kernels.config import head_blocks_for
 from kernels.config import split_grid
 from kernels.workload import Workload
-from tuner.strategies import Level
-from tuner.strategies import Strategy
+from tuner.strategies.base import Level
+from tuner.strategies.base import Strategy
 
 STOP_P = 0.05  # stop a level when P(an open launch beats the best by more than the band) is below this
 N_INIT = 6  # random first picks when the model has no data at all

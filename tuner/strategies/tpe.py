@@ -11,8 +11,8 @@ from __future__ import annotations
 import optuna
 
 from kernels.config import KernelConfig
-from tuner.strategies import Level
-from tuner.strategies import Strategy
+from tuner.strategies.base import Level
+from tuner.strategies.base import Strategy
 
 MAX_ASKS = 50  # suggestions per measurement before the first open candidate is taken instead
 

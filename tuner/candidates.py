@@ -1,0 +1,185 @@
+"""What a study's strategy sees: the candidates of a level, what is measured, and why a level stops.
+
+:class:`LevelView` is the part of :class:`tuner.study.StudyRun` that turns the study's rows into a
+:class:`tuner.strategies.Level` (candidates in queue order, log ratios measured, launches pending, each
+candidate's neighbours) and the measurements of the space at other levels into the strategy's history.
+"""
+
+from __future__ import annotations
+
+import math
+
+import optuna
+
+from db import queries
+from db.verdicts import Verdict
+from kernels.config import BY_NAME
+from kernels.config import KernelConfig
+from kernels.config import Role
+from tuner import strategies
+
+WAITING, RUNNING = optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING
+LAUNCHED = {Verdict.OK, Verdict.WRONG, Verdict.CRASHED, Verdict.TIMEOUT, Verdict.MISSING}  # measured, for the budget
+
+
+class LevelView:
+    """Mixed into :class:`tuner.study.StudyRun` (which holds plan, store, study, opts and the ids)."""
+
+    def _prior_picks(self, done: set[str]) -> list[KernelConfig]:
+        """What is measured first: the user's ``--first`` configs, then the previous kernel's five best configs
+        here, then those five with each parameter value the previous kernel never ran (see
+        :func:`new_value_variants`); each only if this space holds it, it fits and it is not measured yet."""
+        plan, info = self.plan, self.processes[0].info
+        with self.store.session() as s:
+            ranked = queries.prior_picks(
+                s,
+                self.kernel_id,
+                plan.concurrency,
+                n=None,
+                space=plan.space.name,
+                workload=plan.spec.name,
+                device=info["gpu_name"],
+                backend=self.opts.backend,
+            )
+        best = [KernelConfig.parse(k) for k in ranked[:5]]
+        variants = new_value_variants(best, [KernelConfig.parse(k) for k in ranked], plan.space.parameters)
+        return [
+            c
+            for c in dict.fromkeys([*self.opts.first, *best, *variants])
+            if c in plan.verdicts and plan.verdicts[c].feasible and str(c) not in done
+        ]
+
+    def _queue_order(self, prior: list[KernelConfig]) -> list[KernelConfig]:
+        """The candidates in measuring order: the baseline, the launches of ``prior``, then the rest in space
+        order (one config per distinct feasible launch)."""
+        rep = self.plan.representatives()
+        first = [self.plan.space.baseline, *(rep[str(p)] for p in prior if str(p) in rep)]
+        return list(dict.fromkeys(c for c in [*first, *self.plan.to_measure()] if str(c) in rep))
+
+    def _history(self) -> list[tuple]:
+        """Every measurement of this space and workload at other levels: this kernel on this device (source
+        None), and earlier records (source: kernel hash and device) as the strategy's priors."""
+        device = self.processes[0].info["gpu_name"]
+        rows = []
+        with self.store.session() as s:
+            for t in queries.trials(s, space=self.plan.space.name, workload=self.plan.spec.name):
+                if t.study_id == self.study_id or t.verdict not in LAUNCHED or t.backend != self.opts.backend:
+                    continue
+                own = t.kernel_id == self.kernel_id and t.environment.gpu_name == device
+                st = t.statistic()
+                y = math.log(st.ratio) if t.verdict == Verdict.OK and st is not None else None
+                if t.verdict == Verdict.MISSING or (not own and y is None):
+                    continue
+                try:
+                    cfg = t.config()
+                except ValueError:  # recorded under another version of the declaration
+                    continue
+                rows.append((t.concurrency, cfg, y, None if own else (t.kernel_id, t.environment.gpu_name)))
+        return rows
+
+    def _level(self) -> strategies.Level:
+        """The level as the strategy sees it: candidates, what is measured (log ratios) and what is pending."""
+        rep = self.plan.representatives()
+        with self.store.session() as s:
+            recorded = queries.done_configs(s, self.study_id)
+            measured: dict[KernelConfig, float | None] = {}
+            for key, t in recorded.items():  # every launch tried, whatever came of it (a duplicate: its original)
+                if key not in rep or t.verdict == Verdict.DUPLICATE:
+                    continue
+                st = t.statistic()
+                measured[rep[key]] = math.log(st.ratio) if t.verdict == Verdict.OK and st is not None else None
+        pending = {
+            rep[k]
+            for t in self.study.get_trials(deepcopy=False, states=(WAITING, RUNNING))
+            if (k := _key(t.params)) in rep
+        }
+        self.n_measured = len(measured)
+        return strategies.Level(
+            self.plan.concurrency,
+            self.plan.workload,
+            self.queue_order,
+            measured,
+            pending - set(measured),
+            self.band,
+            self.plan.space.baseline,
+            self._neighbours,
+            lambda cfg: rep.get(str(cfg)),
+            self._resources,
+            int(self.processes[0].info.get("sm_count") or 0),
+        )
+
+    def _make_neighbours(self) -> dict[KernelConfig, list[KernelConfig]]:
+        """Each candidate's neighbours: the launches one step away in one parameter's values (a step that
+        launches the same thing, such as a TARGET_CTAS that clamps alike, is walked past), and every value of
+        a launch-only parameter (``TARGET_CTAS``: the split count whose best value moves with C)."""
+        rep, params = self.plan.representatives(), self.plan.space.parameters
+        out = {}
+        for cand in self.queue_order:
+            near = []
+            for name, values in params.items():
+                if getattr(cand, name) not in values:
+                    continue
+                if BY_NAME[name].role is Role.LAUNCH:
+                    near += [o for v in values if (o := rep.get(str(cand.replace(**{name: v})))) not in (None, cand)]
+                    continue
+                i = values.index(getattr(cand, name))
+                for step in (-1, 1):
+                    j = i + step
+                    while 0 <= j < len(values):
+                        other = rep.get(str(cand.replace(**{name: values[j]})))
+                        if other is not None and other != cand:
+                            near.append(other)
+                            break
+                        if other is None:
+                            break
+                        j += step
+            out[cand] = list(dict.fromkeys(near))
+        return out
+
+    def _why_stop(self, level: strategies.Level) -> str | None:
+        n = self.opts.n_trials or self.plan.space.sampler.get("n_trials")
+        if n and len(level.measured) >= n:
+            return f"--n-trials {n} reached, {len(level.measured)} of {len(level.candidates)} launches measured"
+        if self.stop.requested:
+            return None
+        own = [(c, cfg, y) for c, cfg, y in ((self.plan.concurrency, cfg, y) for cfg, y in level.measured.items())]
+        self.strategy.history(self.history + [(c, cfg, y, None) for c, cfg, y in own])
+        return self.strategy.stop_reason(level)
+
+    def _done_keys(self) -> set[str]:
+        with self.store.session() as s:
+            return set(queries.done_keys(s, self.study_id))
+
+    def _not_a_candidate(self, cfg: KernelConfig) -> str | None:
+        if not self.plan.space.satisfies(cfg) or cfg not in self.plan.verdicts:
+            return "not a config of the space (its values or constraints exclude it)"
+        with self.store.session() as s:
+            if str(cfg) in queries.done_keys(s, self.study_id):
+                return "already recorded in this study"
+        return None
+
+
+def new_value_variants(
+    best: list[KernelConfig], measured: list[KernelConfig], parameters: dict[str, list]
+) -> list[KernelConfig]:
+    """``best`` with each parameter value that no config in ``measured`` has, best config first.
+
+    A changed kernel often brings a new lever or a new value of one (kernel v5's ``PREFETCH=2``). The
+    previous kernel's best configs are where the new value is most likely to win, and a bounded sampler
+    may not try it there: on the H200, 20 TPE trials per level missed ``PREFETCH=2`` variants worth 10 %
+    at V3.2 C=64..96. The caller keeps only what the space holds and what fits.
+    """
+    if not measured:  # no previous kernel: nothing is new
+        return []
+    new = {
+        name: [v for v in values if v not in {getattr(c, name) for c in measured}]
+        for name, values in parameters.items()
+    }
+    return list(dict.fromkeys(cfg.replace(**{name: v}) for cfg in best for name, vs in new.items() for v in vs))
+
+
+def _key(params: dict) -> str:
+    try:
+        return str(KernelConfig.from_dict(params))
+    except (ValueError, TypeError):
+        return ""

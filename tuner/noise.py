@@ -1,0 +1,73 @@
+"""A study's noise band and its reference: what its verdicts and Optuna's values are measured against.
+
+:class:`StudyNoise` is the part of :class:`tuner.study.StudyRun` that finds each GPU's band (this kernel's
+stored calibration, else a short A/A now; another kernel's calibration is never used) and fixes the one
+scale of Optuna's values, ``reference_us``: the baseline's median in this study's own baseline trial.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from db import queries
+from db import record
+from tuner import calibrate
+from tuner import stats
+from tuner.recorder import measurement_seed
+from tuner.recorder import shared_write
+
+
+class StudyNoise:
+    """Mixed into :class:`tuner.study.StudyRun` (which holds plan, store, study, opts and the ids)."""
+
+    def _noise_band(self, proc) -> tuple[int, float]:
+        """The band this GPU's verdicts use in the study: ``max(spread, min_effect)``, the spread from the
+        latest calibration of this kernel in this environment, workload and concurrency, else from a short
+        A/A now. A calibration of another kernel is never used: it measured other binaries."""
+        plan, host, gpu = self.plan, proc.info["host"], proc.gpu_index
+        min_effect = plan.space.measurement.get("min_effect", stats.DEFAULT_MIN_EFFECT)
+        with self.store.session() as s:
+            env_id = queries.ensure_environment(s, proc.info).id
+            known = record.noise_band(s, self.study_id, host, gpu)
+            cal = queries.latest_calibration(
+                s, env_id, self.workload_id, plan.concurrency, self.opts.backend, kernel_id=self.kernel_id
+            )
+            if known is None and cal is not None:
+                spread, multimodal, samples = cal.spread, cal.multimodal, json.loads(cal.samples)
+        if known is not None:
+            self.band = known[0]
+            self._aa_us = self._aa_us or float(np.median([a for a, _ in known[1]]))
+            return env_id, known[0]
+        if cal is None:
+            base = plan.space.baseline
+            pairs = calibrate.study_pairs(plan.space.measurement["rounds"])
+            self.bar.phase(f"A/A of the baseline, {pairs} independent capture pairs")
+            seed = measurement_seed(getattr(self.opts, "seed", 0), base, f"{plan.concurrency}/aa")
+            c = calibrate.measure(proc, plan.space, plan.workload, plan.concurrency, base, pairs, seed=seed)
+            with self.store.session() as s:
+                calibrate.store_calibration(s, c, proc.info, plan.spec, plan.concurrency, self.opts.backend, base)
+            spread, multimodal, samples = c.spread, c.multimodal, c.samples
+        band = self.band = stats.band(spread, min_effect)
+        self._aa_us = self._aa_us or float(np.median([a for a, _ in samples]))
+        shared_write(lambda: self.study.set_user_attr("noise_band", band))
+        with self.store.session() as s:
+            record.add_noise(s, self.study_id, host, gpu, band, samples)
+            record.set_study_noise(s, self.study_id, band, spread, min_effect, multimodal, len(samples))
+        if multimodal:
+            self.ui.warn(
+                f"warning: the baseline's A/A samples look multimodal (two speeds) at C={plan.concurrency}; "
+                "treat close calls with care"
+            )
+        return env_id, band
+
+    def reference(self) -> float:
+        """The one scale of Optuna's values in this study, fixed when the first value is told and kept across
+        resumes and GPUs (so Optuna orders trials as the ratios do): the baseline's median in this study's own
+        baseline trial, which is queued first; this kernel's A/A median if another trial is told before it."""
+        if self.reference_us is None:
+            ref = self._baseline_us or self._aa_us
+            shared_write(lambda: self.study.set_user_attr("reference_us", ref))
+            self.reference_us = ref
+        return self.reference_us
