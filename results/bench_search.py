@@ -58,30 +58,34 @@ class Case:
     levels: list[int]
 
 
+STUDIES = (  # a kernel's studies of a space, with their trials
+    "FROM tuner_studies s JOIN tuner_spaces sp ON sp.id = s.space_id JOIN tuner_kernels k ON k.id = s.kernel_id "
+    "JOIN tuner_trials t ON t.study_id = s.id WHERE sp.name = ? AND k.source_hash = ? "
+)
+
+
+def _rows(db: str, select: str, space: str, kernel: str) -> list:
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return con.execute(select.replace("FROM_STUDIES ", STUDIES), (space, kernel)).fetchall()
+    finally:
+        con.close()
+
+
 def full_grid_levels(db: str, space: str, kernel: str, n_configs: int) -> list[int]:
     """The levels at which the kernel's studies of the space recorded every config."""
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    rows = con.execute(
-        "SELECT s.concurrency, count(DISTINCT t.config_key) FROM tuner_studies s "
-        "JOIN tuner_spaces sp ON sp.id = s.space_id JOIN tuner_kernels k ON k.id = s.kernel_id "
-        "JOIN tuner_trials t ON t.study_id = s.id WHERE sp.name = ? AND k.source_hash = ? GROUP BY s.concurrency",
-        (space, kernel),
-    ).fetchall()
+    rows = _rows(
+        db, "SELECT s.concurrency, count(DISTINCT t.config_key) FROM_STUDIES GROUP BY s.concurrency", space, kernel
+    )
     return sorted(c for c, n in rows if n >= n_configs)
 
 
 def space_text(db: str, space: str, kernel: str) -> str:
     """The space version stored with the kernel's studies (the most configs recorded)."""
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    row = con.execute(
-        "SELECT sp.text FROM tuner_studies s JOIN tuner_spaces sp ON sp.id = s.space_id "
-        "JOIN tuner_kernels k ON k.id = s.kernel_id JOIN tuner_trials t ON t.study_id = s.id "
-        "WHERE sp.name = ? AND k.source_hash = ? GROUP BY sp.id ORDER BY count(t.id) DESC LIMIT 1",
-        (space, kernel),
-    ).fetchone()
-    if row is None:
+    rows = _rows(db, "SELECT sp.text FROM_STUDIES GROUP BY sp.id ORDER BY count(t.id) DESC LIMIT 1", space, kernel)
+    if not rows:
         raise SystemExit(f"{db} holds no studies of space {space!r} by kernel {kernel}")
-    return row[0]
+    return rows[0][0]
 
 
 def truths(source, space, wl, levels) -> dict[int, dict[str, float]]:

@@ -185,19 +185,8 @@ def add_samples(s, trial_id: int, phase: Phase, reply: MeasureReply, gpu_index: 
     c, b = zip(*reply.samples, strict=True)
     ps = stats.paired(c, b, seed=seed)
     p, _ = ps.p_value(band)
-    summary = record.Summary(
-        n=ps.n,
-        median_us=ps.median_us,
-        ci_low_us=ps.ci_low_us,
-        ci_high_us=ps.ci_high_us,
-        baseline_median_us=ps.baseline_median_us,
-        ratio=ps.ratio,
-        ratio_ci_low=ps.ratio_ci_low,
-        ratio_ci_high=ps.ratio_ci_high,
-        noise_band=band,
-        effect=ps.classify(band),
-        p_value=p,
-    )
+    same = ("n", "median_us", "ci_low_us", "ci_high_us", "baseline_median_us", "ratio", "ratio_ci_low", "ratio_ci_high")
+    summary = record.Summary(**{f: getattr(ps, f) for f in same}, noise_band=band, effect=ps.classify(band), p_value=p)
     return record.add_samples(s, trial_id, phase, reply.samples, reply.replays, gpu_index, summary)
 
 
