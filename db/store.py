@@ -202,7 +202,9 @@ def _check_sqlite_path(path: Path, create: bool) -> None:
                 head = f.read(16)
         except OSError as e:
             raise DatabaseError(f"cannot read {shown}: {e.strerror}") from None
-        if path.stat().st_size and head != b"SQLite format 3\x00":
+        # what was read decides, not a later size: another process may be creating the file right now
+        # (its first bytes are SQLite's header, or a part of it, or nothing yet)
+        if not b"SQLite format 3\x00".startswith(head):
             raise DatabaseError(f"{shown} is not a SQLite database")
         parent = path.parent if str(path.parent) else Path(".")
         if create and not (os.access(path, os.W_OK) and os.access(parent, os.W_OK)):
