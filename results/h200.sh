@@ -2,6 +2,9 @@
 # The H200 runs behind the committed results: one entry point, one PHASE per part of the GPU run.
 #   OUT=out PHASE=grids bash results/h200.sh    # every feasible distinct launch of the shipped spaces, on the
 #                                               # current kernel: V4 and V3.2 at C=1,8,48,96, the layer call at 1,96
+#   OUT=out PHASE=search TUNER_DB=sqlite:///fresh.db bash results/h200.sh   # the default strategy at V4's gridded
+#                                               # levels (docs/data/h200_search: a fresh database holding only the
+#                                               # feasibility cache of results/h200.db)
 # Every search resumes what results/h200.db holds, so a phase cut short by LIMIT (seconds, default 540; each
 # search gets SIGINT and stops after its running trial) goes on where it stopped when run again.
 # What each step printed goes to $OUT/NAME.log; the database comes back as $OUT/h200.db.gz.
@@ -22,7 +25,9 @@ case "${PHASE:-grids}" in
     search v4_grid search_spaces/v4_flash_tp4.yaml 1,8,48,96 --sampler grid
     search v32_grid search_spaces/v32_tp8.yaml 1,8,48,96 --sampler grid
     search layer_grid search_spaces/v4_flash_layer_tp4.yaml 1,96 --sampler grid ;;
-  *) echo "unknown PHASE=$PHASE (allowed: grids)"; exit 2 ;;
+  search)
+    search v4_search search_spaces/v4_flash_tp4.yaml 1,8,48,96 ;;
+  *) echo "unknown PHASE=$PHASE (allowed: grids, search)"; exit 2 ;;
 esac
 for f in "$OUT"/*.log; do echo "== $f"; tail -22 "$f" | cut -c1-150; done
-gzip -c results/h200.db > "$OUT/h200.db.gz"
+db=${DB#sqlite:///}; gzip -c "$db" > "$OUT/$(basename "$db").gz"

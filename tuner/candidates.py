@@ -104,8 +104,6 @@ class LevelView:
             self.plan.space.baseline,
             self._neighbours,
             lambda cfg: rep.get(str(cfg)),
-            self._resources,
-            int(self.processes[0].info.get("sm_count") or 0),
         )
 
     def _make_neighbours(self) -> dict[KernelConfig, list[KernelConfig]]:

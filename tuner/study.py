@@ -151,7 +151,6 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
         self.prior = self._prior_picks(done)
         self.queue_order = self._queue_order(self.prior)
         self._neighbours = self._make_neighbours()
-        self._resources = {str(c): (v.registers, v.shared_bytes) for c, v in self.plan.verdicts.items() if v.feasible}
         self.history = self._history()
         level = self._level()
         pending = {str(c) for c in level.pending}

@@ -22,8 +22,6 @@ class Level:
     baseline: KernelConfig | None = None
     neighbours: dict[KernelConfig, list[KernelConfig]] = field(default_factory=dict)  # one step in one parameter
     representative: object = None  # config -> the candidate that stands for its launch here (or None)
-    resources: dict = field(default_factory=dict)  # config key -> (registers, shared bytes), compiled for the target
-    sm_count: int = 0  # multiprocessors of the device that measures
 
     def open(self) -> list[KernelConfig]:
         """Candidates neither measured nor pending, in queue order."""

@@ -49,9 +49,6 @@ PRIOR_NOISE = 0.05**2  # a prior point's extra noise variance (log-ratio units) 
 PRIOR_UNKNOWN_RHO = 0.5  # ... and the rho assumed while fewer than MIN_OVERLAP launches are shared
 MIN_OVERLAP = 5
 CARRY = 3  # the previous level's best launches measured first at each level
-MAX_SCALE = 3.0  # the most the model's deviations are widened by its own errors
-WAVES = False  # add the waves a launch fills (from compiled registers and shared memory; measured: no better)
-FORECAST = False  # widen by the proposals' forecast errors too (measured: far more launches, no better picks)
 
 
 class Surrogate(Strategy):
@@ -66,25 +63,15 @@ class Surrogate(Strategy):
         self._n_fit = 0
         self.last_p: float | None = None
         self._features: dict = {}
-        self.resources: dict = {}
-        self.sm_count = 0
         self._last = None  # (data key, fitted model)
-        self._predicted: dict = {}  # (concurrency, config) -> (mean, sd) the model predicted when proposing it
 
     def history(self, rows) -> None:
         self.rows = list(rows)
 
-    def describe(self, level: Level) -> None:
-        """The device and the compiled resources, once per level (they enter the features)."""
-        if level.resources and (self.sm_count, len(self.resources)) != (level.sm_count, len(level.resources)):
-            self.resources, self.sm_count = dict(level.resources), level.sm_count
-            self._features.clear()
-
     # --- features ------------------------------------------------------------------------------
 
     def features(self, cfg: KernelConfig, wl: Workload, concurrency: int) -> list[float]:
-        """Parameters (log2), PREFETCH one-hot, the split geometry of every cache at this batch, log2 C, and
-        the waves its programs fill on the device (:func:`resident`)."""
+        """Parameters (log2), PREFETCH one-hot, the split geometry of every cache at this batch, log2 C."""
         key = (cfg, wl, concurrency)
         if key not in self._features:
             self._features[key] = self._compute_features(cfg, wl, concurrency)
@@ -92,7 +79,6 @@ class Surrogate(Strategy):
 
     def _compute_features(self, cfg: KernelConfig, wl: Workload, concurrency: int) -> list[float]:
         out = [math.log2(concurrency)]
-        slots = self.sm_count * resident(cfg, *self.resources.get(str(cfg), (0, 0)))
         for name in PARAM_NAMES:
             v = getattr(cfg, name)
             out.append(math.log2(v + 1))
@@ -108,9 +94,6 @@ class Surrogate(Strategy):
                 math.log2(rows * row_tiles / g.programs),
                 float(g.balanced),
             ]
-            if slots and WAVES:  # the last wave's share of the device, and how many waves
-                waves = programs / slots
-                out += [math.log2(waves), waves / math.ceil(waves)]
         return out
 
     # --- the model -----------------------------------------------------------------------------
@@ -197,25 +180,13 @@ class Surrogate(Strategy):
     # --- the strategy --------------------------------------------------------------------------
 
     def _model(self, level: Level):
-        """The fitted model and the factor its standard deviations are widened by, or None with too little data.
-
-        The factor is the larger of two honesty checks, never below 1: the model's leave-one-out errors at
-        this level, and its errors *before* each measurement (every proposal's predicted mean and deviation,
-        against what was then measured): a model that was wrong about the launches it proposed is not
-        believed when it says that nothing better is left."""
+        """The fitted model and the factor its standard deviations are widened by (its leave-one-out errors at
+        this level, never below 1), or None with too little data."""
         data = self._training(level)
         if data is None or len(data[1]) < N_INIT:
             return None
         gp = self._fit(*data)
-        loo = _loo_scale(gp, data[0], data[1], here=data[0][:, 0] == math.log2(level.concurrency))
-        return gp, max(loo, self._forecast_scale(level.concurrency)) if FORECAST else loo
-
-    def _forecast_scale(self, concurrency: int) -> float:
-        """The RMS of the standardized errors of this level's proposals' predictions (once there are three),
-        at most :data:`MAX_SCALE`: how far the model was off here about the launches it chose."""
-        seen = {(c, cfg): y for c, cfg, y, src in self.rows if src is None and y is not None and c == concurrency}
-        z = [(seen[k] - mu) / sd for k, (mu, sd) in self._predicted.items() if k in seen]
-        return min(MAX_SCALE, float(np.sqrt(np.mean(np.square(z))))) if len(z) >= 3 else 1.0
+        return gp, _loo_scale(gp, data[0], data[1], here=data[0][:, 0] == math.log2(level.concurrency))
 
     def _carried(self, level: Level) -> list[KernelConfig]:
         """The best :data:`CARRY` launches of the nearest level measured before this one, as launched here."""
@@ -245,7 +216,6 @@ class Surrogate(Strategy):
         return [c for c in level.neighbours.get(best[0], []) if c not in level.measured]
 
     def propose(self, level: Level, n: int) -> list[KernelConfig]:
-        self.describe(level)
         open_ = level.open()
         if not open_:
             return []
@@ -258,10 +228,6 @@ class Surrogate(Strategy):
             k = min(n - len(chosen), len(rest))
             return chosen + [rest[i] for i in sorted(self.rng.choice(len(rest), size=k, replace=False))]
         gp, scale = fitted
-        if chosen:
-            mu, sd = self._posterior(gp, self._X(chosen, level))
-            for c, m, d in zip(chosen, mu, sd, strict=True):
-                self._predicted[(level.concurrency, c)] = (float(m), float(d))
         best = level.best()
         here_best = best[1] if best is not None else 0.0
         pool = [c for c in self._incumbent_neighbours(level) if c in open_] or open_
@@ -275,9 +241,7 @@ class Surrogate(Strategy):
                 model = self._believe(gp, level, believed)
             mu, sd = self._posterior(model, self._X(pool, level))
             ei = _expected_improvement(mu, sd * scale, here_best)
-            i = int(np.argmax(ei))
-            pick = pool[i]
-            self._predicted[(level.concurrency, pick)] = (float(mu[i]), float(sd[i]))
+            pick = pool[int(np.argmax(ei))]
             chosen.append(pick)
             believed.append(pick)
         return chosen
@@ -300,7 +264,6 @@ class Surrogate(Strategy):
             self._kernel, self._n_fit = kernel, n_fit
 
     def stop_reason(self, level: Level) -> str | None:
-        self.describe(level)
         open_ = level.open()
         if not open_ and not level.pending:
             return f"every one of the {len(level.candidates)} distinct feasible launches measured"
@@ -348,18 +311,6 @@ def _launch_only_variant(a: KernelConfig, b: KernelConfig) -> bool:
     from kernels.config import Role
 
     return all(getattr(a, n) == getattr(b, n) for n in PARAM_NAMES if BY_NAME[n].role is not Role.LAUNCH)
-
-
-def resident(cfg: KernelConfig, registers: int, shared_bytes: int) -> int:
-    """Programs of this config one multiprocessor holds at once, from its compiled registers and shared memory
-    (an sm_90/sm_120 multiprocessor: 64 K registers, 228 KB of shared memory, 2048 threads, 32 programs);
-    0 when the resources are unknown."""
-    if not registers:
-        return 0
-    threads = 32 * cfg.num_warps
-    regs = 65536 // (threads * (-(-registers // 8) * 8))
-    smem = 233472 // shared_bytes if shared_bytes else 32
-    return max(1, min(regs, smem, 2048 // threads, 32))
 
 
 def _expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
