@@ -2,6 +2,7 @@
 # The H200 runs behind the committed results: one entry point, one PHASE per part of the GPU run.
 #   OUT=out PHASE=grids bash results/h200.sh    # every feasible distinct launch of the shipped spaces, on the
 #                                               # current kernel: V4 and V3.2 at C=1,8,48,96, the layer call at 1,96
+#                                               # (GRIDS="v32 layer" picks some of v4, v32, layer)
 #   OUT=out PHASE=search TUNER_DB=sqlite:///fresh.db bash results/h200.sh   # the default strategy at V4's gridded
 #                                               # levels (docs/data/h200_search: a fresh database holding only the
 #                                               # feasibility cache of results/h200.db)
@@ -22,9 +23,12 @@ search() { local name=$1 space=$2 levels=$3; shift 3; local l; l=$(left)
   step "$name" "$l" python3 -m tuner search "$space" --db "$DB" --concurrency "$levels" -q "$@"; }
 case "${PHASE:-grids}" in
   grids)
-    search v4_grid search_spaces/v4_flash_tp4.yaml 1,8,48,96 --sampler grid
-    search v32_grid search_spaces/v32_tp8.yaml 1,8,48,96 --sampler grid
-    search layer_grid search_spaces/v4_flash_layer_tp4.yaml 1,96 --sampler grid ;;
+    for g in ${GRIDS:-v4 v32 layer}; do case $g in
+      v4) search v4_grid search_spaces/v4_flash_tp4.yaml 1,8,48,96 --sampler grid ;;
+      v32) search v32_grid search_spaces/v32_tp8.yaml 1,8,48,96 --sampler grid ;;
+      layer) search layer_grid search_spaces/v4_flash_layer_tp4.yaml 1,96 --sampler grid ;;
+      *) echo "unknown grid $g (allowed: v4, v32, layer)"; exit 2 ;;
+    esac; done ;;
   search)
     search v4_search search_spaces/v4_flash_tp4.yaml 1,8,48,96 ;;
   *) echo "unknown PHASE=$PHASE (allowed: grids, search)"; exit 2 ;;
