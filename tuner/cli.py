@@ -1015,6 +1015,39 @@ def upgrade(db_url):
     click.echo(f"{store.shown_url} is at schema {store.revision()} (head {head_revision()})", err=True)
 
 
+def _compact_brief(rows: list[dict]) -> list[dict]:
+    keys = ("kernel", "studies", "trials", "samples", "kept", "samples_dropped", "optuna_studies_dropped")
+    names = ("kernel", "studies", "trials", "samples", "kept", "samples out", "optuna studies out")
+    return [{n: r[k] for n, k in zip(names, keys, strict=True)} for r in rows]
+
+
+@db.command()
+@click.option(
+    "--keep-kernel",
+    "keep",
+    multiple=True,
+    metavar="HASH",
+    help="Keep this kernel's samples too (repeatable; each level's newest kernel is always kept).",
+)
+@click.option("--dry-run", is_flag=True, help="Only say what would go and the size after (on a temporary copy).")
+@format_option
+@db_option
+@expected_errors
+def compact(keep, dry_run, fmt, db_url):
+    """Drop the raw samples and Optuna studies of superseded kernels, keeping their trials and statistics; VACUUM."""
+    from tuner.compact import compact as run
+
+    done = run(db_url, tuple(keep), dry_run)
+    click.echo(render(done.rows, fmt, _compact_brief))
+    mb = 1024 * 1024
+    what = "would be" if dry_run else "is now"
+    click.echo(
+        f"{done.url}: {done.bytes_before / mb:.1f} MiB, {what} {done.bytes_after / mb:.1f} MiB"
+        + (" (dry run: nothing changed)" if dry_run else ""),
+        err=True,
+    )
+
+
 def main() -> None:
     """Usage errors too are one line (click's default prints the usage block first)."""
     try:
