@@ -921,7 +921,7 @@ def compare(config_a, config_b, space, fmt, db_url):
     store = Store(db_url, readonly=True)
     rows = []
     with store.session() as s:
-        by_study = {}
+        by_study, unsampled = {}, 0
         for t in queries.trials(s, space=space, verdict=Verdict.OK):
             if t.config_key in (config_a, config_b):
                 by_study.setdefault(t.study_id, {})[t.config_key] = t
@@ -931,6 +931,9 @@ def compare(config_a, config_b, space, fmt, db_url):
             a, b = pair[config_a], pair[config_b]
             ra = [x.candidate_us / x.baseline_us for x in a.samples if x.phase == Phase.SCREEN]
             rb = [x.candidate_us / x.baseline_us for x in b.samples if x.phase == Phase.SCREEN]
+            if not ra or not rb:  # a superseded kernel's study after `tuner db compact`: no rounds to compare
+                unsampled += 1
+                continue
             r, lo, hi = stats.ratio_of_ratios(ra, rb, seed=a.id)
             band = a.study.noise_band or 0.0
             verdict = "A faster" if hi < 1 - band else "A slower" if lo > 1 + band else "flat"
@@ -949,6 +952,8 @@ def compare(config_a, config_b, space, fmt, db_url):
                     "verdict": verdict,
                 }
             )
+    if unsampled:
+        click.echo(f"{unsampled} studies with both left out: their raw rounds were compacted away", err=True)
     if not rows:
         raise TunerError(f"no study in {store.shown_url} has ok results for both {config_a} and {config_b}")
     rows.sort(key=lambda r: (r["space"], r["workload"], r["device"], r["C"]))
