@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 
+from sqlalchemy import func
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 from sqlalchemy.orm import selectinload
@@ -13,6 +15,7 @@ from db.models import CalibrationModel
 from db.models import EnvironmentModel
 from db.models import FeasibilityModel
 from db.models import KernelModel
+from db.models import SampleModel
 from db.models import SpaceModel
 from db.models import StudyModel
 from db.models import TrialModel
@@ -227,3 +230,75 @@ def measured_launch(session: Session, study_id: int, launch_key: str) -> int | N
         .order_by(TrialModel.id)
         .limit(1)
     )
+
+
+@dataclass(frozen=True)
+class KernelHoldings:
+    """What the database holds of one kernel: its studies, trials and raw samples, and whether it is the newest
+    kernel at some level (what ``best``, ``export``, ``report`` and a replay without ``--replay-kernel`` read)."""
+
+    kernel_id: int
+    source_hash: str
+    studies: int
+    trials: int
+    samples: int
+    newest: bool
+
+
+def kernel_holdings(session: Session) -> list[KernelHoldings]:
+    """Every kernel in the order kernels appeared. The newest at a level is, per (space, workload, environment,
+    backend, concurrency), the highest kernel id and the kernel of the latest trial (the order a replay reads)."""
+    newest: set[int] = set()
+    groups = (SpaceModel.name, StudyModel.workload_id, StudyModel.environment_id, StudyModel.backend)
+    by_level = (
+        select(func.max(StudyModel.kernel_id), func.max(TrialModel.id))
+        .join(SpaceModel, StudyModel.space_id == SpaceModel.id)
+        .outerjoin(TrialModel, TrialModel.study_id == StudyModel.id)
+        .group_by(*groups, StudyModel.concurrency)
+    )
+    for kernel_id, last_trial in session.execute(by_level):
+        newest.add(kernel_id)
+        if last_trial is not None:
+            newest.add(session.get(TrialModel, last_trial).kernel_id)
+    count = func.count
+    studies = dict(session.execute(select(StudyModel.kernel_id, count()).group_by(StudyModel.kernel_id)).all())
+    trials_ = dict(session.execute(select(TrialModel.kernel_id, count()).group_by(TrialModel.kernel_id)).all())
+    samples = dict(
+        session.execute(
+            select(TrialModel.kernel_id, count())
+            .select_from(SampleModel)
+            .join(TrialModel, SampleModel.trial_id == TrialModel.id)
+            .group_by(TrialModel.kernel_id)
+        ).all()
+    )
+    return [
+        KernelHoldings(
+            k.id, k.source_hash, studies.get(k.id, 0), trials_.get(k.id, 0), samples.get(k.id, 0), k.id in newest
+        )
+        for k in session.scalars(select(KernelModel).order_by(KernelModel.id))
+    ]
+
+
+def unused_sample_trials(session: Session, kept_kernel_ids: set[int]) -> list[int]:
+    """The trials with samples that belong to no kept kernel and stand as evidence for no kept trial (a
+    duplicate of a kept kernel takes its original's samples, whichever kernel measured it)."""
+    evidence = select(TrialModel.duplicate_of).where(
+        TrialModel.kernel_id.in_(kept_kernel_ids), TrialModel.duplicate_of.is_not(None)
+    )
+    with_samples = select(SampleModel.trial_id).distinct()
+    q = (
+        select(TrialModel.id)
+        .where(TrialModel.id.in_(with_samples), TrialModel.kernel_id.not_in(kept_kernel_ids))
+        .where(TrialModel.id.not_in(evidence))
+        .order_by(TrialModel.id)
+    )
+    return list(session.scalars(q))
+
+
+def study_names(session: Session, kernel_ids: set[int]) -> dict[int, list[str]]:
+    """The (Optuna) study names of these kernels' studies, by kernel id."""
+    q = select(StudyModel.kernel_id, StudyModel.name).where(StudyModel.kernel_id.in_(kernel_ids))
+    out: dict[int, list[str]] = {}
+    for kernel_id, name in session.execute(q.order_by(StudyModel.id)):
+        out.setdefault(kernel_id, []).append(name)
+    return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -146,3 +147,12 @@ def set_effects(session: Session, effects: dict[int, Effect]) -> None:
     """The study-wide calls (after the false-discovery correction), by statistic id."""
     for stat_id, effect in effects.items():
         session.get(StatisticModel, stat_id).classification = effect
+
+
+def drop_samples(session: Session, trial_ids: list[int]) -> int:
+    """Delete the raw samples of these trials (their statistics stay); returns how many rows went."""
+    dropped = 0
+    for i in range(0, len(trial_ids), 500):
+        q = delete(SampleModel).where(SampleModel.trial_id.in_(trial_ids[i : i + 500]))
+        dropped += session.execute(q).rowcount
+    return dropped

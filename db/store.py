@@ -428,6 +428,33 @@ class Store:
                 con.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK_KEY})")
             yield con
 
+    def file_bytes(self) -> int:
+        """The size of an SQLite store's file with its write-ahead log (what a copy of it would take)."""
+        wal = Path(f"{self.path}-wal")
+        return os.path.getsize(self.path) + (wal.stat().st_size if wal.exists() else 0)
+
+    def vacuum(self) -> None:
+        """Rewrite an SQLite store's file without its free pages, the log checkpointed into it (a copy of the
+        file alone then holds everything)."""
+        try:
+            with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as con:
+                con.exec_driver_sql("VACUUM")
+                con.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+        except SQLAlchemyError as e:
+            raise resource_error(e, self.url) or DatabaseError(
+                f"cannot compact {self.shown_url}: {self._short(e)}"
+            ) from None
+        self.engine.dispose()
+
+    def copy_to(self, path: Path) -> str:
+        """A consistent copy of an SQLite store at ``path`` (SQLite's backup, log included); its URL."""
+        src, dst = _sqlite_readonly_connect(Path(self.path)), sqlite3.connect(path)
+        try:
+            src.backup(dst)
+        finally:
+            src.close(), dst.close()
+        return f"sqlite:///{path}"
+
     @contextlib.contextmanager
     def session(self) -> Iterator[Session]:
         """Commit on success, roll back on error; SQLAlchemy errors become :class:`DatabaseError`."""

@@ -921,7 +921,7 @@ def compare(config_a, config_b, space, fmt, db_url):
     store = Store(db_url, readonly=True)
     rows = []
     with store.session() as s:
-        by_study = {}
+        by_study, unsampled = {}, 0
         for t in queries.trials(s, space=space, verdict=Verdict.OK):
             if t.config_key in (config_a, config_b):
                 by_study.setdefault(t.study_id, {})[t.config_key] = t
@@ -931,6 +931,9 @@ def compare(config_a, config_b, space, fmt, db_url):
             a, b = pair[config_a], pair[config_b]
             ra = [x.candidate_us / x.baseline_us for x in a.samples if x.phase == Phase.SCREEN]
             rb = [x.candidate_us / x.baseline_us for x in b.samples if x.phase == Phase.SCREEN]
+            if not ra or not rb:  # a superseded kernel's study after `tuner db compact`: no rounds to compare
+                unsampled += 1
+                continue
             r, lo, hi = stats.ratio_of_ratios(ra, rb, seed=a.id)
             band = a.study.noise_band or 0.0
             verdict = "A faster" if hi < 1 - band else "A slower" if lo > 1 + band else "flat"
@@ -949,6 +952,8 @@ def compare(config_a, config_b, space, fmt, db_url):
                     "verdict": verdict,
                 }
             )
+    if unsampled:
+        click.echo(f"{unsampled} studies with both left out: their raw rounds were compacted away", err=True)
     if not rows:
         raise TunerError(f"no study in {store.shown_url} has ok results for both {config_a} and {config_b}")
     rows.sort(key=lambda r: (r["space"], r["workload"], r["device"], r["C"]))
@@ -1013,6 +1018,39 @@ def upgrade(db_url):
 
     store = Store(db_url, upgrade=True, create=False)
     click.echo(f"{store.shown_url} is at schema {store.revision()} (head {head_revision()})", err=True)
+
+
+def _compact_brief(rows: list[dict]) -> list[dict]:
+    keys = ("kernel", "studies", "trials", "samples", "kept", "samples_dropped", "optuna_studies_dropped")
+    names = ("kernel", "studies", "trials", "samples", "kept", "samples out", "optuna studies out")
+    return [{n: r[k] for n, k in zip(names, keys, strict=True)} for r in rows]
+
+
+@db.command()
+@click.option(
+    "--keep-kernel",
+    "keep",
+    multiple=True,
+    metavar="HASH",
+    help="Keep this kernel's samples too (repeatable; each level's newest kernel is always kept).",
+)
+@click.option("--dry-run", is_flag=True, help="Only say what would go and the size after (on a temporary copy).")
+@format_option
+@db_option
+@expected_errors
+def compact(keep, dry_run, fmt, db_url):
+    """Drop the raw samples and Optuna studies of superseded kernels, keeping their trials and statistics; VACUUM."""
+    from tuner.compact import compact as run
+
+    done = run(db_url, tuple(keep), dry_run)
+    click.echo(render(done.rows, fmt, _compact_brief))
+    mb = 1024 * 1024
+    what = "would be" if dry_run else "is now"
+    click.echo(
+        f"{done.url}: {done.bytes_before / mb:.1f} MiB, {what} {done.bytes_after / mb:.1f} MiB"
+        + (" (dry run: nothing changed)" if dry_run else ""),
+        err=True,
+    )
 
 
 def main() -> None:

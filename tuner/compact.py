@@ -1,0 +1,98 @@
+"""``tuner db compact``: an SQLite results database kept lean, for committing it.
+
+A kernel that is neither the newest at some level nor named to keep loses its raw samples and its Optuna
+studies (their trials mirror the tuner's); its studies, trials, statistics, verdicts and noise bands stay, so
+``best``, ``export`` and ``report`` read what they read before. Everything of a kept kernel stays, and so do the
+samples a kept duplicate takes from its original. The file is then vacuumed. A dry run does the same to a
+temporary copy and prints what would go and the size it would have.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from db import queries
+from db import record
+from db.store import Store
+from db.store import redact_url
+from tuner.errors import TunerError
+
+
+@dataclass
+class Compaction:
+    url: str  # shown (password masked)
+    rows: list[dict]  # one per kernel: what it holds and what happened to it
+    bytes_before: int
+    bytes_after: int
+
+
+def compact(url: str, keep: tuple[str, ...] = (), dry_run: bool = False) -> Compaction:
+    """Compact the SQLite database at ``url``, keeping every kernel hash in ``keep`` and each level's newest."""
+    if url.split(":", 1)[0].split("+", 1)[0] == "postgresql":
+        raise TunerError(
+            f"tuner db compact works on SQLite files, not {redact_url(url)} (a server keeps its own space)"
+        )
+    store = Store(url, create=False)
+    before = store.file_bytes()
+    if not dry_run:
+        return Compaction(store.shown_url, _compact(store, keep), before, store.file_bytes())
+    with tempfile.TemporaryDirectory(prefix="tuner-compact-") as tmp:
+        copy = Store(store.copy_to(Path(tmp) / "copy.db"), create=False)
+        rows = _compact(copy, keep)
+        return Compaction(store.shown_url, rows, before, copy.file_bytes())
+
+
+def _compact(store: Store, keep: tuple[str, ...]) -> list[dict]:
+    with store.session() as s:
+        kernels = queries.kernel_holdings(s)
+        known = {k.source_hash for k in kernels}
+        unknown = [h for h in keep if h not in known]
+        if unknown:
+            shown = ", ".join(sorted(known)[:20]) or "none"
+            raise TunerError(f"--keep-kernel {unknown[0][:80]!r} is not in {store.shown_url}; it has kernels {shown}")
+        kept = {k.kernel_id for k in kernels if k.newest or k.source_hash in keep}
+        record.drop_samples(s, queries.unused_sample_trials(s, kept))
+        names = queries.study_names(s, {k.kernel_id for k in kernels} - kept)
+    gone = _drop_optuna_studies(store.url, [n for ns in names.values() for n in ns])
+    with store.session() as s:
+        left = {k.kernel_id: k.samples for k in queries.kernel_holdings(s)}
+    store.vacuum()
+    rows = []
+    for k in kernels:
+        why = [w for w, yes in (("newest", k.newest), ("named", k.source_hash in keep)) if yes]
+        rows.append(
+            {
+                "kernel": k.source_hash,
+                "studies": k.studies,
+                "trials": k.trials,
+                "samples": k.samples,
+                "kept": "all: " + ", ".join(why) if why else "trials, statistics",
+                "samples_dropped": k.samples - left.get(k.kernel_id, 0),
+                "optuna_studies_dropped": len(gone & set(names.get(k.kernel_id, ()))),
+            }
+        )
+    return rows
+
+
+def _drop_optuna_studies(url: str, names: list[str]) -> set[str]:
+    """Delete these Optuna studies where they exist (with their trials); returns the names deleted."""
+    if not names:
+        return set()
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = optuna.storages.RDBStorage(url)
+    gone = set()
+    try:
+        for n in names:
+            try:
+                storage.delete_study(storage.get_study_id_from_name(n))
+            except KeyError:  # a study the tuner recorded while Optuna's was kept elsewhere (replay: in memory)
+                continue
+            gone.add(n)
+    finally:
+        storage.remove_session()
+        storage.engine.dispose()
+    return gone
