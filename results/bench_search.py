@@ -44,6 +44,7 @@ CASES = {  # name: (space name, kernel hash whose full grid is replayed); levels
     "v4_216": ("v4_flash_tp4", "ea528dafbe5c"),
     "v32_216": ("v32_tp8", "efab766bd8d8"),
     "v4_756": ("v4_flash_tp4", "b0979f66ca00"),
+    "v32_756": ("v32_tp8", "32ae50587d54"),
 }
 STRATEGIES = ("surrogate", "grid", "tpe")
 TPE_SHARE = 0.25  # TPE's --n-trials: this share of the mean distinct launches per level

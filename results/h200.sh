@@ -3,9 +3,9 @@
 #   OUT=out PHASE=grids bash results/h200.sh    # every feasible distinct launch of the shipped spaces, on the
 #                                               # current kernel: V4 and V3.2 at C=1,8,48,96, the layer call at 1,96
 #                                               # (GRIDS="v32 layer" picks some of v4, v32, layer)
-#   OUT=out PHASE=search TUNER_DB=sqlite:///fresh.db bash results/h200.sh   # the default strategy at V4's gridded
-#                                               # levels (docs/data/h200_search: a fresh database holding only the
-#                                               # feasibility cache of results/h200.db)
+#   OUT=out PHASE=search TUNER_DB=sqlite:///fresh.db bash results/h200.sh   # the default strategy at the gridded
+#                                               # levels of V4 and V3.2 (SEARCHES="v4" picks one; docs/data/h200_search),
+#                                               # from a fresh database holding only the feasibility cache of results/h200.db
 # Every search resumes what results/h200.db holds, so a phase cut short by LIMIT (seconds, default 540; each
 # search gets SIGINT and stops after its running trial) goes on where it stopped when run again.
 # What each step printed goes to $OUT/NAME.log; the database comes back as $OUT/h200.db.gz.
@@ -29,8 +29,19 @@ case "${PHASE:-grids}" in
       layer) search layer_grid search_spaces/v4_flash_layer_tp4.yaml 1,96 --sampler grid ;;
       *) echo "unknown grid $g (allowed: v4, v32, layer)"; exit 2 ;;
     esac; done ;;
-  search)
-    search v4_search search_spaces/v4_flash_tp4.yaml 1,8,48,96 ;;
+  search)  # a fresh $TUNER_DB starts with only results/h200.db's feasibility cache (compile checks, no timings)
+    fresh=${DB#sqlite:///}
+    if [ "$fresh" != results/h200.db ] && [ ! -e "$fresh" ]; then
+      python3 -c "import sqlite3, sys; from db.store import Store
+with Store('sqlite:///' + sys.argv[1]).session(): pass
+con = sqlite3.connect(sys.argv[1]); con.execute('ATTACH ? AS src', ('results/h200.db',))
+con.execute('INSERT OR IGNORE INTO tuner_feasibility SELECT * FROM src.tuner_feasibility'); con.commit()" "$fresh"
+    fi
+    for g in ${SEARCHES:-v4 v32}; do case $g in
+      v4) search v4_search search_spaces/v4_flash_tp4.yaml 1,8,48,96 ;;
+      v32) search v32_search search_spaces/v32_tp8.yaml 1,8,48,96 ;;
+      *) echo "unknown search $g (allowed: v4, v32)"; exit 2 ;;
+    esac; done ;;
   *) echo "unknown PHASE=$PHASE (allowed: grids, search)"; exit 2 ;;
 esac
 for f in "$OUT"/*.log; do echo "== $f"; tail -22 "$f" | cut -c1-150; done
