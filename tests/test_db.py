@@ -161,41 +161,49 @@ def test_new_database_in_a_read_only_directory_is_one_sentence(tmp_path):
     assert proc.stderr.strip().splitlines() == [f"error: cannot create {ro / 'x.db'}: directory {ro} is not writable"]
 
 
-def test_four_searches_start_at_once_on_a_new_file(tmp_path):
-    """The schema is created and stamped in one step under a lock: every starter succeeds."""
+def test_eight_searches_start_at_once_on_a_new_file(tmp_path):
+    """Eight `tuner search` started at once on one new SQLite file: the schema is created and stamped in one step
+    under a lock, Optuna's tables once, and the eight share each study's queue (the replay backend with the queue
+    in the database, as on a GPU). All exit 0, and every launch is measured exactly once per study."""
     import os
 
+    from tests.recorded import SMALL_SPACE
+    from tests.recorded import make_recorded
+
+    recorded, space = make_recorded(tmp_path / "recorded.db"), tmp_path / "small.yaml"
+    space.write_text(SMALL_SPACE)
     exe = shutil.which("tuner")
-    space = tmp_path / "cheap.yaml"  # what is tested is the start; the fewest rounds the space allows
-    space.write_text(
-        open("search_spaces/smoke.yaml")
-        .read()
-        .replace("rounds: 4, finalists: 2, finalist_rounds: 5", "rounds: 3, finalists: 1, finalist_rounds: 3")
-    )
     cmd = ([exe] if exe else [sys.executable, "-m", "tuner"]) + [
-        "search",
-        str(space),
-        "--concurrency",
-        "1",
-        "--n-trials",
-        "1",
-        "-q",
-        "--backend",
-        "interpreter",
-    ]
+        "search", str(space), "-q", "--backend", "replay", "--replay-db", f"sqlite:///{recorded}",
+        "--replay-queue", "database",
+    ]  # fmt: skip
     url = f"sqlite:///{tmp_path / 'new.db'}"
     procs = [
         subprocess.Popen([*cmd, "--db", url], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        for _ in range(4)
+        for _ in range(8)
     ]
     # the limit only guards against a hang; a loaded machine is slow, never wrong
-    for p in procs:
-        _, err = p.communicate(timeout=3600)
-        assert p.returncode == 0, err
+    errs = [p.communicate(timeout=3600)[1] for p in procs]
+    failed = [f"exit {p.returncode}: ...{e[-2000:]}" for p, e in zip(procs, errs, strict=True) if p.returncode != 0]
+    assert not failed, "\n".join(failed)
+    assert not [e for e in errs if "Traceback" in e], errs
     assert os.path.getsize(tmp_path / "new.db") > 0
     con = sqlite3.connect(tmp_path / "new.db")
     assert con.execute("SELECT version_num FROM tuner_alembic_version").fetchall() == [(head_revision(),)]
-    assert con.execute("SELECT COUNT(*) FROM tuner_studies").fetchone() == (1,)
+    assert con.execute("SELECT COUNT(*) FROM tuner_studies").fetchone() == (2,)
+    per_study = "SELECT study_id, {} FROM tuner_trials {} GROUP BY 1, 2 HAVING COUNT(*) > 1"
+    assert con.execute(per_study.format("config_key", "")).fetchall() == []  # each config recorded once
+    launched = "WHERE verdict != 'duplicate' AND launch_key IS NOT NULL"
+    assert con.execute(per_study.format("launch_key", launched)).fetchall() == []  # each launch measured once
+    screened = con.execute(
+        "SELECT t.study_id, COUNT(DISTINCT t.id) FROM tuner_samples x JOIN tuner_trials t ON t.id = x.trial_id "
+        "WHERE x.phase = 'screen' GROUP BY 1 ORDER BY 1"
+    ).fetchall()
+    launches = con.execute(
+        f"SELECT study_id, COUNT(DISTINCT launch_key) FROM tuner_trials {launched} AND verdict = 'ok' GROUP BY 1"
+    ).fetchall()
+    assert screened == launches and len(screened) == 2  # and every launch of both levels was measured
+    assert con.execute("SELECT state FROM trials WHERE state IN ('RUNNING', 'WAITING')").fetchall() == []
 
 
 def test_fixture_of_schema_0004_upgrades_to_the_declared_parameters(tmp_path):

@@ -406,6 +406,14 @@ def _backend(requested: str | None) -> str:
     help="replay backend: the kernel hash whose samples are replayed (default: the newest at each level).",
 )
 @click.option(
+    "--replay-queue",
+    type=click.Choice(["memory", "database"]),
+    default="memory",
+    show_default=True,
+    help="replay backend: where Optuna's queue lives; database: in the results database, as on a GPU "
+    "(several processes share a study, a killed one's trials are resumed).",
+)
+@click.option(
     "--sampler",
     type=click.Choice(["grid", "tpe", "surrogate"]),
     default=None,
@@ -453,6 +461,7 @@ def search(
     replay_db,
     replay_device,
     replay_kernel,
+    replay_queue,
     sampler,
     seed,
     n_trials,
@@ -478,8 +487,8 @@ def search(
     space = load_space(space_file)
     levels = _levels(concurrency)
     first_configs = _first_configs(first, space)
-    if (replay_db or replay_kernel) and backend != "replay":
-        raise TunerError("--replay-db and --replay-kernel need --backend replay")
+    if (replay_db or replay_kernel or replay_queue != "memory") and backend != "replay":
+        raise TunerError("--replay-db, --replay-kernel and --replay-queue need --backend replay")
     _check_workers(workers, _backend(backend))
     store = Store(db_url)
     opts = Options(
@@ -495,6 +504,7 @@ def search(
         replay_db=replay_db,
         replay_device=replay_device,
         replay_kernel=replay_kernel,
+        replay_queue=replay_queue,
         seed=seed,
     )
     rows = run_search(space, store, opts)

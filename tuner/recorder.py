@@ -28,9 +28,16 @@ from db.verdicts import Verdict
 from kernels.config import KernelConfig
 from kernels.config import kernel_source_hash
 from tuner import stats
+from tuner.heartbeat import OWNER_ATTR
+from tuner.heartbeat import owner
+from tuner.heartbeat import owner_alive
 from tuner.protocol import MeasureReply
 
-RUNNING, COMPLETE = optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.COMPLETE
+RUNNING, COMPLETE, FAIL = (
+    optuna.trial.TrialState.RUNNING,
+    optuna.trial.TrialState.COMPLETE,
+    optuna.trial.TrialState.FAIL,
+)
 
 
 def slug(s: str) -> str:
@@ -271,13 +278,37 @@ class StudyRecords:
     def env_id(self) -> int:
         return self._env_id
 
-    def _beat_running_trials(self) -> None:
-        """One heartbeat for every running trial. Optuna fails only a trial whose heartbeat went silent, so a
-        process killed between ``ask`` and its trial's first beat would hold that config as running forever.
-        With one beat it goes stale after the grace period, and is failed and re-queued."""
-        if self._beats:
-            for t in self.study.get_trials(deepcopy=False, states=(RUNNING,)):
-                self.storage.record_heartbeat(self._trial_id(t))
+    def _settle_running_trials(self) -> list:
+        """The running trials of the study that another process runs, after failing (and re-queueing, as a stale
+        heartbeat would) those whose process on this machine has ended; this process's own are left out.
+
+        A running trial's owner says which process asked it (:mod:`tuner.heartbeat`). One whose process is gone
+        is failed at once and its retry queued, so a resumed search continues with it instead of leaving it
+        running for ever. One of another machine, or with no owner yet, gets one heartbeat from this process: Optuna
+        fails only a trial whose heartbeat went silent, and a process killed between ``ask`` and its trial's first
+        beat would otherwise hold that config as running for ever."""
+        if not self._beats:
+            return []
+        me, others = owner(), []
+        for t in self.study.get_trials(deepcopy=False, states=(RUNNING,)):
+            tag = t.system_attrs.get(OWNER_ATTR)
+            if tag and tag == me:
+                continue
+            alive = owner_alive(tag)
+            trial_id = self._trial_id(t)
+            if alive is False:
+                try:
+                    failed = self.storage.set_trial_state_values(trial_id, state=FAIL)
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    failed = False  # another process settled it first
+                if failed:
+                    self.storage.get_heartbeat_stale_trial_callback()(self.study, self.storage.get_trial(trial_id))
+                continue
+            if trial_id not in self._beaten:
+                self.storage.record_heartbeat(trial_id)
+                self._beaten.add(trial_id)
+            others.append(t)
+        return others
 
     def _describe_study(self) -> None:
         """Metric name and attributes, so the study reads on its own in Optuna's tools (optuna-dashboard)."""

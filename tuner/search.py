@@ -50,6 +50,7 @@ class Options:
     replay_db: str | None = None  # the replay backend's source database
     replay_device: str | None = None
     replay_kernel: str | None = None  # whose samples the replay backend draws (default: the newest kernel)
+    replay_queue: str = "memory"  # where the replay backend keeps Optuna's queue: memory | database
     seed: int = 0  # seeds the strategy and the replay backend's draws
     interrupted: bool = False  # set by run_search: Ctrl-C stopped it (the CLI then exits with 130)
 
@@ -85,19 +86,38 @@ def _quiet_optuna() -> None:
 
 def _storage(url: str) -> optuna.storages.RDBStorage:
     _quiet_optuna()
+    sqlite = sqlalchemy.engine.make_url(url).get_backend_name() == "sqlite"
+    # SQLite: the driver's own BEGIN comes only before a write, so Optuna's read-then-write of a queued trial
+    # (``ask`` takes the first WAITING trial and sets it RUNNING) let two processes take the same trial, and one
+    # of them failed telling it; every transaction of Optuna's is BEGIN IMMEDIATE instead (see _serialized)
+    kwargs = {"connect_args": {"timeout": 60, "isolation_level": None}} if sqlite else {}
     for attempt in range(5):
         try:
-            return optuna.storages.RDBStorage(
+            storage = optuna.storages.RDBStorage(
                 url,
+                engine_kwargs=kwargs,
                 heartbeat_interval=HEARTBEAT_S,
                 grace_period=GRACE_S,
                 heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3),
             )
+            break
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError, optuna.exceptions.StorageInternalError):
             # another process created Optuna's tables at the same moment; they exist now
             if attempt == 4:
                 raise
             time.sleep(0.5 * (attempt + 1))
+    if sqlite:
+        _serialized(storage.engine)
+    return storage
+
+
+def _serialized(engine) -> None:
+    """Every transaction on ``engine`` (a SQLite one whose driver issues no BEGIN of its own) starts with BEGIN
+    IMMEDIATE: it holds the write lock from its first read, so no two processes act on the same read."""
+
+    @sqlalchemy.event.listens_for(engine, "begin")
+    def _begin(con):
+        con.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def run_search(space: SearchSpace, store, opts: Options) -> list[dict]:
@@ -151,8 +171,12 @@ def _source_and_storage(opts: Options, store) -> tuple:
 
     if not opts.replay_db:
         raise TunerError("--backend replay needs --replay-db URL (the database whose samples are replayed)")
-    # one process replays alone: Optuna's queue lives in memory (the results go to the database)
+    # by default one process replays alone: Optuna's queue lives in memory (the results go to the database);
+    # `--replay-queue database` keeps it in the results database as a GPU search does, so several replaying
+    # processes share each study's queue and a resumed one continues the trials a killed one left
     source = ReplaySource(opts.replay_db, opts.replay_device, opts.replay_kernel)
+    if opts.replay_queue == "database":
+        return source, _storage(store.url)
     return source, optuna.storages.InMemoryStorage()
 
 

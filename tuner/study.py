@@ -33,7 +33,9 @@ from tuner.candidates import LAUNCHED
 from tuner.candidates import LevelView
 from tuner.candidates import new_value_variants  # noqa: F401 - part of this module's interface
 from tuner.feasibility import Feasibility
+from tuner.heartbeat import OWNER_ATTR
 from tuner.heartbeat import Heartbeat
+from tuner.heartbeat import owner
 from tuner.measure import MeasurementProcess
 from tuner.noise import StudyNoise
 from tuner.progress import Progress
@@ -130,6 +132,8 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
         self._baseline_us: float | None = None  # the baseline trial's own median, once measured here
         self._aa_us: float | None = None  # the median of the A/A this study's band comes from
         self._beats = hasattr(storage, "record_heartbeat")  # the replay backend's in-memory queue has none
+        self._beaten: set[int] = set()  # running trials of other processes given one heartbeat here
+        self._owner = owner()  # this process, as the owner of the trials it asks
         self.opts, self.stop, self.t_start = opts, stop, t_start
         self.dists = optuna_distributions(plan.space)
         self.recorder = StudyRecorder(self)
@@ -146,7 +150,7 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
         self.optuna_study_id = self.storage.get_study_id_from_name(self.name)
         self._describe_study()
         optuna.storages.fail_stale_trials(self.study)
-        self._beat_running_trials()
+        self._settle_running_trials()  # a trial of a process that ended is failed and queued again
         self.reference_us = self.study.user_attrs.get("reference_us")
         self.prior = self._prior_picks(done)
         self.queue_order = self._queue_order(self.prior)
@@ -236,7 +240,9 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
             level = self._level()
             why = self._why_stop(level)
             if why is not None:
-                if not level.pending:  # nothing of this level still running anywhere
+                # done when nothing of this level is still queued or running anywhere: a trial already recorded
+                # may still be running its finalist rounds elsewhere, or be a dead process's, to be retried
+                if not level.pending and not self._settle_running_trials():
                     pg.stopped = why
                 return None
             if not self.strategy.asks:
@@ -249,6 +255,8 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
         trial_id = self._trial_id(trial)
         if self._beats:  # at once: a trial without any heartbeat is never failed as stale
             self.storage.record_heartbeat(trial_id)
+            if self._owner:  # and who runs it: a resumed search fails it at once if this process has ended
+                self.storage.set_trial_system_attr(trial_id, OWNER_ATTR, self._owner)
         queued = "fixed_params" in self.storage.get_trial(trial_id).system_attrs
         if not (queued or self.strategy.asks):
             trial.set_user_attr("reason", "another process took the last queued trial first")
@@ -259,6 +267,8 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
     def _run_trial(self, proc: MeasurementProcess, trial: optuna.Trial, env_id: int, band: float) -> None:
         cfg = KernelConfig.from_dict(trial.params)
         why = self._not_a_candidate(cfg)
+        if why is not None and self._tell_recorded(proc, trial, cfg, band):
+            return  # the retry of a trial whose process recorded it and ended before Optuna was told
         if why is not None:  # a sampler's suggestion that needs no launch
             try:
                 trial.set_user_attr("reason", why)
@@ -311,13 +321,37 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
             return
         if cfg == self.plan.space.baseline:
             self._baseline_us = baseline_median(reply.samples)
-        final = self._record_finalist(proc, trial_id, cfg, stat, band)
+        self._tell_ok(proc, trial, cfg, stat, self._record_finalist(proc, trial_id, cfg, stat, band))
+
+    def _tell_ok(self, proc, trial, cfg: KernelConfig, stat, final) -> None:
+        """Optuna is told an ok trial's value: its finalist estimate if it has one, else its screening one."""
+        pg = self.progress
         for k, v in ok_attrs(stat, final).items():
             trial.set_user_attr(k, v)
         told = final or stat
         with pg.lock:
             pg.told_min = told.ratio if pg.told_min is None else min(pg.told_min, told.ratio)
         self.study.tell(trial, told.ratio * self.reference())
+
+    def _tell_recorded(self, proc, trial, cfg: KernelConfig, band: float) -> bool:
+        """A retried trial whose config its first process recorded ok, and ended before Optuna was told (killed
+        in the finalist rounds, say): this one tells Optuna what that process would have told, with the
+        finalist rounds that process would have measured, so a resumed study holds what an uninterrupted one
+        holds. False when the result is not ok or Optuna was told it already."""
+        with self.store.session() as s:
+            t = queries.done_configs(s, self.study_id).get(str(cfg))
+            if t is None or t.verdict != Verdict.OK or t.statistic(Phase.SCREEN) is None:
+                return False
+            trial_id, stat, final = t.id, t.statistic(Phase.SCREEN), t.statistic(Phase.FINALIST)
+        told = (x.user_attrs.get("tuner_trial_id") for x in self.study.get_trials(deepcopy=False, states=(COMPLETE,)))
+        if trial_id in set(told):
+            return False
+        trial.set_user_attr("tuner_trial_id", trial_id)
+        trial.set_user_attr("verdict", Verdict.OK.value)
+        if cfg == self.plan.space.baseline:
+            self._baseline_us = stat.baseline_median_us
+        self._tell_ok(proc, trial, cfg, stat, final or self._record_finalist(proc, trial_id, cfg, stat, band))
+        return True
 
     def _duplicate_of(self, cfg: KernelConfig) -> tuple[str, int | None]:
         """The config's launch key, and the trial of this study that already measured that launch."""

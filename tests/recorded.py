@@ -1,0 +1,65 @@
+"""A small recorded database for replayed searches: two levels of the committed H200 results.
+
+:func:`make_recorded` copies, from ``results/h200.db``, the v4_flash trials of its newest kernel at C=1 and
+C=8 (full grids: every config of :data:`SMALL_SPACE` is recorded there, with its verdict, its duplicate's
+original and its samples) and those studies' A/A samples: what :mod:`tuner.replay` reads, in a file of a
+few hundred kilobytes that loads at once. :data:`SMALL_SPACE` is 12 configs: 4 infeasible and at each level
+at most 8 distinct launches, so a search measures every launch whatever its strategy and order.
+"""
+
+import os
+import sqlite3
+from pathlib import Path
+
+H200 = Path(__file__).resolve().parent.parent / "results" / "h200.db"
+LEVELS = (1, 8)
+
+SMALL_SPACE = """\
+name: small
+target: sm_120
+workloads:
+  - {name: v4_flash, kv_format: fp8_model1, heads: 64, tp: 4, topk: 512, page_size: 64, context: 8192}
+concurrency: [1, 8]
+parameters:
+  BLOCK_T: [16, 32]
+  num_warps: [4]
+  num_stages: [1, 2, 3]
+  TARGET_CTAS: [128, 256]
+  PREFETCH: [0]
+  BALANCED: [0]
+constraints: []
+baseline: {BLOCK_T: 16, num_warps: 4, num_stages: 2, TARGET_CTAS: 256}
+measurement: {rounds: 10, finalists: 2, finalist_rounds: 30, trial_timeout_s: 60}
+sampler: {name: surrogate, seed: 0}
+"""
+
+_TABLES = {  # table -> the rows kept (the trials: workload v4_flash, the newest kernel, LEVELS)
+    "tuner_environments": "1",
+    "tuner_kernels": "1",
+    "tuner_workloads": "1",
+    "tuner_trials": "id IN (SELECT id FROM keep)",
+    "tuner_samples": "trial_id IN (SELECT id FROM keep)",
+    "tuner_studies": "id IN (SELECT study_id FROM keep)",
+    "tuner_noise": "study_id IN (SELECT study_id FROM keep)",
+}
+
+
+def make_recorded(path: Path) -> Path:
+    """Write the small recorded database to ``path`` (read-only source: results/h200.db) and return it."""
+    if path.exists():
+        os.remove(path)
+    con = sqlite3.connect(f"file:{path}", uri=True)  # URIs in ATTACH too: the source opens read-only
+    try:
+        con.execute("ATTACH DATABASE ? AS h", (f"file:{H200}?mode=ro&immutable=1",))
+        levels = ",".join(map(str, LEVELS))
+        con.execute(
+            "CREATE TEMP TABLE keep AS SELECT t.id, t.study_id FROM h.tuner_trials t "
+            "JOIN h.tuner_workloads w ON t.workload_id = w.id WHERE w.name = 'v4_flash' "
+            f"AND t.kernel_id = (SELECT MAX(kernel_id) FROM h.tuner_trials) AND t.concurrency IN ({levels})"
+        )
+        for table, where in _TABLES.items():
+            con.execute(f"CREATE TABLE {table} AS SELECT * FROM h.{table} WHERE {where}")
+        con.commit()
+    finally:
+        con.close()
+    return path

@@ -1,0 +1,188 @@
+"""Faults: ``tuner search`` killed with SIGKILL and resumed, again and again, in every phase.
+
+The searches replay a small recorded database (tests/recorded.py) with Optuna's queue in the results database
+(``--replay-queue database``, as a GPU search keeps it), so a run is deterministic under ``--seed`` and takes
+about a second. tests/kill_search.py runs them and kills each at a chosen moment. Against SQLite and, when
+``TUNER_TEST_PG`` names a server, PostgreSQL.
+"""
+
+import json
+import os
+import random
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import create_engine
+from sqlalchemy import text
+
+from tests.recorded import LEVELS
+from tests.recorded import SMALL_SPACE
+from tests.recorded import make_recorded
+from tests.test_workers import PG
+from tests.test_workers import _pg_database
+from tuner.cli import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+PHASES = ("compile", "aa", "screen", "finalist")
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """The recorded database the searches replay, and the space they search."""
+    folder = tmp_path_factory.mktemp("recorded")
+    (folder / "small.yaml").write_text(SMALL_SPACE)
+    return make_recorded(folder / "recorded.db"), folder / "small.yaml"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path):
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'faults.db'}"
+        return
+    if not PG:
+        pytest.skip("TUNER_TEST_PG is not set (CI starts a PostgreSQL server and sets it)")
+    yield from _pg_database()
+
+
+def _argv(recorded, url, seed=1):
+    db, space = recorded
+    return [
+        "search", str(space), "--backend", "replay", "--replay-db", f"sqlite:///{db}", "--replay-queue", "database",
+        "--seed", str(seed), "--db", url, "-q",
+    ]  # fmt: skip
+
+
+def _runs(recorded, url, tmp_path, runs, seed=1):
+    """Run tests/kill_search.py's plan: one `tuner search` per entry of ``runs``, each killed as it says."""
+    plan = {"argv": _argv(recorded, url, seed), "url": url, "marker": str(tmp_path / "killed.json"), "runs": runs}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "kill_search.py")],
+        input=json.dumps(plan), capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800,
+    )  # fmt: skip  # the limit only guards against a hang: a loaded machine is slow, never wrong
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+def _by_trial(samples) -> dict:
+    """Samples grouped by (study, config, phase): one trial's rounds of one phase."""
+    out = defaultdict(list)
+    for study, key, phase, *rest in samples:
+        out[(study, key, phase)].append(tuple(rest))
+    return dict(out)
+
+
+def _check_database(url) -> None:
+    """No config recorded twice in a study, no launch measured twice, no Optuna trial left running or queued."""
+    eng = create_engine(url)
+    try:
+        with eng.connect() as con:
+            twice = con.execute(
+                text("SELECT study_id, config_key FROM tuner_trials GROUP BY 1, 2 HAVING COUNT(*) > 1")
+            ).all()
+            assert twice == []
+            relaunched = con.execute(
+                text(
+                    "SELECT study_id, launch_key FROM tuner_trials WHERE launch_key IS NOT NULL AND "
+                    "verdict != 'duplicate' GROUP BY 1, 2 HAVING COUNT(*) > 1"
+                )
+            ).all()
+            assert relaunched == []
+            states = dict(con.execute(text("SELECT state, COUNT(*) FROM trials GROUP BY 1")).all())
+            assert states.get("RUNNING", 0) == 0 and states.get("WAITING", 0) == 0, states
+    finally:
+        eng.dispose()
+
+
+def _picks(url) -> dict:
+    """`tuner best` at every level: the config picked per level."""
+    out = {}
+    for c in LEVELS:
+        result = CliRunner().invoke(cli, ["best", "--concurrency", str(c), "-f", "json", "--db", url])
+        assert result.exit_code == 0, result.output
+        out[c] = [row["config"] for row in json.loads(result.stdout)]
+    return out
+
+
+def _optuna_view(url) -> dict:
+    """Per Optuna study: its reference (the baseline's median), its best trial's config and value, and whether
+    every ok trial of the tuner's tables was told to Optuna."""
+    import optuna
+
+    eng = create_engine(url)
+    try:
+        with eng.connect() as con:
+            ok = set(con.execute(text("SELECT optuna_study, id FROM tuner_trials WHERE verdict = 'ok'")).all())
+    finally:
+        eng.dispose()
+    out = {}
+    for name in optuna.study.get_all_study_names(storage=url):
+        study = optuna.load_study(study_name=name, storage=url)
+        complete = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+        told = {(name, t.user_attrs["tuner_trial_id"]) for t in complete}
+        best = study.best_trial
+        out[name] = (
+            study.user_attrs["reference_us"],
+            best.params,
+            round(best.value, 9),
+            told == {x for x in ok if x[0] == name},
+        )
+    return out
+
+
+def test_a_kill_in_the_finalist_rounds_leaves_no_running_trial_after_the_resume(recorded, db_url, tmp_path):
+    """Killed while re-measuring a finalist, a search leaves its trial running in Optuna's table (recorded in the
+    tuner's, Optuna not told). The resume fails it at once (its process is gone), tells Optuna the result
+    with the finalist rounds the killed run did not finish, and ends with nothing running."""
+    killed, resumed = _runs(recorded, db_url, tmp_path, [{"phase": "finalist", "k": 1, "where": "before"}, None])
+    assert killed["rc"] == -9 and killed["killed"]["phase"] == "finalist"
+    assert killed["states"].get("RUNNING") == 1  # the trial whose finalist rounds were cut
+    assert resumed["rc"] == 0
+    _check_database(db_url)
+    assert all(v[3] for v in _optuna_view(db_url).values())  # every ok trial told to Optuna
+    (cut,) = {tuple(r[:2]) for r in killed["samples"]}  # the one config screened before the kill: the baseline
+    assert (*cut, "finalist") in _by_trial(resumed["samples"])  # its finalist rounds, measured by the resume
+
+
+def _plan(rng: random.Random) -> list:
+    """At least 10 kills in the search's order of phases, at moments drawn by ``rng``, then a run to the end.
+
+    A killed run resumes in the next one, which is killed at the K-th moment of its phase counted from its own
+    start; every phase has that many moments left at that point of the search, so every kill lands."""
+    kills = [("compile", 1)]
+    for _ in LEVELS:
+        kills += [("aa", 1), ("screen", 1), ("finalist", 1)]  # the baseline is measured first, then its finalist
+        kills += [(rng.choice(["screen", "finalist"]), 1), ("screen", rng.choice([1, 2]))]
+    kills.insert(rng.randrange(2, len(kills)), ("compile", 1))
+    return [{"phase": p, "k": k, "where": rng.choice(["before", "after"])} for p, k in kills] + [None]
+
+
+def test_searches_killed_at_random_moments_resume_to_the_picks_of_an_uninterrupted_run(recorded, db_url, tmp_path):
+    """``tuner search`` killed with SIGKILL at least 10 times across the compile check, the A/A, screening and
+    the finalists, and resumed after each kill. Every trial recorded before a kill keeps its samples, no config
+    is measured twice, nothing is left running, and the picks are those of one uninterrupted run."""
+    (whole,) = _runs(recorded, f"sqlite:///{tmp_path / 'whole.db'}", tmp_path, [None])
+    assert whole["rc"] == 0
+    plan = _plan(random.Random(7))
+    runs = _runs(recorded, db_url, tmp_path, plan)
+    killed = [r["killed"] for r in runs[:-1]]
+    for want, run in zip(plan[:-1], runs[:-1], strict=True):
+        assert run["rc"] == -9 and run["killed"] is not None and run["killed"]["phase"] == want["phase"], run
+    assert len(killed) >= 10 and {k["phase"] for k in killed} == set(PHASES)
+    assert {k["level"] for k in killed if k["phase"] != "compile"} == set(LEVELS)  # kills at both levels
+    assert runs[-1]["rc"] == 0 and runs[-1]["killed"] is None
+    final = _by_trial(runs[-1]["samples"])
+    for run in runs[:-1]:  # what was recorded before each kill is unchanged after every resume
+        for key, rows in _by_trial(run["samples"]).items():
+            assert final.get(key) == rows, key
+    _check_database(db_url)
+    assert _picks(db_url) == _picks(f"sqlite:///{tmp_path / 'whole.db'}")
+    view = _optuna_view(db_url)  # Optuna holds what an uninterrupted run's Optuna holds
+    assert view == _optuna_view(f"sqlite:///{tmp_path / 'whole.db'}") and all(v[3] for v in view.values()), view
+    screened = {k[:2]: v for k, v in final.items() if k[2] == "screen"}  # the same replayed rounds per config
+    assert screened == {k[:2]: v for k, v in _by_trial(whole["samples"]).items() if k[2] == "screen"}
