@@ -71,6 +71,8 @@ BAD = [
     (GOOD.replace('"BLOCK_T * num_stages <= 32"', '"__import__(1)"'), "`constraints[0]`: may use only"),
     (GOOD.replace('"BLOCK_T * num_stages <= 32"', '"BLOCK_N < 3"'), "unknown name 'BLOCK_N'"),
     (GOOD.replace("rounds: 5", "rounds: 2"), "`measurement.rounds`: must be >= 3"),
+    (GOOD.replace("rounds: 5", "rounds: 5, screen_rounds: 6"), "`measurement.screen_rounds`: must be at most"),
+    (GOOD.replace("rounds: 5", "rounds: 5, screen_rounds: 2"), "`measurement.screen_rounds`: must be an integer >= 3"),
     (GOOD.replace("name: grid", "name: random"), "`sampler.name`: must be one of ['grid', 'surrogate', 'tpe']"),
     (GOOD.replace("constraints: [", "constraints: [[").replace('32"]', '32"]]'), "`constraints[0]`"),
     ("workloads: [\n", "not valid YAML at line"),

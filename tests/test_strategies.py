@@ -297,3 +297,96 @@ def test_the_space_files_sampler_is_honoured_and_the_flag_overrides_it(recorded,
         assert proc.returncode == 0, proc.stderr
         (row,) = json.loads(proc.stdout)
         assert row["strategy"] == want and row["stopped"]
+
+
+def test_the_best_tile_shapes_are_tried_at_every_split_target_before_a_level_stops():
+    """The best TARGET_CTAS is sharp and moves with C (a wave more or less), so each of the LINES best tile
+    shapes is judged at its best split count: their best launch's whole TARGET_CTAS line comes before a stop."""
+    s = strategies.make("surrogate", seed=0)
+    cands = _candidates()
+    lines = {c: [o for o in cands if o != c and o.replace(TARGET_CTAS=c.TARGET_CTAS) == c] for c in cands}
+    near = {c: list(dict.fromkeys(_neighbours(cands)[c] + lines[c])) for c in cands}
+    lvl = Level(48, WL, cands, band=0.01, baseline=cands[0], neighbours=near)
+    best = KernelConfig(BLOCK_T=64, num_warps=8, num_stages=1, TARGET_CTAS=128)
+    for cfg in [best, *near[best]]:  # the incumbent and all its neighbours
+        lvl.measured[cfg] = -0.4 if cfg == best else -0.1
+    shapes = [(32, 4, -0.3), (16, 2, -0.2), (16, 8, 0.2)]  # the second and third best shapes, and a worse one
+    for t, w, y in shapes:
+        lvl.measured[KernelConfig(BLOCK_T=t, num_warps=w, num_stages=1, TARGET_CTAS=128)] = y
+    s.history([(48, k, y, None) for k, y in lvl.measured.items()])
+    tried = [KernelConfig(BLOCK_T=t, num_warps=w, num_stages=1, TARGET_CTAS=128) for t, w, _ in shapes[:2]]
+    want = {o for cfg in tried for o in lines[cfg]}
+    assert want and want.isdisjoint(lvl.measured)
+    assert s.stop_reason(lvl) is None
+    assert set(s.propose(lvl, 1)) <= want
+    assert not any(o.BLOCK_T == 16 and o.num_warps == 8 and o.TARGET_CTAS != 128 for o in s._lines(lvl))
+    for o in want:
+        lvl.measured[o] = 0.0
+    s.history([(48, k, y, None) for k, y in lvl.measured.items()])
+    assert not s._lines(lvl)
+
+
+def test_the_surrogates_first_picks_are_the_same_on_a_resume():
+    """The random first picks of a level with no data depend on the seed, the level and what it has measured,
+    not on how many proposals this process made before (a resumed search proposes what the killed one would)."""
+    cands = _candidates()
+    a, b = strategies.make("surrogate", seed=5), strategies.make("surrogate", seed=5)
+    lvl = Level(8, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands))
+    a.propose(lvl, 1)  # a proposal the killed run made and never measured
+    assert a.propose(lvl, 2) == b.propose(lvl, 2)
+
+
+def test_screening_is_successive_halving(recorded, tmp_path):
+    """With ``screen_rounds`` below ``rounds``, every launch gets ``screen_rounds`` and only the promising ones
+    the rest: the baseline and every finalist have all ``rounds``."""
+    space = tmp_path / "halving.yaml"
+    text = Path(SMOKE).read_text()
+    assert "rounds: 4," in text
+    space.write_text(text.replace("rounds: 4,", "rounds: 9, screen_rounds: 3,"))
+    db = tmp_path / "h.db"
+    proc = _tuner(
+        "search", str(space), "--backend", "replay", "--replay-db", f"sqlite:///{recorded}", "--sampler", "grid",
+        "--db", f"sqlite:///{db}", "-q",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    con = sqlite3.connect(db)
+    try:
+        rows = con.execute(
+            "SELECT t.concurrency, t.config_key, t.is_baseline, count(x.id) FROM tuner_trials t JOIN tuner_samples x "
+            "ON x.trial_id = t.id WHERE x.phase = 'screen' AND t.verdict = 'ok' GROUP BY t.id"
+        ).fetchall()
+        finalists = {
+            (c, k)
+            for c, k in con.execute(
+                "SELECT DISTINCT t.concurrency, t.config_key FROM tuner_trials t JOIN tuner_samples x "
+                "ON x.trial_id = t.id WHERE x.phase = 'finalist'"
+            )
+        }
+    finally:
+        con.close()
+    assert rows and {n for *_, n in rows} <= {3, 9}
+    assert all(n == 9 for _, _, base, n in rows if base)
+    assert all(n == 9 for c, k, _, n in rows if (c, k) in finalists)  # a finalist was promoted first
+
+
+def test_a_launch_is_promoted_when_it_ranks_in_the_best_third_or_near_the_best():
+    """Asynchronous successive halving: the first screening rounds of a launch earn it the rest when its ratio
+    ranks in the best third of the level's launches (itself included) or lies within twice the band of the
+    best; every launch while fewer than three are measured."""
+    import threading
+    from types import SimpleNamespace
+
+    from tuner.study import StudyRun
+
+    def promoted(ratio, measured):
+        lvl = Level(8, WL, _candidates(), band=0.01)
+        lvl.measured = {c: math.log(r) for c, r in zip(_candidates(), measured, strict=False)}
+        run = SimpleNamespace(_level=lambda: lvl, progress=SimpleNamespace(lock=threading.Lock()), band=0.01)
+        return StudyRun._promising(run, [(20.0 * ratio, 20.0)] * 3)
+
+    assert promoted(2.0, [1.0, 0.9])  # fewer than three measured: everything
+    field = [0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3]
+    assert promoted(0.65, field)  # rank 1 of 9: the best third
+    assert promoted(0.61, field)  # within twice the band of the best
+    assert not promoted(0.95, field)  # rank 4 of 9
+    assert not promoted(1.5, field)

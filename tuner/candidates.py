@@ -19,6 +19,7 @@ from kernels.config import Role
 from tuner import strategies
 
 WAITING, RUNNING = optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING
+MODES = ("PREFETCH",)  # parameters whose values are modes, not a scale (kernels/config.py): any steps to any
 LAUNCHED = {Verdict.OK, Verdict.WRONG, Verdict.CRASHED, Verdict.TIMEOUT, Verdict.MISSING}  # measured, for the budget
 
 
@@ -109,7 +110,8 @@ class LevelView:
     def _make_neighbours(self) -> dict[KernelConfig, list[KernelConfig]]:
         """Each candidate's neighbours: the launches one step away in one parameter's values (a step that
         launches the same thing, such as a TARGET_CTAS that clamps alike, is walked past), and every value of
-        a launch-only parameter (``TARGET_CTAS``: the split count whose best value moves with C)."""
+        a launch-only parameter (``TARGET_CTAS``: the split count whose best value moves with C) or of one whose
+        values are modes rather than a scale (``PREFETCH``)."""
         rep, params = self.plan.representatives(), self.plan.space.parameters
         out = {}
         for cand in self.queue_order:
@@ -117,7 +119,7 @@ class LevelView:
             for name, values in params.items():
                 if getattr(cand, name) not in values:
                     continue
-                if BY_NAME[name].role is Role.LAUNCH:
+                if BY_NAME[name].role is Role.LAUNCH or name in MODES:
                     near += [o for v in values if (o := rep.get(str(cand.replace(**{name: v})))) not in (None, cand)]
                     continue
                 i = values.index(getattr(cand, name))

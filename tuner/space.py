@@ -54,7 +54,7 @@ TOP_KEYS = {
     "parameters": f"a mapping of {list(PARAM_NAMES)} to distributions",
     "constraints": "a list of expressions over the parameters",
     "baseline": "a config inside the space",
-    "measurement": "rounds, finalists, finalist_rounds, trial_timeout_s, min_effect",
+    "measurement": "rounds, screen_rounds, finalists, finalist_rounds, trial_timeout_s, min_effect",
     "sampler": "name (grid | tpe | surrogate), seed, n_trials",
     "max_spill_bytes": "a non-negative integer; configs that spill more are infeasible",
 }
@@ -548,7 +548,7 @@ def _baseline(path: str, given, parameters: dict[str, list]) -> KernelConfig:
 
 
 def _measurement(path: str, meas) -> dict:
-    _check_keys(path, "measurement", meas, (*MEASUREMENT_DEFAULTS, "min_effect"))
+    _check_keys(path, "measurement", meas, (*MEASUREMENT_DEFAULTS, "screen_rounds", "min_effect"))
     measurement = {
         k: _pos_int(path, f"measurement.{k}", meas.get(k, d), maximum=MEASUREMENT_MAX[k])
         for k, d in MEASUREMENT_DEFAULTS.items()
@@ -560,6 +560,16 @@ def _measurement(path: str, meas) -> dict:
         measurement["min_effect"] = float(v)
     if measurement["rounds"] < 3:
         raise _err(path, "measurement.rounds", f"must be >= 3 for a confidence interval, got {measurement['rounds']}")
+    # successive halving: every launch gets screen_rounds, the promising ones the rest of rounds (tuner/study.py)
+    default_screen = max(3, measurement["rounds"] // 3)
+    screen = _pos_int(path, "measurement.screen_rounds", meas.get("screen_rounds", default_screen), minimum=3)
+    if screen > measurement["rounds"]:
+        raise _err(
+            path,
+            "measurement.screen_rounds",
+            f"must be at most measurement.rounds ({measurement['rounds']}), got {screen}",
+        )
+    measurement["screen_rounds"] = min(screen, measurement["rounds"])
     return measurement
 
 

@@ -12,7 +12,9 @@ finalists are re-measured.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -54,6 +56,7 @@ from tuner.space import WorkloadSpec
 from tuner.summary import postfix
 from tuner.summary import summary_row
 
+PROMOTE = 1 / 3  # successive halving's share of screened launches that get the rest of the screening rounds
 WAITING, RUNNING, COMPLETE, PRUNED = (
     optuna.trial.TrialState.WAITING,
     optuna.trial.TrialState.RUNNING,
@@ -286,7 +289,7 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
             elif original is not None:  # one measurement per distinct launch
                 reply = MeasureReply(Verdict.DUPLICATE, f"launches exactly what trial {original} measured")
             else:
-                reply = self.measure(proc, cfg, Phase.SCREEN, self.plan.space.measurement["rounds"], check=True)
+                reply = self._screen(proc, cfg)
             recorded = self.recorder.trial(
                 proc, env_id, cfg, reply, band, trial.number, time.monotonic() - t0, key, original
             )
@@ -298,6 +301,33 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
         finally:
             if beat is not None:
                 beat.stop()
+
+    def _screen(self, proc: MeasurementProcess, cfg: KernelConfig) -> MeasureReply:
+        """The screening rounds of one launch, by successive halving: ``screen_rounds`` first, then the rest of
+        ``rounds`` only if the launch is promising (:meth:`_promising`); the baseline always gets all of them."""
+        m = self.plan.space.measurement
+        rounds, first = m["rounds"], m.get("screen_rounds", m["rounds"])
+        if cfg == self.plan.space.baseline or first >= rounds:
+            return self.measure(proc, cfg, Phase.SCREEN, rounds, check=True)
+        reply = self.measure(proc, cfg, Phase.SCREEN, first, check=True)
+        if reply.verdict != Verdict.OK or not reply.samples or not self._promising(reply.samples):
+            return reply
+        more = self.measure(proc, cfg, f"{Phase.SCREEN}/promoted", rounds - first, check=False)
+        if more.verdict != Verdict.OK:
+            return more
+        return dataclasses.replace(reply, samples=[*reply.samples, *more.samples])
+
+    def _promising(self, samples: list[tuple[float, float]]) -> bool:
+        """Whether a launch's first screening rounds earn it the rest (asynchronous successive halving): its
+        paired ratio ranks in the best :data:`PROMOTE` of the level's measured launches, itself included, or
+        lies within twice the band of the best; every launch is promoted while fewer than 3 are measured."""
+        ratio = math.exp(sum(math.log(a / b) for a, b in samples) / len(samples))
+        with self.progress.lock:
+            seen = sorted(math.exp(y) for y in self._level().measured.values() if y is not None)
+        if len(seen) < 3:
+            return True
+        rank = sum(r < ratio for r in seen)  # launches measured better than this one
+        return rank < math.ceil(PROMOTE * (len(seen) + 1)) or ratio <= seen[0] * (1 + 2 * self.band)
 
     def _tell(self, proc, trial, cfg: KernelConfig, reply: MeasureReply, recorded, band: float) -> None:
         """What Optuna learns of a trial the tuner has recorded (or that another process recorded first)."""

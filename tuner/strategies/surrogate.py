@@ -10,17 +10,19 @@ priors: other kernels, and this kernel on other devices. A prior's points enter 
 worse they predict this kernel's own measurements (Spearman's rho over the launches both measured, at
 the same levels); a failed launch (crashed, wrong, timed out) enters as the worst value seen.
 
-**Proposals.** Expected improvement over the open candidates of the level (feasible, distinct, not yet
-measured). Several workers get several launches at once, by the *kriging believer*: each proposal and
+**Proposals.** In order: the previous level's best launches, the incumbent's neighbours, the lines of
+the best tile shapes, then expected improvement over the open candidates of the level (feasible,
+distinct, not yet measured). Several workers get several launches at once, by the *kriging believer*: each proposal and
 each trial still running is added to the model at its predicted value before the next is chosen, so the
 proposals spread out instead of repeating. A level with no data from any level starts from
 :data:`N_INIT` candidates drawn at random (seeded) among the open ones.
 
-**The stop rule.** After at least :data:`MIN_HERE` measurements at the level, it stops when
+**The stop rule.** After at least :data:`MIN_HERE` measurements at the level, once the previous level's
+best, the incumbent's neighbours and the lines (:meth:`Surrogate._lines`) are measured, it stops when
 ``P(an unmeasured launch beats the best by > band) < STOP_P``: each open candidate's posterior
-probability of a log ratio below ``log(best) + log(1 - band)``, combined as independent events
-(``1 - prod(1 - p_i)``). :data:`STOP_P` = 5 % is the threshold the search benchmark
-(``results/bench_search.py``) was run with; ``--n-trials`` stays a hard cap.
+probability of a log ratio below ``log(best) + log(1 - band)``, summed (the union bound: no independence
+assumed). :data:`STOP_P` = 5 % is the threshold the search benchmark (``results/bench_search.py``) was
+run with; ``--n-trials`` stays a hard cap.
 """
 
 from __future__ import annotations
@@ -49,13 +51,14 @@ PRIOR_NOISE = 0.05**2  # a prior point's extra noise variance (log-ratio units) 
 PRIOR_UNKNOWN_RHO = 0.5  # ... and the rho assumed while fewer than MIN_OVERLAP launches are shared
 MIN_OVERLAP = 5
 CARRY = 3  # the previous level's best launches measured first at each level
+FAMILY = ("BLOCK_T", "num_warps")  # a tile shape
+LINES = 3  # the best tile shapes whose best launch is tried at every split target
 
 
 class Surrogate(Strategy):
     name = "surrogate"
 
     def __init__(self, seed: int = 0, stop_p: float = STOP_P) -> None:
-        self.rng = np.random.default_rng(seed)
         self.seed = seed
         self.stop_p = stop_p
         self.rows: list[tuple] = []  # (concurrency, config, log ratio | None, source); source None: this kernel
@@ -215,6 +218,20 @@ class Surrogate(Strategy):
             return []
         return [c for c in level.neighbours.get(best[0], []) if c not in level.measured]
 
+    def _lines(self, level: Level) -> list[KernelConfig]:
+        """The split-target line of the best launch of each of the :data:`LINES` best tile shapes measured here
+        (:data:`FAMILY`): the best ``TARGET_CTAS`` moves with C and is sharp (one wave more or less), so a
+        shape is judged at its best split count, not at the one it happened to be measured with."""
+        best: dict = {}
+        for c, y in level.measured.items():
+            f = tuple(getattr(c, p) for p in FAMILY)
+            if y is not None and (f not in best or y < best[f][0]):
+                best[f] = (y, c)
+        out = []
+        for _, b in sorted(best.values(), key=lambda t: t[0])[:LINES]:
+            out += [c for c in level.neighbours.get(b, []) if _launch_only_variant(c, b)]
+        return [c for c in dict.fromkeys(out) if c not in level.measured and c not in level.pending]
+
     def propose(self, level: Level, n: int) -> list[KernelConfig]:
         open_ = level.open()
         if not open_:
@@ -226,11 +243,12 @@ class Surrogate(Strategy):
         if fitted is None:
             rest = [c for c in open_ if c not in chosen]
             k = min(n - len(chosen), len(rest))
-            return chosen + [rest[i] for i in sorted(self.rng.choice(len(rest), size=k, replace=False))]
+            rng = np.random.default_rng([self.seed, level.concurrency, len(level.measured)])  # same on a resume
+            return chosen + [rest[i] for i in sorted(rng.choice(len(rest), size=k, replace=False))]
         gp, scale = fitted
         best = level.best()
         here_best = best[1] if best is not None else 0.0
-        pool = [c for c in self._incumbent_neighbours(level) if c in open_] or open_
+        pool = [c for c in self._incumbent_neighbours(level) if c in open_] or self._lines(level) or open_
         believed = [*level.pending, *chosen]
         while len(chosen) < n:
             pool = [c for c in pool if c not in chosen] or [c for c in open_ if c not in chosen]
@@ -273,6 +291,8 @@ class Surrogate(Strategy):
             return None
         if [c for c in self._carried(level) if c in open_] or self._incumbent_neighbours(level):
             return None  # the previous level's best and the incumbent's neighbours come first
+        if self._lines(level):
+            return None  # and the best tile shapes at every split target
         fitted = self._model(level)
         if fitted is None:
             return None
