@@ -1,7 +1,7 @@
 """A small recorded database for replayed searches: two levels of the committed H200 results.
 
-:func:`make_recorded` copies, from ``results/h200.db``, the v4_flash trials of its newest kernel at C=1 and
-C=8 (full grids: every config of :data:`SMALL_SPACE` is recorded there, with its verdict, its duplicate's
+:func:`make_recorded` copies, from ``results/h200.db``, the v4_flash trials of the newest kernel that measured
+v4_flash at C=1 and C=8 (full grids: every config of :data:`SMALL_SPACE` is recorded there, with its verdict, its duplicate's
 original and its samples) and those studies' A/A samples: what :mod:`tuner.replay` reads, in a file of a
 few hundred kilobytes that loads at once. :data:`SMALL_SPACE` is 12 configs: 4 infeasible and at each level
 at most 8 distinct launches, so a search measures every launch whatever its strategy and order.
@@ -55,7 +55,9 @@ def make_recorded(path: Path) -> Path:
         con.execute(
             "CREATE TEMP TABLE keep AS SELECT t.id, t.study_id FROM h.tuner_trials t "
             "JOIN h.tuner_workloads w ON t.workload_id = w.id WHERE w.name = 'v4_flash' "
-            f"AND t.kernel_id = (SELECT MAX(kernel_id) FROM h.tuner_trials) AND t.concurrency IN ({levels})"
+            f"AND t.concurrency IN ({levels}) AND t.kernel_id = (SELECT MAX(t2.kernel_id) FROM h.tuner_trials t2 "
+            "JOIN h.tuner_workloads w2 ON t2.workload_id = w2.id WHERE w2.name = 'v4_flash' "
+            f"AND t2.concurrency IN ({levels}))"
         )
         for table, where in _TABLES.items():
             con.execute(f"CREATE TABLE {table} AS SELECT * FROM h.{table} WHERE {where}")

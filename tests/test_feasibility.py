@@ -106,9 +106,7 @@ def test_second_check_is_cached_and_fast(tmp_path, monkeypatch):
     warm = time.perf_counter() - t0
     assert first == second
     assert warm * 10 <= cold, (cold, warm)
-    assert warm / len(configs) <= 0.05
-    # on 2 cores a cold compile takes 1-2 s per config; allow slack for a loaded CI machine
-    assert cold / len(configs) <= 6.0, cold
+    assert warm / len(configs) <= 0.05  # read from the database, not compiled (a cold compile takes seconds)
 
 
 def test_target_ctas_does_not_recompile(store):

@@ -152,8 +152,9 @@ def test_calibrate_prints_and_stores_the_band(tmp_path):
     assert n == 4 and len(json.loads(samples)) == 4
 
 
-def _picks(url):
-    """(space, C) -> launch identity of `tuner best`'s pick, read back through the query API."""
+def _picks(url, ratios=None):
+    """(space, C) -> launch identity of `tuner best`'s pick, read back through the query API; ``ratios``, if
+    given, is filled with (space, C) -> ({launch identity: its ratio}, the level's band) of the same trials."""
     from db import queries
     from db.store import Store
     from kernels.config import launch_identity
@@ -165,19 +166,26 @@ def _picks(url):
             out.setdefault(key, []).append(t)
         picks = {}
         for key, ts in out.items():
-            b = queries.best_of(queries.newest_kernel(ts))  # as `tuner best`: the newest kernel measured there
+            newest = queries.newest_kernel(ts)
+            b = queries.best_of(newest)  # as `tuner best`: the newest kernel measured there
             w = b.workload
             picks[key] = (launch_identity(b.config(), w.heads, w.topk, b.concurrency), b.config_key)
+            if ratios is not None:
+                stats = {launch_identity(t.config(), w.heads, w.topk, t.concurrency): t.statistic() for t in newest}
+                ratios[key] = ({k: st.ratio for k, st in stats.items() if st}, b.statistic().noise_band)
     return picks
 
 
 def test_replay_of_the_h200_database_reproduces_its_picks(tmp_path):
-    """The smallest and the largest of the 15 levels keep the test short; each is a whole study."""
+    """The smallest and the largest of the 15 levels keep the test short; each is a whole study. A replay
+    draws the recorded rounds anew, so where the recording holds a tie (V3.2 C=1: 0.8608 against 0.8609 over
+    30 finalist rounds) either launch of it is the recorded answer."""
     levels = (1, 96)
     original = tmp_path / "h200.db"
     shutil.copy("results/h200.db", original)
     assert tuner("db", "upgrade", "--db", f"sqlite:///{original}").returncode == 0  # a no-op at head
-    want = _picks(f"sqlite:///{original}")
+    recorded: dict = {}
+    want = _picks(f"sqlite:///{original}", recorded)
     db = tmp_path / "replay.db"
     t0 = time.monotonic()
     for space in ("search_spaces/v4_flash_tp4.yaml", "search_spaces/v32_tp8.yaml"):
@@ -202,7 +210,9 @@ def test_replay_of_the_h200_database_reproduces_its_picks(tmp_path):
     want = {k: v for k, v in want.items() if k[0] in ("v4_flash_tp4", "v32_tp8") and k[1] in levels}
     assert set(got) == set(want)
     for key in want:
-        assert got[key][0] == want[key][0], (key, got[key], want[key])  # the same launch
+        if got[key][0] != want[key][0]:  # only a tie of the recording: within its band of the recorded pick
+            ratio, band = recorded[key]
+            assert ratio[got[key][0]] <= ratio[want[key][0]] * (1 + band), (key, got[key], want[key])
     print(f"replay of both spaces: {wall:.1f} s")
 
 
@@ -214,7 +224,7 @@ def test_replay_answers_a_config_with_the_recording_of_its_launch():
     from tuner.space import load_space
     from tuner.study import launch_key
 
-    source = ReplaySource("sqlite:///results/h200.db")
+    source = ReplaySource("sqlite:///results/h200.db", None, "b0979f66ca00")  # its bounded V3.2 searches
     sp = load_space("search_spaces/v32_tp8.yaml")
     wl = sp.workloads[0].workload()
     checked = 0
