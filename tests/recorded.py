@@ -1,8 +1,8 @@
 """A small recorded database for replayed searches: two levels of the committed H200 results.
 
 :func:`make_recorded` copies, from ``results/h200.db``, the v4_flash trials of the newest kernel that measured
-v4_flash at C=1 and C=8 (full grids: every config of :data:`SMALL_SPACE` is recorded there, with its verdict, its duplicate's
-original and its samples) and those studies' A/A samples: what :mod:`tuner.replay` reads, in a file of a
+v4_flash at C=1 and C=8 (full grids: every config of :data:`SMALL_SPACE` is recorded there, with its verdict, its
+duplicate's original and its samples) and those studies' A/A samples: what :mod:`tuner.replay` reads, in a file of a
 few hundred kilobytes that loads at once. :data:`SMALL_SPACE` is 12 configs: 4 infeasible and at each level
 at most 8 distinct launches, so a search measures every launch whatever its strategy and order.
 """

@@ -22,8 +22,6 @@ from sqlalchemy import text
 from tests.recorded import LEVELS
 from tests.recorded import SMALL_SPACE
 from tests.recorded import make_recorded
-from tests.test_workers import PG
-from tests.test_workers import _pg_database
 from tuner.cli import cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,16 +34,6 @@ def recorded(tmp_path_factory):
     folder = tmp_path_factory.mktemp("recorded")
     (folder / "small.yaml").write_text(SMALL_SPACE)
     return make_recorded(folder / "recorded.db"), folder / "small.yaml"
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request, tmp_path):
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'faults.db'}"
-        return
-    if not PG:
-        pytest.skip("TUNER_TEST_PG is not set (CI starts a PostgreSQL server and sets it)")
-    yield from _pg_database()
 
 
 def _argv(recorded, url, seed=1):

@@ -9,43 +9,23 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine
 from sqlalchemy import text
 
+from tests.conftest import PG
+from tests.conftest import _pg_database
+
 SMOKE = "search_spaces/smoke.yaml"
 _SMOKE_MEASUREMENT = "rounds: 4, finalists: 2, finalist_rounds: 5"
 CONFIGS = ["T16-w4-s1-c4", "T16-w4-s2-c4", "T32-w4-s1-c4", "T32-w4-s2-c4"]
-PG = os.environ.get("TUNER_TEST_PG")  # e.g. postgresql+psycopg://postgres:postgres@127.0.0.1/postgres
 
 
 def _cmd(*args):
     exe = shutil.which("tuner")
     return ([exe] if exe else [sys.executable, "-m", "tuner"]) + list(args)
-
-
-def _pg_database():
-    """A fresh PostgreSQL database on the test server, dropped afterwards (a generator: yields its URL)."""
-    name = f"tuner_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(PG, isolation_level="AUTOCOMMIT")
-    with admin.connect() as con:
-        con.execute(text(f"CREATE DATABASE {name}"))
-    yield PG.rsplit("/", 1)[0] + "/" + name
-    with admin.connect() as con:
-        con.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request, tmp_path):
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'w.db'}"
-        return
-    if not PG:
-        pytest.skip("TUNER_TEST_PG is not set (CI starts a PostgreSQL server and sets it)")
-    yield from _pg_database()
 
 
 @pytest.fixture
