@@ -2,6 +2,7 @@
 
     python results/bench_search.py                       # the default cases, 10 seeds, every strategy
     python results/bench_search.py --strategies surrogate --seeds 3 --cases v4_216
+    python results/bench_search.py --jobs 2 ...            # two runs at once (results are the same)
 
 Each run is a real ``tuner search --backend replay --seed N`` of a space version stored with the recorded
 full grid (``tuner_spaces``), against a fresh results database, so no run sees another's measurements and
@@ -25,6 +26,7 @@ Full results go to ``--out`` (JSON); the table is printed last.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import math
 import os
@@ -249,6 +251,15 @@ def _groups(runs):
     return out
 
 
+def _run_quietly(job) -> dict:
+    os.environ.setdefault("TUNER_QUIET_OPTUNA", "1")
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    return run_one(*job)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--replay-db", default="results/h200.db")
@@ -258,14 +269,10 @@ def main() -> None:
     ap.add_argument("--grid-seeds", type=int, default=None, help="seeds for grid and TPE (default: --seeds)")
     ap.add_argument("--landscape", choices=["recorded", "shifted"], default="recorded")
     ap.add_argument("--out", default=None, help="JSON file for every run's levels")
+    ap.add_argument("--jobs", type=int, default=1, help="runs at once, one process each (default 1)")
     args = ap.parse_args()
-    os.environ.setdefault("TUNER_QUIET_OPTUNA", "1")
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
     tmp = tempfile.mkdtemp()
-    runs = []
+    jobs = []
     for name in args.cases.split(","):
         space, kernel = CASES[name]
         path = Path(tmp) / f"{name}.yaml"
@@ -279,16 +286,18 @@ def main() -> None:
             if strategy == "tpe":  # TPE's budget: a share of the distinct launches of an average level
                 n_trials = max(1, round(TPE_SHARE * mean_launches(case)))
             seeds = args.seeds if strategy == "surrogate" or args.grid_seeds is None else args.grid_seeds
-            for seed in range(seeds):
-                r = run_one(case, strategy, seed, n_trials, args.landscape)
-                runs.append(r)
-                lv = r["levels"]
-                print(
-                    f"{name} {strategy} seed {seed}: {sum(x['regret'] <= 0.01 for x in lv)}/{len(lv)} within 1 %, "
-                    f"{sum(x['measured'] for x in lv)}/{sum(x['launches'] for x in lv)} measured, {r['wall_s']:.0f} s "
-                    f"({_per_level(lv)})",
-                    flush=True,
-                )
+            jobs += [(case, strategy, seed, n_trials, args.landscape) for seed in range(seeds)]
+    runs = []
+    with concurrent.futures.ProcessPoolExecutor(args.jobs) as pool:  # every run is independent
+        for r in pool.map(_run_quietly, jobs):
+            runs.append(r)
+            lv = r["levels"]
+            print(
+                f"{r['case']} {r['strategy']} seed {r['seed']}: {sum(x['regret'] <= 0.01 for x in lv)}/{len(lv)} "
+                f"within 1 %, {sum(x['measured'] for x in lv)}/{sum(x['launches'] for x in lv)} measured, "
+                f"{r['wall_s']:.0f} s ({_per_level(lv)})",
+                flush=True,
+            )
     if args.out:
         Path(args.out).write_text(json.dumps(runs, indent=1))
     print(tabulate(summarize(runs), headers="keys", tablefmt="github"))

@@ -301,7 +301,8 @@ def test_the_space_files_sampler_is_honoured_and_the_flag_overrides_it(recorded,
 
 def test_the_best_tile_shapes_are_tried_at_every_split_target_before_a_level_stops():
     """The best TARGET_CTAS is sharp and moves with C (a wave more or less), so each of the LINES best tile
-    shapes is judged at its best split count: their best launch's whole TARGET_CTAS line comes before a stop."""
+    shapes within LINE_WITHIN of the level's best is judged at its best split count: their best launch's
+    whole TARGET_CTAS line comes before a stop. A shape further behind gets none."""
     s = strategies.make("surrogate", seed=0)
     cands = _candidates()
     lines = {c: [o for o in cands if o != c and o.replace(TARGET_CTAS=c.TARGET_CTAS) == c] for c in cands}
@@ -310,11 +311,13 @@ def test_the_best_tile_shapes_are_tried_at_every_split_target_before_a_level_sto
     best = KernelConfig(BLOCK_T=64, num_warps=8, num_stages=1, TARGET_CTAS=128)
     for cfg in [best, *near[best]]:  # the incumbent and all its neighbours
         lvl.measured[cfg] = -0.4 if cfg == best else -0.1
-    shapes = [(32, 4, -0.3), (16, 2, -0.2), (16, 8, 0.2)]  # the second and third best shapes, and a worse one
+    within = math.log(1 + surrogate.LINE_WITHIN)
+    # the second best shape (within LINE_WITHIN of the best), the third just beyond it, and a worse fourth
+    shapes = [(32, 4, -0.4 + within / 2), (16, 8, -0.4 + within * 1.05), (16, 2, 0.2)]
     for t, w, y in shapes:
         lvl.measured[KernelConfig(BLOCK_T=t, num_warps=w, num_stages=1, TARGET_CTAS=128)] = y
     s.history([(48, k, y, None) for k, y in lvl.measured.items()])
-    tried = [KernelConfig(BLOCK_T=t, num_warps=w, num_stages=1, TARGET_CTAS=128) for t, w, _ in shapes[:2]]
+    tried = [KernelConfig(BLOCK_T=t, num_warps=w, num_stages=1, TARGET_CTAS=128) for t, w, _ in shapes[:1]]
     want = {o for cfg in tried for o in lines[cfg]}
     assert want and want.isdisjoint(lvl.measured)
     assert s.stop_reason(lvl) is None
@@ -390,3 +393,28 @@ def test_a_launch_is_promoted_when_it_ranks_in_the_best_third_or_near_the_best()
     assert promoted(0.61, field)  # within twice the band of the best
     assert not promoted(0.95, field)  # rank 4 of 9
     assert not promoted(1.5, field)
+
+
+def test_the_model_carries_what_one_level_taught_to_another():
+    """The shared kernel does not see log2 C: a launch measured slow at C=8 is predicted slow at C=96, where
+    nothing of its tile shape is measured, and the level kernel still fits how C=96 departs from C=8."""
+    s = strategies.make("surrogate", seed=0)
+    cands = _candidates()
+    slow = {c for c in cands if c.num_warps == 8}  # a slow tile shape, at every level
+
+    def y(cfg, c):
+        return (0.5 if cfg in slow else 0.0) + 0.1 * math.log2(cfg.TARGET_CTAS / 128) * (c > 32)
+
+    rows = [(8, cfg, y(cfg, 8), None) for cfg in cands]
+    here = [cfg for cfg in cands if cfg not in slow][::3]
+    rows += [(96, cfg, y(cfg, 96), None) for cfg in here]
+    s.history(rows)
+    lvl = Level(96, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands))
+    lvl.measured.update({cfg: y(cfg, 96) for cfg in here})
+    gp, _ = s._model(lvl)
+    shared_ls = gp.kernel_.k1.k1.k2.length_scale
+    assert shared_ls[0] >= surrogate.BLIND_C  # blind to log2 C
+    mu, _ = s._posterior(gp, s._X(sorted(slow, key=str), lvl))
+    assert mu.min() > 0.4, np.round(mu, 3)  # slow (0.5 to 0.7 at C=96), not the level's mean (0.1)
+    mu_here, _ = s._posterior(gp, s._X(here, lvl))
+    assert np.abs(mu_here - [y(cfg, 96) for cfg in here]).max() < 0.02

@@ -1,9 +1,13 @@
 """The default strategy: one Gaussian-process model of the whole space, across concurrency levels.
 
-**The model.** scikit-learn's :class:`~sklearn.gaussian_process.GaussianProcessRegressor` (a Matérn 5/2
-kernel with one length scale per feature, plus a white-noise term) predicts a launch's log ratio to the
-baseline from its parameters, the split geometry it launches at that level (programs, slots, tiles per
-program: what ``TARGET_CTAS`` and ``BALANCED`` turn into at that batch) and ``log2 C``. It is fitted to
+**The model.** scikit-learn's :class:`~sklearn.gaussian_process.GaussianProcessRegressor` predicts a
+launch's log ratio to the baseline from its parameters, the split geometry it launches at that level
+(programs, slots, tiles per program: what ``TARGET_CTAS`` and ``BALANCED`` turn into at that batch) and
+``log2 C``. Its kernel is a sum of two Matérn 5/2 kernels with one length scale per feature, plus white
+noise: a *shared* one that does not see ``log2 C`` (what a launch's parameters and geometry cost at every
+level: a slow tile shape is slow everywhere) and a *level* one that does (how a level departs from that).
+With one kernel over all features the fitted ``log2 C`` length scale sat near 0.2, so each level forgot
+the others and re-measured launches they had already shown to be slow. It is fitted to
 every measurement of the space at every level this kernel has on this device (levels are searched in
 order, so the second level starts from what the first taught), and to earlier records of the space as
 priors: other kernels, and this kernel on other devices. A prior's points enter with more noise the
@@ -50,9 +54,11 @@ FAIL_MARGIN = math.log(1.5)  # a failed launch enters the model this much above 
 PRIOR_NOISE = 0.05**2  # a prior point's extra noise variance (log-ratio units) at rho = 1 ...
 PRIOR_UNKNOWN_RHO = 0.5  # ... and the rho assumed while fewer than MIN_OVERLAP launches are shared
 MIN_OVERLAP = 5
+BLIND_C = 1e5  # the shared kernel's log2 C length scale: its correlation across the levels is 1
 CARRY = 3  # the previous level's best launches measured first at each level
 FAMILY = ("BLOCK_T", "num_warps")  # a tile shape
-LINES = 3  # the best tile shapes whose best launch is tried at every split target
+LINES = 3  # the best tile shapes whose best launch is tried at every split target ...
+LINE_WITHIN = 0.10  # ... among those whose best launch is within this share of the level's best
 
 
 class Surrogate(Strategy):
@@ -144,9 +150,6 @@ class Surrogate(Strategy):
     def _fit(self, X, y, extra):
         from sklearn.exceptions import ConvergenceWarning
         from sklearn.gaussian_process import GaussianProcessRegressor
-        from sklearn.gaussian_process.kernels import ConstantKernel
-        from sklearn.gaussian_process.kernels import Matern
-        from sklearn.gaussian_process.kernels import WhiteKernel
 
         key = (X.shape, float(y.sum()), float(extra.sum()), self._n_fit)
         if self._last is not None and self._last[0] == key:
@@ -155,9 +158,7 @@ class Surrogate(Strategy):
         if self._kernel is not None:
             kernel = self._kernel  # re-optimized from the last optimum: few iterations
         else:
-            kernel = ConstantKernel(1.0, (1e-3, 1e3)) * Matern(
-                length_scale=np.ones(X.shape[1]), length_scale_bounds=(1e-2, 1e3), nu=2.5
-            ) + WhiteKernel(1e-3, (1e-6, 1e-1))
+            kernel = _kernel(X.shape[1])
         gp = GaussianProcessRegressor(
             kernel=kernel,
             alpha=1e-8 + extra / max(float(np.var(y)), 1e-12),  # in the normalized units normalize_y fits
@@ -220,15 +221,19 @@ class Surrogate(Strategy):
 
     def _lines(self, level: Level) -> list[KernelConfig]:
         """The split-target line of the best launch of each of the :data:`LINES` best tile shapes measured here
-        (:data:`FAMILY`): the best ``TARGET_CTAS`` moves with C and is sharp (one wave more or less), so a
-        shape is judged at its best split count, not at the one it happened to be measured with."""
+        (:data:`FAMILY`) whose best is within :data:`LINE_WITHIN` of the level's: the best ``TARGET_CTAS``
+        moves with C and is sharp (one wave more or less), so a shape is judged at its best split count, not
+        at the one it happened to be measured with."""
         best: dict = {}
         for c, y in level.measured.items():
             f = tuple(getattr(c, p) for p in FAMILY)
             if y is not None and (f not in best or y < best[f][0]):
                 best[f] = (y, c)
+        ranked = sorted(best.values(), key=lambda t: t[0])[:LINES]
         out = []
-        for _, b in sorted(best.values(), key=lambda t: t[0])[:LINES]:
+        for y, b in ranked:
+            if y > ranked[0][0] + math.log(1.0 + LINE_WITHIN):
+                break
             out += [c for c in level.neighbours.get(b, []) if _launch_only_variant(c, b)]
         return [c for c in dict.fromkeys(out) if c not in level.measured and c not in level.pending]
 
@@ -308,6 +313,23 @@ class Surrogate(Strategy):
                 f"{len(level.measured)} of {len(level.candidates)} launches measured"
             )
         return None
+
+
+def _kernel(n_features: int):
+    """Shared + level Matérn 5/2 kernels and white noise (see the module's docstring). Feature 0 is log2 C;
+    the shared kernel's length scale for it is fixed so long that it does not see it."""
+    from sklearn.gaussian_process.kernels import ConstantKernel
+    from sklearn.gaussian_process.kernels import Matern
+    from sklearn.gaussian_process.kernels import WhiteKernel
+
+    ones = np.ones(n_features)
+    blind = np.array([[1e-2, 1e3]] * n_features)
+    blind[0] = (BLIND_C, BLIND_C * (1 + 1e-7))
+    shared = ConstantKernel(1.0, (1e-3, 1e3)) * Matern(
+        length_scale=np.where(np.arange(n_features) == 0, BLIND_C, 1.0), length_scale_bounds=blind, nu=2.5
+    )
+    level = ConstantKernel(0.1, (1e-4, 1e3)) * Matern(length_scale=ones, length_scale_bounds=(1e-2, 1e3), nu=2.5)
+    return shared + level + WhiteKernel(1e-3, (1e-6, 1e-1))
 
 
 def _loo_scale(gp, X, y, here) -> float:
