@@ -106,9 +106,24 @@ def pytest_cmdline_main(config):
         if not hasattr(config, "workerinput"):
             config.option.numprocesses = 2
             config.option.dist = "loadfile"
+            config.option.loadscopereorder = False  # files in the order FIRST gives, not by their number of tests
+
+
+# The files that take longest (--durations on the 2-core machine), longest first: the workers take files in
+# collection order, each the next one when it is nearly done, so the long ones start at once, one per worker,
+# and the short ones even out the end. test_strategies.py comes after test_search.py's start, so the smoke
+# search they share (smoke_search) is running or done when it needs it.
+FIRST = (
+    "test_search.py", "test_feasibility.py", "test_verdicts.py", "test_db.py", "test_resources.py",
+    "test_faults.py", "test_workers.py", "test_strategies.py", "test_whole_call.py", "test_export.py",
+    "test_output.py",
+)  # fmt: skip
 
 
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker's collection is what the scheduler hands out in order
+        rank = {name: i for i, name in enumerate(FIRST)}
+        items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: files keep their own order
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
