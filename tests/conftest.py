@@ -4,11 +4,17 @@
 is set here, before any test module imports the kernel.
 """
 
+import json
 import os
+import subprocess
+import sys
+import time
 import uuid
+from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 from sqlalchemy import create_engine
 from sqlalchemy import text
 
@@ -16,6 +22,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 HAS_CUDA = torch.cuda.is_available()
+ROOT = Path(__file__).resolve().parent.parent
 PG = os.environ.get("TUNER_TEST_PG")  # e.g. postgresql+psycopg://postgres:postgres@127.0.0.1/postgres
 
 
@@ -41,6 +48,55 @@ def db_url(request, tmp_path):
     yield from _pg_database()
 
 
+def tuner_in_process(*args: str) -> subprocess.CompletedProcess:
+    """``tuner ARGS`` run by its executable's own entry point (:func:`tuner.cli.main`) in this process: its exit
+    status, stdout and stderr, without an interpreter start per call. For the commands that only read and write
+    the database and files (queries, export, report, check); a search runs as its own process."""
+    from click.testing import CliRunner
+
+    from tuner.cli import main
+
+    argv = sys.argv
+    with CliRunner().isolation() as (out, err, _):
+        sys.argv = ["tuner", *args]
+        try:
+            main()
+            code = 0  # main() always exits
+        except SystemExit as e:
+            if isinstance(e.code, str):  # as the interpreter does on its way out
+                print(e.code, file=sys.stderr)
+            code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        finally:
+            sys.argv = argv
+            sys.stdout.flush()
+            sys.stderr.flush()
+        stdout, stderr = out.getvalue().decode(), err.getvalue().decode()
+    return subprocess.CompletedProcess(["tuner", *args], code, stdout, stderr)
+
+
+@pytest.fixture(scope="session")
+def smoke_search(tmp_path_factory):
+    """One smoke search under the interpreter (``tuner search search_spaces/smoke.yaml``) for the whole run, which
+    test_search.py queries and test_strategies.py replays: the xdist workers share it (the first to need it runs
+    it, under a file lock, the other waits for it). Its ``path`` is read-only: users copy it. Also its exit status,
+    stdout, stderr and wall time."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the workers' common folder
+    folder, run = shared / "smoke-search", shared / "smoke-search" / "run.json"
+    with FileLock(str(shared / "smoke-search.lock")):
+        if not run.exists():
+            folder.mkdir(exist_ok=True)
+            t0 = time.monotonic()
+            proc = subprocess.run(
+                [sys.executable, "-m", "tuner", "search", "search_spaces/smoke.yaml", "--db",
+                 f"sqlite:///{folder / 'tuner.db'}", "-q"],
+                capture_output=True, text=True, cwd=ROOT, env=os.environ.copy(), timeout=1800,
+            )  # fmt: skip
+            fields = {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+            run.write_text(json.dumps({**fields, "wall_s": time.monotonic() - t0}))
+    return {**json.loads(run.read_text()), "path": folder / "tuner.db"}
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
     """Two workers, each running whole test files in order, when pytest-xdist is installed (the dev extra)
@@ -50,9 +106,24 @@ def pytest_cmdline_main(config):
         if not hasattr(config, "workerinput"):
             config.option.numprocesses = 2
             config.option.dist = "loadfile"
+            config.option.loadscopereorder = False  # files in the order FIRST gives, not by their number of tests
+
+
+# The files that take longest (--durations on the 2-core machine), longest first: the workers take files in
+# collection order, each the next one when it is nearly done, so the long ones start at once, one per worker,
+# and the short ones even out the end. test_strategies.py comes after test_search.py's start, so the smoke
+# search they share (smoke_search) is running or done when it needs it.
+FIRST = (
+    "test_search.py", "test_feasibility.py", "test_verdicts.py", "test_db.py", "test_resources.py",
+    "test_faults.py", "test_workers.py", "test_strategies.py", "test_whole_call.py", "test_export.py",
+    "test_output.py",
+)  # fmt: skip
 
 
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker's collection is what the scheduler hands out in order
+        rank = {name: i for i, name in enumerate(FIRST)}
+        items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: files keep their own order
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:

@@ -5,6 +5,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from sqlalchemy import func
@@ -164,7 +165,9 @@ def test_new_database_in_a_read_only_directory_is_one_sentence(tmp_path):
 def test_eight_searches_start_at_once_on_a_new_file(tmp_path):
     """Eight `tuner search` started at once on one new SQLite file: the schema is created and stamped in one step
     under a lock, Optuna's tables once, and the eight share each study's queue (the replay backend with the queue
-    in the database, as on a GPU). All exit 0, and every launch is measured exactly once per study."""
+    in the database, as on a GPU). All exit 0, and every launch is measured exactly once per study. The eight are
+    forked from one process after the imports (tests/many_searches.py): eight processes, one import."""
+    import json
     import os
 
     from tests.recorded import SMALL_SPACE
@@ -172,20 +175,22 @@ def test_eight_searches_start_at_once_on_a_new_file(tmp_path):
 
     recorded, space = make_recorded(tmp_path / "recorded.db"), tmp_path / "small.yaml"
     space.write_text(SMALL_SPACE)
-    exe = shutil.which("tuner")
-    cmd = ([exe] if exe else [sys.executable, "-m", "tuner"]) + [
-        "search", str(space), "-q", "--backend", "replay", "--replay-db", f"sqlite:///{recorded}",
-        "--replay-queue", "database",
-    ]  # fmt: skip
     url = f"sqlite:///{tmp_path / 'new.db'}"
-    procs = [
-        subprocess.Popen([*cmd, "--db", url], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        for _ in range(8)
-    ]
-    # the limit only guards against a hang; a loaded machine is slow, never wrong
-    errs = [p.communicate(timeout=3600)[1] for p in procs]
-    failed = [f"exit {p.returncode}: ...{e[-2000:]}" for p, e in zip(procs, errs, strict=True) if p.returncode != 0]
+    argv = [
+        "search", str(space), "-q", "--backend", "replay", "--replay-db", f"sqlite:///{recorded}",
+        "--replay-queue", "database", "--db", url,
+    ]  # fmt: skip
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [sys.executable, str(root / "tests" / "many_searches.py")],
+        input=json.dumps({"argv": argv, "n": 8}), capture_output=True, text=True, cwd=root, timeout=3600,
+    )  # fmt: skip  # the limit only guards against a hang; a loaded machine is slow, never wrong
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = json.loads(proc.stdout.splitlines()[-1])
+    assert len(runs) == 8
+    failed = [f"exit {r['rc']}: ...{r['stderr'][-2000:]}" for r in runs if r["rc"] != 0]
     assert not failed, "\n".join(failed)
+    errs = [r["stderr"] for r in runs]
     assert not [e for e in errs if "Traceback" in e], errs
     assert os.path.getsize(tmp_path / "new.db") > 0
     con = sqlite3.connect(tmp_path / "new.db")

@@ -1,4 +1,5 @@
-"""``tuner search`` end to end with the interpreter backend, through the real executable."""
+"""``tuner search`` end to end with the interpreter backend, through the real executable; the other commands
+(queries, check, export, report) through its entry point in this process."""
 
 import csv
 import io
@@ -13,6 +14,8 @@ import time
 
 import pytest
 
+from tests.conftest import tuner_in_process as query  # a command that only reads: no interpreter start per call
+
 SMOKE = "search_spaces/smoke.yaml"
 
 
@@ -25,14 +28,19 @@ def tuner(*args, env=None, timeout=600):
 
 
 @pytest.fixture(scope="session")
-def smoke_db(tmp_path_factory):
-    """One smoke search, shared by the query tests below."""
+def smoke_db(smoke_search, tmp_path_factory):
+    """One smoke search (conftest.py's, which test_strategies.py replays too), shared by the query tests below:
+    this file's own copy of its database."""
+    assert smoke_search["returncode"] == 0, smoke_search["stderr"]
+    assert "interpreter backend" in smoke_search["stderr"] and "not GPU timings" in smoke_search["stderr"]
     path = tmp_path_factory.mktemp("smoke") / "tuner.db"
-    t0 = time.monotonic()
-    proc = tuner("search", SMOKE, "--db", f"sqlite:///{path}", "-q")
-    assert proc.returncode == 0, proc.stderr
-    assert "interpreter backend" in proc.stderr and "not GPU timings" in proc.stderr
-    return {"url": f"sqlite:///{path}", "path": path, "stdout": proc.stdout, "wall_s": time.monotonic() - t0}
+    shutil.copy(smoke_search["path"], path)
+    return {
+        "url": f"sqlite:///{path}",
+        "path": path,
+        "stdout": smoke_search["stdout"],
+        "wall_s": smoke_search["wall_s"],
+    }
 
 
 def _rows(db_path, sql):
@@ -194,7 +202,7 @@ def test_injected_crash_and_hang_are_recorded_and_the_study_goes_on(tmp_path, sm
 
 @pytest.mark.parametrize("fmt", ["table", "json", "csv"])
 def test_best_in_every_format(smoke_db, fmt):
-    proc = tuner("best", "--concurrency", "1", "--db", smoke_db["url"], "-f", fmt)
+    proc = query("best", "--concurrency", "1", "--db", smoke_db["url"], "-f", fmt)
     assert proc.returncode == 0, proc.stderr
     if fmt == "json":
         (row,) = json.loads(proc.stdout)
@@ -210,7 +218,7 @@ def test_best_in_every_format(smoke_db, fmt):
 
 @pytest.mark.parametrize("fmt", ["table", "json", "csv"])
 def test_trials_in_every_format(smoke_db, fmt):
-    proc = tuner("trials", "--verdict", "infeasible", "--db", smoke_db["url"], "-f", fmt)
+    proc = query("trials", "--verdict", "infeasible", "--db", smoke_db["url"], "-f", fmt)
     assert proc.returncode == 0, proc.stderr
     if fmt == "json":
         rows = json.loads(proc.stdout)
@@ -222,7 +230,7 @@ def test_trials_in_every_format(smoke_db, fmt):
 
 
 def test_best_with_no_data_is_one_sentence(smoke_db):
-    proc = tuner("best", "--concurrency", "77", "--db", smoke_db["url"])
+    proc = query("best", "--concurrency", "77", "--db", smoke_db["url"])
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "no ok result" in proc.stderr
 
 
@@ -255,7 +263,7 @@ def check_db(tmp_path_factory):
 
 @pytest.mark.parametrize("fmt", ["table", "json", "csv"])
 def test_check_in_every_format(fmt, check_db):
-    proc = tuner("check", SMOKE, "-f", fmt, "--db", f"sqlite:///{check_db}")
+    proc = query("check", SMOKE, "-f", fmt, "--db", f"sqlite:///{check_db}")
     assert proc.returncode == 0, proc.stderr
     if fmt == "json":
         from kernels.config import PARAM_NAMES
@@ -291,7 +299,7 @@ def test_version_and_help():
 def test_export_writes_the_table_the_kernel_reads(smoke_db, tmp_path):
     out = tmp_path / "configs"
     exports = _rows(smoke_db["path"], "SELECT COUNT(*) FROM tuner_exports")[0][0]
-    proc = tuner("export", "--db", smoke_db["url"], "--out", str(out))
+    proc = query("export", "--db", smoke_db["url"], "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     name = "kv_format=fp8_model1,heads=16,topk=32,device_name=cpu-interpreter"
     assert sorted(p.name for p in out.glob("*.json")) == [f"{name}.json", f"{name}.provenance.json"]
@@ -307,9 +315,9 @@ def test_export_writes_the_table_the_kernel_reads(smoke_db, tmp_path):
     cfg = lookup_config("cpu-interpreter", "fp8_model1", 16, 32, 3, config_dir=out)  # nearest key: 4
     assert cfg.as_dict() == table["4"]
     assert _rows(smoke_db["path"], "SELECT COUNT(*) FROM tuner_exports")[0][0] == exports  # only read
-    assert tuner("export", "--db", smoke_db["url"], "--out", str(out), "--record").returncode == 0
+    assert query("export", "--db", smoke_db["url"], "--out", str(out), "--record").returncode == 0
     assert _rows(smoke_db["path"], "SELECT COUNT(*) FROM tuner_exports")[0][0] == exports + 1  # one table
-    triton_fmt = tuner("export", "--db", smoke_db["url"], "--format", "triton")
+    triton_fmt = query("export", "--db", smoke_db["url"], "--format", "triton")
     assert triton_fmt.returncode == 0 and "triton.Config(" in triton_fmt.stdout
 
 
@@ -334,7 +342,7 @@ def test_stale_table_warns_with_both_hashes(tmp_path):
 
 def test_report_states_levers_dead_ends_and_infeasible(smoke_db, tmp_path):
     out = tmp_path / "REPORT.md"
-    proc = tuner("report", "--db", smoke_db["url"], "-o", str(out), "--plots", str(tmp_path / "plots"))
+    proc = query("report", "--db", smoke_db["url"], "-o", str(out), "--plots", str(tmp_path / "plots"))
     assert proc.returncode == 0, proc.stderr
     text = out.read_text()
     assert "## smoke / v4_tiny on cpu-interpreter (interpreter)" in text
@@ -347,18 +355,18 @@ def test_report_states_levers_dead_ends_and_infeasible(smoke_db, tmp_path):
 
 @pytest.mark.parametrize("fmt", ["table", "json", "csv"])
 def test_show_compare_studies_in_every_format(smoke_db, fmt):
-    show = tuner("show", "1", "--db", smoke_db["url"], "-f", fmt)
+    show = query("show", "1", "--db", smoke_db["url"], "-f", fmt)
     assert show.returncode == 0, show.stderr
     if fmt == "json":
         info = json.loads(show.stdout)
         screen = [x for x in info["samples"] if x["phase"] == "screen"]
         assert info["config_key"] == "T16-w4-s2-c4" and info["is_baseline"] and len(screen) == 4
-    cmp_ = tuner("compare", "T32-w4-s1-c4", "T16-w4-s2-c4", "--db", smoke_db["url"], "-f", fmt)
+    cmp_ = query("compare", "T32-w4-s1-c4", "T16-w4-s2-c4", "--db", smoke_db["url"], "-f", fmt)
     assert cmp_.returncode == 0, cmp_.stderr
     if fmt == "json":
         rows = json.loads(cmp_.stdout)
         assert [r["C"] for r in rows] == [1, 4] and all(r["ci_low"] <= r["A/B"] <= r["ci_high"] for r in rows)
-    st = tuner("studies", "--db", smoke_db["url"], "-f", fmt)
+    st = query("studies", "--db", smoke_db["url"], "-f", fmt)
     assert st.returncode == 0, st.stderr
     if fmt == "csv":
         assert len(list(csv.DictReader(io.StringIO(st.stdout)))) == 2
@@ -370,7 +378,7 @@ def test_query_errors_are_one_sentence(smoke_db, tmp_path):
         (["compare", "T16", "x"], "not of the form"),
         (["export", "--db", f"sqlite:///{tmp_path / 'empty.db'}"], "no database at"),
     ]:
-        proc = tuner(*args, *([] if "--db" in args else ["--db", smoke_db["url"]]))
+        proc = query(*args, *([] if "--db" in args else ["--db", smoke_db["url"]]))
         assert proc.returncode == 2 and msg in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
@@ -407,7 +415,7 @@ def test_optunas_best_is_the_tuners_best(smoke_db):
     for name in optuna.study.get_all_study_names(storage=smoke_db["url"]):
         study = optuna.load_study(study_name=name, storage=smoke_db["url"])
         c = study.user_attrs["concurrency"]
-        proc = tuner("best", "--concurrency", str(c), "--format", "json", "--db", smoke_db["url"])
+        proc = query("best", "--concurrency", str(c), "--format", "json", "--db", smoke_db["url"])
         assert proc.returncode == 0, proc.stderr
         (row,) = json.loads(proc.stdout)
         bt = study.best_trial
@@ -462,7 +470,7 @@ def test_a_changed_kernel_measures_the_previous_kernels_best_first(smoke_db, tmp
     ]
     assert order == [baseline, given, next(k for k in ranked if k not in (baseline, given))]
     # the report reads each level's newest kernel only: C=1 the new one, C=4 (not searched again) the old
-    rep = tuner("report", "--db", url, "-o", str(tmp_path / "r.md"))
+    rep = query("report", "--db", url, "-o", str(tmp_path / "r.md"))
     assert rep.returncode == 0, rep.stderr
     text = (tmp_path / "r.md").read_text()
     assert "`0123456789ab`" in text and "(the newest measured at each level)" in text

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -180,12 +181,13 @@ def _tuner(*args):
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory):
-    """A smoke search under the interpreter: the database the replay tests draw from."""
+def recorded(smoke_search, tmp_path_factory):
+    """A smoke search under the interpreter (conftest.py's, which test_search.py queries too): the database the
+    replay tests draw from, this file's own copy."""
+    assert smoke_search["returncode"] == 0, smoke_search["stderr"]
+    assert "why each level stopped:" in smoke_search["stdout"]
     path = tmp_path_factory.mktemp("recorded") / "tuner.db"
-    proc = _tuner("search", SMOKE, "--db", f"sqlite:///{path}", "-q")
-    assert proc.returncode == 0, proc.stderr
-    assert "why each level stopped:" in proc.stdout
+    shutil.copy(smoke_search["path"], path)
     return path
 
 

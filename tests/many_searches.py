@@ -1,0 +1,61 @@
+"""Starts several ``tuner search`` at once on one database (tests/test_db.py, tests/test_workers.py).
+
+Reads a JSON plan on stdin: ``{"argv": [...], "n": N}``. Each search is ``tuner search ARGV`` (the executable's own
+entry point, :func:`tuner.cli.main`) in a child forked from this process once everything a search imports is
+imported, so the imports are paid once and the N start together. Prints one JSON line: per search, in order,
+``{"rc": its exit status, "stderr": what it wrote there}``. A child's stdout (its summary table) is discarded.
+"""
+
+import json
+import os
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from tuner import cli  # noqa: E402
+from tuner import search  # noqa: E402, F401 - imported before the forks, with everything a search imports
+
+
+def main() -> None:
+    plan = json.load(sys.stdin)
+    folder = tempfile.mkdtemp(prefix="many-searches-")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pids = []
+    for i in range(plan["n"]):
+        pid = os.fork()
+        if pid == 0:  # the child: one `tuner search`
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, 1)  # its table would mix with this process's JSON line
+                err = os.open(os.path.join(folder, f"{i}.err"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                os.dup2(err, 2)
+                sys.argv = ["tuner", *plan["argv"]]
+                try:
+                    cli.main()
+                except SystemExit as e:
+                    code = e.code if isinstance(e.code, int) else 1
+                else:
+                    code = 0
+            except BaseException:  # a traceback goes to its stderr, as from an executable of its own
+                import traceback
+
+                traceback.print_exc()
+                code = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        pids.append(pid)
+    out = []
+    for i, pid in enumerate(pids):
+        _, status = os.waitpid(pid, 0)
+        rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        with open(os.path.join(folder, f"{i}.err")) as f:
+            out.append({"rc": rc, "stderr": f.read()})
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()
