@@ -298,8 +298,8 @@ def main() -> None:
                 f"{r['wall_s']:.0f} s ({_per_level(lv)})",
                 flush=True,
             )
-    if args.out:
-        Path(args.out).write_text(json.dumps(runs, indent=1))
+            if args.out:  # after every run: a run cut short keeps what it finished
+                Path(args.out).write_text(json.dumps(runs, indent=1))
     print(tabulate(summarize(runs), headers="keys", tablefmt="github"))
 
 
