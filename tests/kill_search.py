@@ -11,7 +11,8 @@ are paid once. The child kills itself with SIGKILL at the K-th moment of phase P
 - ``finalist``: a finalist re-measurement: before it, or after its samples are stored (Optuna not told).
 
 Prints one JSON line per run: its exit status, where it was killed (phase, level, where; null if it ran to the
-end), every sample in the database afterwards and its Optuna trials by state.
+end), every sample in the database afterwards and its Optuna trials by state. ``{"plans": [PLAN, ...]}`` runs
+several such plans one after another (each its own database), from the one import.
 """
 
 import json
@@ -111,7 +112,12 @@ def _snapshot(url: str) -> tuple[list, dict]:
 
 
 def main() -> None:
-    plan = json.load(sys.stdin)
+    given = json.load(sys.stdin)
+    for plan in given.get("plans", [given]):
+        _run_plan(plan)
+
+
+def _run_plan(plan: dict) -> None:
     marker = plan["marker"]
     for kill in plan["runs"]:
         if os.path.exists(marker):

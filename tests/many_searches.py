@@ -1,9 +1,11 @@
-"""Starts several ``tuner search`` at once on one database (tests/test_db.py, tests/test_workers.py).
+"""Starts several ``tuner search`` on one database (tests/test_db.py, tests/test_workers.py, tests/test_verdicts.py).
 
-Reads a JSON plan on stdin: ``{"argv": [...], "n": N}``. Each search is ``tuner search ARGV`` (the executable's own
-entry point, :func:`tuner.cli.main`) in a child forked from this process once everything a search imports is
-imported, so the imports are paid once and the N start together. Prints one JSON line: per search, in order,
-``{"rc": its exit status, "stderr": what it wrote there}``. A child's stdout (its summary table) is discarded.
+Reads a JSON plan on stdin: ``{"argv": [...], "n": N}`` (N copies of one search, started together) or
+``{"runs": [[...], [...]], "together": false}`` (different searches, each started when the one before it has
+ended; ``"together": true`` starts them at once). Each search is ``tuner ARGV`` (the executable's own entry point,
+:func:`tuner.cli.main`) in a child forked from this process once everything a search imports is imported, so the
+imports are paid once. Prints one JSON line: per search, in order, ``{"rc": its exit status, "stderr": what it
+wrote there}``. A child's stdout (its summary table) is discarded.
 """
 
 import json
@@ -20,11 +22,13 @@ from tuner import search  # noqa: E402, F401 - imported before the forks, with e
 
 def main() -> None:
     plan = json.load(sys.stdin)
+    runs = plan["runs"] if "runs" in plan else [plan["argv"]] * plan["n"]
+    together = plan.get("together", True)
     folder = tempfile.mkdtemp(prefix="many-searches-")
     sys.stdout.flush()
     sys.stderr.flush()
-    pids = []
-    for i in range(plan["n"]):
+    pids, statuses = [], {}
+    for i, argv in enumerate(runs):
         pid = os.fork()
         if pid == 0:  # the child: one `tuner search`
             try:
@@ -32,7 +36,7 @@ def main() -> None:
                 os.dup2(devnull, 1)  # its table would mix with this process's JSON line
                 err = os.open(os.path.join(folder, f"{i}.err"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
                 os.dup2(err, 2)
-                sys.argv = ["tuner", *plan["argv"]]
+                sys.argv = ["tuner", *argv]
                 try:
                     cli.main()
                 except SystemExit as e:
@@ -48,9 +52,11 @@ def main() -> None:
             sys.stderr.flush()
             os._exit(code)
         pids.append(pid)
+        if not together:  # the next one starts when this one has ended
+            statuses[pid] = os.waitpid(pid, 0)[1]
     out = []
     for i, pid in enumerate(pids):
-        _, status = os.waitpid(pid, 0)
+        status = statuses[pid] if pid in statuses else os.waitpid(pid, 0)[1]
         rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
         with open(os.path.join(folder, f"{i}.err")) as f:
             out.append({"rc": rc, "stderr": f.read()})

@@ -12,8 +12,6 @@ import os
 import re
 import shutil
 import sqlite3
-import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -30,15 +28,10 @@ from kernels import sparse_mla_decode
 from kernels.config import DEFAULT_CONFIG
 from kernels.config import KernelConfig
 from kernels.workload import Workload
+from tests.conftest import tuner_in_process as tuner  # export reads the database and writes files: no interpreter start
 
 H200_DB = os.path.join(os.path.dirname(__file__), "..", "results", "h200.db")
 ENTRY = {"BLOCK_T": 16, "num_warps": 4, "num_stages": 1, "TARGET_CTAS": 7}
-
-
-def tuner(*args):
-    exe = shutil.which("tuner")
-    cmd = [exe] if exe else [sys.executable, "-m", "tuner"]
-    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -44,9 +44,14 @@ def _argv(recorded, url, seed=1):
     ]  # fmt: skip
 
 
-def _runs(recorded, url, tmp_path, runs, seed=1):
-    """Run tests/kill_search.py's plan: one `tuner search` per entry of ``runs``, each killed as it says."""
+def _runs(recorded, url, tmp_path, runs, seed=1, then=None):
+    """Run tests/kill_search.py's plan: one `tuner search` per entry of ``runs``, each killed as it says. ``then``,
+    ``(url, runs)``, is a second plan on another database run after it by the same process (one import):
+    its results follow the first plan's."""
     plan = {"argv": _argv(recorded, url, seed), "url": url, "marker": str(tmp_path / "killed.json"), "runs": runs}
+    if then is not None:
+        second = {**plan, "argv": _argv(recorded, then[0], seed), "url": then[0], "runs": then[1]}
+        plan = {"plans": [plan, second]}
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "kill_search.py")],
@@ -154,10 +159,9 @@ def test_searches_killed_at_random_moments_resume_to_the_picks_of_an_uninterrupt
     """``tuner search`` killed with SIGKILL at least 10 times across the compile check, the A/A, screening and
     the finalists, and resumed after each kill. Every trial recorded before a kill keeps its samples, no config
     is measured twice, nothing is left running, and the picks are those of one uninterrupted run."""
-    (whole,) = _runs(recorded, f"sqlite:///{tmp_path / 'whole.db'}", tmp_path, [None])
-    assert whole["rc"] == 0
     plan = _plan(random.Random(7))
-    runs = _runs(recorded, db_url, tmp_path, plan)
+    whole, *runs = _runs(recorded, f"sqlite:///{tmp_path / 'whole.db'}", tmp_path, [None], then=(db_url, plan))
+    assert whole["rc"] == 0 and len(runs) == len(plan)
     killed = [r["killed"] for r in runs[:-1]]
     for want, run in zip(plan[:-1], runs[:-1], strict=True):
         assert run["rc"] == -9 and run["killed"] is not None and run["killed"]["phase"] == want["phase"], run

@@ -5,23 +5,16 @@ import csv
 import io
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import tuner_in_process as tuner  # read-only queries: no interpreter start per call
 from tuner.output import WIDTH
 from tuner.output import table
 
 ROOT = Path(__file__).resolve().parent.parent
 H200_DB = ROOT / "results" / "h200.db"
-
-
-def tuner(*args, cwd=None):
-    exe = shutil.which("tuner")
-    cmd = [exe] if exe else [sys.executable, "-m", "tuner"]
-    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=600, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
@@ -111,10 +104,11 @@ def test_stored_strings_cannot_break_a_table_or_drive_the_terminal(h200, tmp_pat
     con.execute("UPDATE tuner_environments SET gpu_name = ?", ("GPU\n\x1b[2J\x1b[31mred\x07",))
     con.commit()
     con.close()
+    studies = json.loads(tuner("studies", "--db", f"sqlite:///{path}", "-f", "json").stdout)
     for extra in ([], ["--wide"]):
         proc = tuner("studies", "--db", f"sqlite:///{path}", *extra)
         assert proc.returncode == 0, proc.stderr
         assert "\x1b" not in proc.stdout and "\x07" not in proc.stdout
         lines = proc.stdout.splitlines()
-        assert len(lines) == 2 + len(json.loads(tuner("studies", "--db", f"sqlite:///{path}", "-f", "json").stdout))
+        assert len(lines) == 2 + len(studies)
         assert all("GPU\\n\\x1b[2J" in ln for ln in lines[2:])

@@ -2,12 +2,14 @@
 verdict definition is the statistics code's, whole-call workloads count their whole call, levers are
 judged from the data, and stored strings stay data in Markdown, file names and plot labels."""
 
+import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import tuner_in_process
 
 ROOT = Path(__file__).resolve().parent.parent
 H200_DB = ROOT / "results" / "h200.db"
@@ -22,11 +24,14 @@ def regenerated(tmp_path_factory):
     d = tmp_path_factory.mktemp("regen")
     (d / "results").mkdir()
     shutil.copy(H200_DB, d / "results" / "h200.db")
-    exe = shutil.which("tuner")
-    cmd = [exe] if exe else [sys.executable, "-m", "tuner"]
     args = ["report", "--db", "sqlite:///results/h200.db", "-o", "docs/h200_report.md", "--plots", "docs/plots"]
     (d / "docs").mkdir()
-    proc = subprocess.run([*cmd, *args], cwd=d, capture_output=True, text=True, timeout=900)
+    cwd = os.getcwd()
+    os.chdir(d)  # through the executable's entry point in this process (it reads and writes files only)
+    try:
+        proc = tuner_in_process(*args)
+    finally:
+        os.chdir(cwd)
     assert proc.returncode == 0, proc.stderr
     return d
 

@@ -164,9 +164,22 @@ class _FullAfter:
 
 
 def test_a_disk_that_fills_mid_search_is_one_sentence_and_loses_nothing(tmp_path):
+    """The writes fail in the results database whatever measures, so the search replays a small recording
+    (tests/recorded.py); the interpreter backend's measurement process stopping on a database error is
+    test_search_stops_when_its_database_is_deleted_or_replaced's."""
+    from tests.recorded import SMALL_SPACE
+    from tests.recorded import make_recorded
+    from tuner.space import load_space
+
+    recorded, space = make_recorded(tmp_path / "recorded.db"), tmp_path / "small.yaml"
+    space.write_text(SMALL_SPACE)
+    configs = load_space(str(space)).configs()
     path = tmp_path / "f.db"
     url = f"sqlite:///{path}"
-    args = ["search", SMOKE, "-q", "--backend", "interpreter", "--concurrency", "1", "--db", url]
+    args = [
+        "search", str(space), "-q", "--backend", "replay", "--replay-db", f"sqlite:///{recorded}",
+        "--concurrency", "1", "--db", url,
+    ]  # fmt: skip
     hook = _FullAfter(3)
     sqlalchemy.event.listen(sqlalchemy.engine.Engine, "before_cursor_execute", hook)
     try:
@@ -188,7 +201,7 @@ def test_a_disk_that_fills_mid_search_is_one_sentence_and_loses_nothing(tmp_path
     after = con.execute("SELECT config_key, verdict FROM tuner_trials ORDER BY id").fetchall()
     now = con.execute("SELECT trial_id, phase, round, candidate_us FROM tuner_samples ORDER BY id").fetchall()
     con.close()
-    assert after[:2] == before and len(after) == 4 and len({k for k, _ in after}) == 4
+    assert after[:2] == before and len(after) == len(configs) and len({k for k, _ in after}) == len(configs)
     assert set(samples) <= set(now)  # every sample measured before the disk filled, unchanged
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from db.verdicts import Effect
+from tests.conftest import tuner_in_process
 from tuner import stats
 
 ROUNDS, FINALIST_ROUNDS, FINALISTS = 10, 30, 3  # the shipped spaces' measurement settings
@@ -129,7 +130,7 @@ def test_duplicate_launches_are_measured_once(tmp_path):
     ).fetchone()[0]
     assert n_dup_samples == 0  # never counted as separate evidence
     # listed as such, with the original's numbers
-    out = tuner("trials", "--db", f"sqlite:///{db}", "-f", "json")
+    out = tuner_in_process("trials", "--db", f"sqlite:///{db}", "-f", "json")
     listed = {r["config"] if "config" in r else r["trial"]: r for r in json.loads(out.stdout)}
     assert any(r["verdict"] == "duplicate" and r.get("duplicate_of") == base_id for r in listed.values())
     # a calibration was stored and the study's band comes from it
@@ -184,13 +185,12 @@ def test_replay_of_the_h200_database_reproduces_its_picks(tmp_path):
     levels = {"v4_flash_tp4": (1, 96), "v32_tp8": (1,)}
     original = tmp_path / "h200.db"
     shutil.copy("results/h200.db", original)
-    assert tuner("db", "upgrade", "--db", f"sqlite:///{original}").returncode == 0  # a no-op at head
+    assert tuner_in_process("db", "upgrade", "--db", f"sqlite:///{original}").returncode == 0  # a no-op at head
     recorded: dict = {}
     want = _picks(f"sqlite:///{original}", recorded)
     db = tmp_path / "replay.db"
-    t0 = time.monotonic()
-    for name, at in levels.items():
-        proc = tuner(
+    runs = [
+        [
             "search",
             f"search_spaces/{name}.yaml",
             "--backend",
@@ -204,8 +204,17 @@ def test_replay_of_the_h200_database_reproduces_its_picks(tmp_path):
             "grid",  # every recorded launch (756 configs per level is over the grid-by-default limit)
             "--concurrency",
             ",".join(map(str, at)),
-        )
-        assert proc.returncode == 0, proc.stderr
+        ]
+        for name, at in levels.items()
+    ]
+    t0 = time.monotonic()
+    proc = subprocess.run(  # the searches one after another, each a process forked after one import
+        [sys.executable, "tests/many_searches.py"], input=json.dumps({"runs": runs, "together": False}),
+        capture_output=True, text=True, timeout=1800, env=os.environ.copy(),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for run in json.loads(proc.stdout.splitlines()[-1]):
+        assert run["rc"] == 0, run["stderr"]
     wall = time.monotonic() - t0
     got = _picks(f"sqlite:///{db}")
     want = {k: v for k, v in want.items() if k[1] in levels.get(k[0], ())}

@@ -104,18 +104,26 @@ def test_host_killed_mid_trial_is_detected_and_its_trial_retried(db_url):
 
 def test_four_first_starts_on_a_new_postgresql_database(db_url):
     """Creating and stamping the schema is one step under PostgreSQL's advisory lock (SQLite's exclusive
-    lock is tested in test_db.py): four `tuner search` started at once on an empty database all succeed."""
+    lock is tested in test_db.py): four `tuner search` started at once on an empty database all succeed. The four
+    are forked from one process after the imports (tests/many_searches.py): four processes, one import."""
+    import json
+
     if db_url.startswith("sqlite"):
         pytest.skip("the SQLite case is tests/test_db.py::test_four_searches_start_at_once_on_a_new_file")
     space = Path(tempfile.mkdtemp()) / "cheap.yaml"  # what is tested is the start: the fewest rounds allowed
     space.write_text(Path(SMOKE).read_text().replace(_SMOKE_MEASUREMENT, "rounds: 3, finalists: 1, finalist_rounds: 3"))
     args = ["search", str(space), "--concurrency", "1", "--n-trials", "1", "-q", "--db", db_url]
     t0 = time.monotonic()
-    procs = [
-        subprocess.Popen(_cmd(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(4)
-    ]
-    errs = [p.communicate(timeout=1800)[1] for p in procs]
-    failed = [f"exit {p.returncode}: ...{e[-2000:]}" for p, e in zip(procs, errs, strict=True) if p.returncode != 0]
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [sys.executable, str(root / "tests" / "many_searches.py")],
+        input=json.dumps({"argv": args, "n": 4}), capture_output=True, text=True, cwd=root, timeout=1800,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = json.loads(proc.stdout.splitlines()[-1])
+    assert len(runs) == 4
+    errs = [r["stderr"] for r in runs]
+    failed = [f"exit {r['rc']}: ...{r['stderr'][-2000:]}" for r in runs if r["rc"] != 0]
     assert not failed, "\n".join(failed)
     password = db_url.split("@")[0].rsplit(":", 1)[-1]
     assert all(f":{password}@" not in e for e in errs)  # the password is never shown
