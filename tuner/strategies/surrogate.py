@@ -49,7 +49,7 @@ STOP_P = 0.05  # stop a level when P(an open launch beats the best by more than 
 N_INIT = 6  # random first picks when the model has no data at all
 MIN_HERE = 8  # measurements at a level (the baseline and the queued configs count) before it may stop
 MAX_TRAIN = 250  # points the model is fitted to: this level's, then the nearest levels' (by |log C|)
-REFIT_GROWTH = 1.5  # hyperparameters are re-optimized when the training set grew by this factor
+REFIT_GROWTH = 1.5  # hyperparameters are re-optimized when the training set grew by this factor, and at each level
 FAIL_MARGIN = math.log(1.5)  # a failed launch enters the model this much above the worst value seen
 PRIOR_NOISE = 0.05**2  # a prior point's extra noise variance (log-ratio units) at rho = 1 ...
 PRIOR_UNKNOWN_RHO = 0.5  # ... and the rho assumed while fewer than MIN_OVERLAP launches are shared
@@ -70,6 +70,7 @@ class Surrogate(Strategy):
         self.rows: list[tuple] = []  # (concurrency, config, log ratio | None, source); source None: this kernel
         self._kernel = None  # the last fitted kernel (hyperparameters), reused until the data grows
         self._n_fit = 0
+        self._fit_level = None  # the level whose data the hyperparameters were last optimized on
         self.last_p: float | None = None
         self._features: dict = {}
         self._last = None  # (data key, fitted model)
@@ -189,6 +190,8 @@ class Surrogate(Strategy):
         data = self._training(level)
         if data is None or len(data[1]) < N_INIT:
             return None
+        if self._fit_level != level.concurrency:  # a new level: its hyperparameters are re-optimized once,
+            self._fit_level, self._n_fit = level.concurrency, 0  # even when MAX_TRAIN keeps the data's size
         gp = self._fit(*data)
         return gp, _loo_scale(gp, data[0], data[1], here=data[0][:, 0] == math.log2(level.concurrency))
 
