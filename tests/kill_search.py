@@ -136,7 +136,7 @@ def _run_plan(plan: dict) -> None:
                 os._exit(e.code if isinstance(e.code, int) else 1)
             os._exit(0)
         _, status = os.waitpid(pid, 0)
-        rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        rc = os.waitstatus_to_exitcode(status)  # -N when killed by signal N
         where = json.load(open(marker)) if os.path.exists(marker) else None
         samples, states = _snapshot(plan["url"])
         print(json.dumps({"rc": rc, "killed": where, "samples": samples, "states": states}), flush=True)

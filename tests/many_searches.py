@@ -57,7 +57,7 @@ def main() -> None:
     out = []
     for i, pid in enumerate(pids):
         status = statuses[pid] if pid in statuses else os.waitpid(pid, 0)[1]
-        rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        rc = os.waitstatus_to_exitcode(status)  # -N when killed by signal N
         with open(os.path.join(folder, f"{i}.err")) as f:
             out.append({"rc": rc, "stderr": f.read()})
     print(json.dumps(out), flush=True)
