@@ -6,7 +6,8 @@
 
 Each run is a real ``tuner search --backend replay --seed N`` of a space version stored with the recorded
 full grid (``tuner_spaces``), against a fresh results database, so no run sees another's measurements and
-no priors enter (``--priors`` adds the previous kernel's grid to the fresh database first). Per case and
+no priors enter (``--priors`` first replays the previous kernel's full grids of the space into the fresh database,
+under that kernel's hash: the strategy's priors, and the previous picks measured first). Per case and
 strategy it prints:
 
 - ``within 1 %``: the share of (level, seed) runs whose pick (what ``tuner best`` names) is within 1 % of
@@ -128,10 +129,54 @@ def shift_source(source, baseline, seed: int, scale: float = 0.15) -> None:
         rec.samples[:] = [(a * f, b) for a, b in rec.samples]
 
 
-def run_one(case: Case, strategy: str, seed: int, n_trials, landscape: str) -> dict:
+def previous_kernel(db: str, space: str, kernel: str) -> str | None:
+    """The kernel whose studies of the space were recorded last before ``kernel``'s first."""
+    rows = _rows(db, "SELECT min(s.id) FROM_STUDIES ", space, kernel)
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        row = con.execute(
+            "SELECT k.source_hash FROM tuner_studies s JOIN tuner_spaces sp ON sp.id = s.space_id "
+            "JOIN tuner_kernels k ON k.id = s.kernel_id WHERE sp.name = ? AND s.id < ? ORDER BY s.id DESC LIMIT 1",
+            (space, rows[0][0]),
+        ).fetchone()
+    finally:
+        con.close()
+    return row[0] if row else None
+
+
+def add_priors(case: Case, space, store, opts, seed: int) -> None:
+    """The previous kernel's recorded grid, replayed into ``store`` first under that kernel's hash (a replay
+    records the hash of the code that runs it), at every level where it recorded the whole space: the
+    surrogate's priors, and the previous picks every search measures first."""
+    import dataclasses
+
+    from tuner import calibrate
+    from tuner import recorder
+    from tuner import search as search_mod
+    from tuner.replay import ReplaySource
+
+    prior = previous_kernel(case.replay_db, space.name, case.kernel)
+    levels = full_grid_levels(case.replay_db, space.name, prior, len(space.configs())) if prior else []
+    levels = [c for c in levels if c in space.concurrency]
+    if not levels:
+        return
+    source = ReplaySource(opts.replay_db, None, prior)
+    saved = recorder.kernel_source_hash, calibrate.kernel_source_hash, search_mod._source_and_storage
+    recorder.kernel_source_hash = calibrate.kernel_source_hash = lambda: prior
+    search_mod._source_and_storage = lambda o, s: (source, __import__("optuna").storages.InMemoryStorage())
+    try:
+        search_mod.run_search(
+            space, store, dataclasses.replace(opts, sampler="grid", replay_kernel=prior, concurrency=levels, seed=seed)
+        )
+    finally:
+        recorder.kernel_source_hash, calibrate.kernel_source_hash, search_mod._source_and_storage = saved
+
+
+def run_one(case: Case, strategy: str, seed: int, n_trials, landscape: str, priors: bool = False) -> dict:
     from db import queries
     from db.store import Store
     from db.verdicts import Verdict
+    from kernels.config import kernel_source_hash
     from tuner import search as search_mod
     from tuner.replay import ReplaySource
     from tuner.search import Options
@@ -151,6 +196,8 @@ def run_one(case: Case, strategy: str, seed: int, n_trials, landscape: str) -> d
             seed=seed,
             concurrency=case.levels,
         )
+        if priors:
+            add_priors(case, space, store, opts, seed)
         source = ReplaySource(opts.replay_db, None, case.kernel)
         if landscape == "shifted":
             shift_source(source, space.baseline, seed)
@@ -168,7 +215,11 @@ def run_one(case: Case, strategy: str, seed: int, n_trials, landscape: str) -> d
         with store.session() as s:
             for row in rows:
                 c = row["C"]
-                trials = [t for t in queries.trials(s, concurrency=c) if t.workload.name == space.workloads[0].name]
+                trials = [
+                    t
+                    for t in queries.trials(s, concurrency=c)
+                    if t.workload.name == space.workloads[0].name and t.study.kernel.source_hash == kernel_source_hash()
+                ]  # this run's, not the priors'
                 best = queries.best_of(trials)
                 band = max((st.noise_band for t in trials if (st := t.statistic()) is not None), default=0.01)
                 per = truth[c]
@@ -197,7 +248,7 @@ def run_one(case: Case, strategy: str, seed: int, n_trials, landscape: str) -> d
                         "stopped": row.get("stopped"),
                     }
                 )
-    return {"case": case.name, "strategy": strategy, "seed": seed, "wall_s": wall, "levels": levels}
+    return {"case": case.name, "strategy": strategy, "seed": seed, "wall_s": wall, "levels": levels, "priors": priors}
 
 
 def mean_launches(case: Case) -> float:
@@ -268,6 +319,9 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--grid-seeds", type=int, default=None, help="seeds for grid and TPE (default: --seeds)")
     ap.add_argument("--landscape", choices=["recorded", "shifted"], default="recorded")
+    ap.add_argument(
+        "--priors", action="store_true", help="replay the previous kernel's full grids into each fresh database first"
+    )
     ap.add_argument("--out", default=None, help="JSON file for every run's levels")
     ap.add_argument("--jobs", type=int, default=1, help="runs at once, one process each (default 1)")
     args = ap.parse_args()
@@ -286,7 +340,7 @@ def main() -> None:
             if strategy == "tpe":  # TPE's budget: a share of the distinct launches of an average level
                 n_trials = max(1, round(TPE_SHARE * mean_launches(case)))
             seeds = args.seeds if strategy == "surrogate" or args.grid_seeds is None else args.grid_seeds
-            jobs += [(case, strategy, seed, n_trials, args.landscape) for seed in range(seeds)]
+            jobs += [(case, strategy, seed, n_trials, args.landscape, args.priors) for seed in range(seeds)]
     runs = []
     with concurrent.futures.ProcessPoolExecutor(args.jobs) as pool:  # every run is independent
         for r in pool.map(_run_quietly, jobs):

@@ -420,3 +420,46 @@ def test_the_model_carries_what_one_level_taught_to_another():
     assert mu.min() > 0.4, np.round(mu, 3)  # slow (0.5 to 0.7 at C=96), not the level's mean (0.1)
     mu_here, _ = s._posterior(gp, s._X(here, lvl))
     assert np.abs(mu_here - [y(cfg, 96) for cfg in here]).max() < 0.02
+
+
+def test_a_level_starts_with_the_previous_levels_best_tile_shapes_at_their_neighbouring_split_targets():
+    """The previous level's best launches come first, then the best launch of each of its CARRY_LINES best tile
+    shapes (within LINE_WITHIN of its best) at the neighbouring TARGET_CTAS: a shape's best split count moves
+    with C, so the runner-up of C=8 is tried at C=16 at the split counts around the one where it did well."""
+    s = strategies.make("surrogate", seed=0)
+    cands = _candidates()
+    within = math.log(1 + surrogate.LINE_WITHIN)
+    best = KernelConfig(BLOCK_T=64, num_warps=8, num_stages=1, TARGET_CTAS=128)
+    second = KernelConfig(BLOCK_T=32, num_warps=4, num_stages=1, TARGET_CTAS=256)  # within LINE_WITHIN
+    far = KernelConfig(BLOCK_T=16, num_warps=2, num_stages=1, TARGET_CTAS=256)  # beyond it
+    at8 = {c: 0.5 for c in cands} | {best: -0.4, best.replace(num_stages=2): -0.39, best.replace(num_stages=3): -0.38}
+    at8 |= {second: -0.4 + within / 2, far: -0.4 + within * 1.5}
+    s.history([(8, c, y, None) for c, y in at8.items()])
+    lvl = Level(16, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands))
+    carried = s._carried(lvl)
+    assert carried[:3] == [best, best.replace(num_stages=2), best.replace(num_stages=3)]
+    split = lambda c: [o for o in lvl.neighbours[c] if o.replace(TARGET_CTAS=c.TARGET_CTAS) == c]  # noqa: E731
+    assert {second, *split(second), *split(best)} <= set(carried)
+    assert not {far, *split(far)} & set(carried)
+    assert s.propose(lvl, len(carried)) == carried and s.stop_reason(lvl) is None
+
+
+def test_a_levels_hyperparameters_are_refitted_when_its_own_measurements_double():
+    """A level that departs from the others gets its own fit: the hyperparameters are re-optimized when the
+    level starts and each time its own measurements grew REFIT_HERE-fold, not on every new point."""
+    s = strategies.make("surrogate", seed=0)
+    cands = _candidates()
+    rows = [(8, c, _landscape(c, 8, cands[13]), None) for c in cands]
+    lvl = Level(96, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands))
+    fits = []
+    for n in range(1, 13):
+        lvl.measured = {c: _landscape(c, 96, cands[40]) for c in cands[:n]}
+        s.history(rows + [(96, c, y, None) for c, y in lvl.measured.items()])
+        s._model(lvl)
+        fits.append(s._here_fit)
+    want, last = [], None
+    for n in range(1, 13):  # at the level's first point, then at REFIT_HERE x (the last fit's count, at least 2)
+        if last is None or n >= surrogate.REFIT_HERE * max(last, 2):
+            last = n
+        want.append(last)
+    assert fits == want and len(set(want)) >= 3, (fits, want)

@@ -49,13 +49,17 @@ STOP_P = 0.05  # stop a level when P(an open launch beats the best by more than 
 N_INIT = 6  # random first picks when the model has no data at all
 MIN_HERE = 8  # measurements at a level (the baseline and the queued configs count) before it may stop
 MAX_TRAIN = 250  # points the model is fitted to: this level's, then the nearest levels' (by |log C|)
+REFIT_HERE = 2  # ... and when the level's own measurements grew by this factor
 REFIT_GROWTH = 1.5  # hyperparameters are re-optimized when the training set grew by this factor, and at each level
 FAIL_MARGIN = math.log(1.5)  # a failed launch enters the model this much above the worst value seen
 PRIOR_NOISE = 0.05**2  # a prior point's extra noise variance (log-ratio units) at rho = 1 ...
 PRIOR_UNKNOWN_RHO = 0.5  # ... and the rho assumed while fewer than MIN_OVERLAP launches are shared
 MIN_OVERLAP = 5
+LS_MIN = 1e-2  # the kernels' smallest length scale (features in log2 units)
+NOISE_MIN = 1e-3  # the white noise's smallest level (normalized units): at 1e-6 the fits interpolated
 BLIND_C = 1e5  # the shared kernel's log2 C length scale: its correlation across the levels is 1
 CARRY = 3  # the previous level's best launches measured first at each level
+CARRY_LINES = 2  # ... and its best tile shapes' best launches at the neighbouring split targets
 FAMILY = ("BLOCK_T", "num_warps")  # a tile shape
 LINES = 3  # the best tile shapes whose best launch is tried at every split target ...
 LINE_WITHIN = 0.10  # ... among those whose best launch is within this share of the level's best
@@ -71,6 +75,7 @@ class Surrogate(Strategy):
         self._kernel = None  # the last fitted kernel (hyperparameters), reused until the data grows
         self._n_fit = 0
         self._fit_level = None  # the level whose data the hyperparameters were last optimized on
+        self._here_fit = 0  # and how many of its own measurements they saw
         self.last_p: float | None = None
         self._features: dict = {}
         self._last = None  # (data key, fitted model)
@@ -190,8 +195,11 @@ class Surrogate(Strategy):
         data = self._training(level)
         if data is None or len(data[1]) < N_INIT:
             return None
-        if self._fit_level != level.concurrency:  # a new level: its hyperparameters are re-optimized once,
-            self._fit_level, self._n_fit = level.concurrency, 0  # even when MAX_TRAIN keeps the data's size
+        here = int(np.sum(data[0][:, 0] == math.log2(level.concurrency)))
+        if self._fit_level != level.concurrency or here >= REFIT_HERE * max(self._here_fit, 2):
+            # a new level, or one whose own data doubled: its hyperparameters are re-optimized, even when
+            # MAX_TRAIN keeps the data's size (a level that departs from the others needs its own amplitude)
+            self._fit_level, self._n_fit, self._here_fit = level.concurrency, 0, here
         gp = self._fit(*data)
         return gp, _loo_scale(gp, data[0], data[1], here=data[0][:, 0] == math.log2(level.concurrency))
 
@@ -212,8 +220,18 @@ class Surrogate(Strategy):
                 out.append(cand)
             if len(out) == CARRY:
                 break
-        if out:  # and the best one at every split target (TARGET_CTAS and the like): its best value moves with C
-            out += [c for c in level.neighbours.get(out[0], []) if _launch_only_variant(c, out[0])]
+        # and the best launch of each of the CARRY_LINES best tile shapes there (within LINE_WITHIN of its best) at
+        # the neighbouring split targets (TARGET_CTAS and the like): a shape's best split moves with C
+        shapes: dict = {}
+        for y, key in ranked:
+            cfg = KernelConfig.parse(key)
+            shapes.setdefault(tuple(getattr(cfg, p) for p in FAMILY), (y, cfg))
+        for y, cfg in sorted(shapes.values(), key=lambda t: t[0])[:CARRY_LINES]:
+            if y > ranked[0][0] + math.log(1.0 + LINE_WITHIN):
+                break
+            cand = rep(cfg)
+            if cand is not None:
+                out += [cand] + [c for c in level.neighbours.get(cand, []) if _launch_only_variant(c, cand)]
         return list(dict.fromkeys(out))
 
     def _incumbent_neighbours(self, level: Level) -> list[KernelConfig]:
@@ -326,13 +344,13 @@ def _kernel(n_features: int):
     from sklearn.gaussian_process.kernels import WhiteKernel
 
     ones = np.ones(n_features)
-    blind = np.array([[1e-2, 1e3]] * n_features)
+    blind = np.array([[LS_MIN, 1e3]] * n_features)
     blind[0] = (BLIND_C, BLIND_C * (1 + 1e-7))
     shared = ConstantKernel(1.0, (1e-3, 1e3)) * Matern(
         length_scale=np.where(np.arange(n_features) == 0, BLIND_C, 1.0), length_scale_bounds=blind, nu=2.5
     )
-    level = ConstantKernel(0.1, (1e-4, 1e3)) * Matern(length_scale=ones, length_scale_bounds=(1e-2, 1e3), nu=2.5)
-    return shared + level + WhiteKernel(1e-3, (1e-6, 1e-1))
+    level = ConstantKernel(0.1, (1e-4, 1e3)) * Matern(length_scale=ones, length_scale_bounds=(LS_MIN, 1e3), nu=2.5)
+    return shared + level + WhiteKernel(1e-3, (NOISE_MIN, 1e-1))
 
 
 def _loo_scale(gp, X, y, here) -> float:
