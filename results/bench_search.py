@@ -6,8 +6,8 @@
 
 Each run is a real ``tuner search --backend replay --seed N`` of a space version stored with the recorded
 full grid (``tuner_spaces``), against a fresh results database, so no run sees another's measurements and
-no priors enter (``--priors`` first replays the previous kernel's full grids of the space into the fresh database,
-under that kernel's hash: the strategy's priors, and the previous picks measured first). Per case and
+no priors enter (``--priors`` first replays the nearest other kernel's records of the space into the fresh
+database, under that kernel's hash: the strategy's priors, and the previous picks measured first). Per case and
 strategy it prints:
 
 - ``within 1 %``: the share of (level, seed) runs whose pick (what ``tuner best`` names) is within 1 % of
@@ -129,47 +129,62 @@ def shift_source(source, baseline, seed: int, scale: float = 0.15) -> None:
         rec.samples[:] = [(a * f, b) for a, b in rec.samples]
 
 
-def previous_kernel(db: str, space: str, kernel: str) -> str | None:
-    """The kernel whose studies of the space were recorded last before ``kernel``'s first."""
-    rows = _rows(db, "SELECT min(s.id) FROM_STUDIES ", space, kernel)
+def prior_kernels(db: str, space: str, kernel: str) -> list[str]:
+    """The other kernels with studies of the space, nearest first: those recorded before ``kernel`` (the
+    newest first), then those after it (the oldest first)."""
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
-        row = con.execute(
-            "SELECT k.source_hash FROM tuner_studies s JOIN tuner_spaces sp ON sp.id = s.space_id "
-            "JOIN tuner_kernels k ON k.id = s.kernel_id WHERE sp.name = ? AND s.id < ? ORDER BY s.id DESC LIMIT 1",
-            (space, rows[0][0]),
-        ).fetchone()
+        rows = con.execute(
+            "SELECT k.source_hash, min(s.id) FROM tuner_studies s JOIN tuner_spaces sp ON sp.id = s.space_id "
+            "JOIN tuner_kernels k ON k.id = s.kernel_id WHERE sp.name = ? GROUP BY k.source_hash",
+            (space,),
+        ).fetchall()
     finally:
         con.close()
-    return row[0] if row else None
+    first = dict(rows)[kernel]
+    before = sorted((i, h) for h, i in rows if i < first)[::-1]
+    after = sorted((i, h) for h, i in rows if i > first)
+    return [h for _, h in before + after]
 
 
-def add_priors(case: Case, space, store, opts, seed: int) -> None:
-    """The previous kernel's recorded grid, replayed into ``store`` first under that kernel's hash (a replay
-    records the hash of the code that runs it), at every level where it recorded the whole space: the
-    surrogate's priors, and the previous picks every search measures first."""
+def add_priors(case: Case, space, store, opts, seed: int) -> str | None:
+    """Another kernel's records of the space, replayed into ``store`` first by the grid under that kernel's
+    hash (a replay records the hash of the code that runs it): the surrogate's priors, and the previous picks
+    every search measures first. The nearest kernel (:func:`prior_kernels`) whose baseline has A/A samples of
+    its own at some level; returns its hash."""
     import dataclasses
 
+    from db import queries
     from tuner import calibrate
     from tuner import recorder
     from tuner import search as search_mod
+    from tuner.errors import TunerError
     from tuner.replay import ReplaySource
 
-    prior = previous_kernel(case.replay_db, space.name, case.kernel)
-    levels = full_grid_levels(case.replay_db, space.name, prior, len(space.configs())) if prior else []
-    levels = [c for c in levels if c in space.concurrency]
-    if not levels:
-        return
-    source = ReplaySource(opts.replay_db, None, prior)
     saved = recorder.kernel_source_hash, calibrate.kernel_source_hash, search_mod._source_and_storage
-    recorder.kernel_source_hash = calibrate.kernel_source_hash = lambda: prior
-    search_mod._source_and_storage = lambda o, s: (source, __import__("optuna").storages.InMemoryStorage())
     try:
-        search_mod.run_search(
-            space, store, dataclasses.replace(opts, sampler="grid", replay_kernel=prior, concurrency=levels, seed=seed)
-        )
+        for prior in prior_kernels(case.replay_db, space.name, case.kernel):
+            source = ReplaySource(opts.replay_db, None, prior)
+            recorder.kernel_source_hash = calibrate.kernel_source_hash = lambda prior=prior: prior
+            search_mod._source_and_storage = lambda o, s, source=source: (
+                source,
+                __import__("optuna").storages.InMemoryStorage(),
+            )
+            for c in case.levels:  # one at a time: a level whose baseline has no A/A of that kernel is left out
+                try:
+                    search_mod.run_search(
+                        space,
+                        store,
+                        dataclasses.replace(opts, sampler="grid", replay_kernel=prior, concurrency=[c], seed=seed),
+                    )
+                except TunerError:
+                    continue
+            with store.session() as s:
+                if any(t.study.kernel.source_hash == prior for t in queries.trials(s)):
+                    return prior
     finally:
         recorder.kernel_source_hash, calibrate.kernel_source_hash, search_mod._source_and_storage = saved
+    return None
 
 
 def run_one(case: Case, strategy: str, seed: int, n_trials, landscape: str, priors: bool = False) -> dict:
@@ -196,8 +211,7 @@ def run_one(case: Case, strategy: str, seed: int, n_trials, landscape: str, prio
             seed=seed,
             concurrency=case.levels,
         )
-        if priors:
-            add_priors(case, space, store, opts, seed)
+        prior = add_priors(case, space, store, opts, seed) if priors else None
         source = ReplaySource(opts.replay_db, None, case.kernel)
         if landscape == "shifted":
             shift_source(source, space.baseline, seed)
@@ -248,7 +262,7 @@ def run_one(case: Case, strategy: str, seed: int, n_trials, landscape: str, prio
                         "stopped": row.get("stopped"),
                     }
                 )
-    return {"case": case.name, "strategy": strategy, "seed": seed, "wall_s": wall, "levels": levels, "priors": priors}
+    return {"case": case.name, "strategy": strategy, "seed": seed, "wall_s": wall, "levels": levels, "prior": prior}
 
 
 def mean_launches(case: Case) -> float:
@@ -320,7 +334,7 @@ def main() -> None:
     ap.add_argument("--grid-seeds", type=int, default=None, help="seeds for grid and TPE (default: --seeds)")
     ap.add_argument("--landscape", choices=["recorded", "shifted"], default="recorded")
     ap.add_argument(
-        "--priors", action="store_true", help="replay the previous kernel's full grids into each fresh database first"
+        "--priors", action="store_true", help="replay the nearest other kernel's records into each fresh database first"
     )
     ap.add_argument("--out", default=None, help="JSON file for every run's levels")
     ap.add_argument("--jobs", type=int, default=1, help="runs at once, one process each (default 1)")

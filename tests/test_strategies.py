@@ -422,10 +422,10 @@ def test_the_model_carries_what_one_level_taught_to_another():
     assert np.abs(mu_here - [y(cfg, 96) for cfg in here]).max() < 0.02
 
 
-def test_a_level_starts_with_the_previous_levels_best_tile_shapes_at_their_neighbouring_split_targets():
+def test_a_level_starts_with_the_previous_levels_best_tile_shapes_at_every_split_target():
     """The previous level's best launches come first, then the best launch of each of its CARRY_LINES best tile
-    shapes (within LINE_WITHIN of its best) at the neighbouring TARGET_CTAS: a shape's best split count moves
-    with C, so the runner-up of C=8 is tried at C=16 at the split counts around the one where it did well."""
+    shapes (within LINE_WITHIN of its best) at every TARGET_CTAS the neighbours hold: a shape's best split count
+    moves with C, so the runner-up of C=8 is tried at C=16 at other split counts than the one it did well at."""
     s = strategies.make("surrogate", seed=0)
     cands = _candidates()
     within = math.log(1 + surrogate.LINE_WITHIN)

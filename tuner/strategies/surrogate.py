@@ -14,7 +14,12 @@ priors: other kernels, and this kernel on other devices. A prior's points enter 
 worse they predict this kernel's own measurements (Spearman's rho over the launches both measured, at
 the same levels); a failed launch (crashed, wrong, timed out) enters as the worst value seen.
 
-**Proposals.** In order: the previous level's best launches, the incumbent's neighbours, the lines of
+**Hyperparameters** (length scales, amplitudes, noise) are re-optimized when a level starts, each time its
+own measurements grew :data:`REFIT_HERE`-fold, and when the training set grew :data:`REFIT_GROWTH`-fold;
+between those the last optimum is reused. The white noise is floored at :data:`NOISE_MIN`.
+
+**Proposals.** In order: the previous level's best launches (and its :data:`CARRY_LINES` best tile shapes'
+best launches at every split target), the incumbent's neighbours, the lines of
 the best tile shapes, then expected improvement over the open candidates of the level (feasible,
 distinct, not yet measured). Several workers get several launches at once, by the *kriging believer*: each proposal and
 each trial still running is added to the model at its predicted value before the next is chosen, so the
@@ -59,7 +64,7 @@ LS_MIN = 1e-2  # the kernels' smallest length scale (features in log2 units)
 NOISE_MIN = 1e-3  # the white noise's smallest level (normalized units): at 1e-6 the fits interpolated
 BLIND_C = 1e5  # the shared kernel's log2 C length scale: its correlation across the levels is 1
 CARRY = 3  # the previous level's best launches measured first at each level
-CARRY_LINES = 2  # ... and its best tile shapes' best launches at the neighbouring split targets
+CARRY_LINES = 2  # ... and its best tile shapes' best launches at every split target
 FAMILY = ("BLOCK_T", "num_warps")  # a tile shape
 LINES = 3  # the best tile shapes whose best launch is tried at every split target ...
 LINE_WITHIN = 0.10  # ... among those whose best launch is within this share of the level's best
@@ -221,7 +226,7 @@ class Surrogate(Strategy):
             if len(out) == CARRY:
                 break
         # and the best launch of each of the CARRY_LINES best tile shapes there (within LINE_WITHIN of its best) at
-        # the neighbouring split targets (TARGET_CTAS and the like): a shape's best split moves with C
+        # every split target here (TARGET_CTAS and the like): a shape's best split count moves with C
         shapes: dict = {}
         for y, key in ranked:
             cfg = KernelConfig.parse(key)
