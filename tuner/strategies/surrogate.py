@@ -209,7 +209,8 @@ class Surrogate(Strategy):
         return gp, _loo_scale(gp, data[0], data[1], here=data[0][:, 0] == math.log2(level.concurrency))
 
     def _carried(self, level: Level) -> list[KernelConfig]:
-        """The best :data:`CARRY` launches of the nearest level measured before this one, as launched here."""
+        """The best :data:`CARRY` launches of the nearest level measured before this one, as launched here, then
+        the best launch there of each of its :data:`CARRY_LINES` best tile shapes, at every split target here."""
         own = [(c, cfg, y) for c, cfg, y, src in self.rows if src is None and y is not None and c != level.concurrency]
         if not own:
             return []
@@ -225,8 +226,8 @@ class Surrogate(Strategy):
                 out.append(cand)
             if len(out) == CARRY:
                 break
-        # and the best launch of each of the CARRY_LINES best tile shapes there (within LINE_WITHIN of its best) at
-        # every split target here (TARGET_CTAS and the like): a shape's best split count moves with C
+        # (only shapes within LINE_WITHIN of its best; the split targets: TARGET_CTAS and the like, whose best
+        # value moves with C)
         shapes: dict = {}
         for y, key in ranked:
             cfg = KernelConfig.parse(key)
