@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import math
 import os
@@ -147,6 +148,24 @@ def prior_kernels(db: str, space: str, kernel: str) -> list[str]:
     return [h for _, h in before + after]
 
 
+@contextlib.contextmanager
+def replaying(source, kernel: str | None = None):
+    """``tuner search`` draws from ``source`` (an in-memory Optuna storage per run) and, with ``kernel``, records
+    its trials under that kernel's hash instead of this code's."""
+    from tuner import calibrate
+    from tuner import recorder
+    from tuner import search as search_mod
+
+    saved = recorder.kernel_source_hash, calibrate.kernel_source_hash, search_mod._source_and_storage
+    search_mod._source_and_storage = lambda o, s: (source, __import__("optuna").storages.InMemoryStorage())
+    if kernel is not None:
+        recorder.kernel_source_hash = calibrate.kernel_source_hash = lambda: kernel
+    try:
+        yield
+    finally:
+        recorder.kernel_source_hash, calibrate.kernel_source_hash, search_mod._source_and_storage = saved
+
+
 def add_priors(case: Case, space, store, opts, seed: int) -> str | None:
     """Another kernel's records of the space, replayed into ``store`` first by the grid under that kernel's
     hash (a replay records the hash of the code that runs it): the surrogate's priors, and the previous picks
@@ -155,21 +174,12 @@ def add_priors(case: Case, space, store, opts, seed: int) -> str | None:
     import dataclasses
 
     from db import queries
-    from tuner import calibrate
-    from tuner import recorder
     from tuner import search as search_mod
     from tuner.errors import TunerError
     from tuner.replay import ReplaySource
 
-    saved = recorder.kernel_source_hash, calibrate.kernel_source_hash, search_mod._source_and_storage
-    try:
-        for prior in prior_kernels(case.replay_db, space.name, case.kernel):
-            source = ReplaySource(opts.replay_db, None, prior)
-            recorder.kernel_source_hash = calibrate.kernel_source_hash = lambda prior=prior: prior
-            search_mod._source_and_storage = lambda o, s, source=source: (
-                source,
-                __import__("optuna").storages.InMemoryStorage(),
-            )
+    for prior in prior_kernels(case.replay_db, space.name, case.kernel):
+        with replaying(ReplaySource(opts.replay_db, None, prior), kernel=prior):
             for c in case.levels:  # one at a time: a level whose baseline has no A/A of that kernel is left out
                 try:
                     search_mod.run_search(
@@ -179,11 +189,9 @@ def add_priors(case: Case, space, store, opts, seed: int) -> str | None:
                     )
                 except TunerError:
                     continue
-            with store.session() as s:
-                if any(t.study.kernel.source_hash == prior for t in queries.trials(s)):
-                    return prior
-    finally:
-        recorder.kernel_source_hash, calibrate.kernel_source_hash, search_mod._source_and_storage = saved
+        with store.session() as s:
+            if any(t.study.kernel.source_hash == prior for t in queries.trials(s)):
+                return prior
     return None
 
 
@@ -215,13 +223,9 @@ def run_one(case: Case, strategy: str, seed: int, n_trials, landscape: str, prio
         source = ReplaySource(opts.replay_db, None, case.kernel)
         if landscape == "shifted":
             shift_source(source, space.baseline, seed)
-        orig = search_mod._source_and_storage
-        search_mod._source_and_storage = lambda o, s: (source, __import__("optuna").storages.InMemoryStorage())
         t0 = time.monotonic()
-        try:
+        with replaying(source):
             rows = search_mod.run_search(space, store, opts)
-        finally:
-            search_mod._source_and_storage = orig
         wall = time.monotonic() - t0
         wl = space.workloads[0].workload()
         truth = truths(source, space, wl, case.levels)

@@ -200,13 +200,14 @@ class Surrogate(Strategy):
         data = self._training(level)
         if data is None or len(data[1]) < N_INIT:
             return None
-        here = int(np.sum(data[0][:, 0] == math.log2(level.concurrency)))
+        at_level = data[0][:, 0] == math.log2(level.concurrency)
+        here = int(at_level.sum())
         if self._fit_level != level.concurrency or here >= REFIT_HERE * max(self._here_fit, 2):
             # a new level, or one whose own data doubled: its hyperparameters are re-optimized, even when
             # MAX_TRAIN keeps the data's size (a level that departs from the others needs its own amplitude)
             self._fit_level, self._n_fit, self._here_fit = level.concurrency, 0, here
         gp = self._fit(*data)
-        return gp, _loo_scale(gp, data[0], data[1], here=data[0][:, 0] == math.log2(level.concurrency))
+        return gp, _loo_scale(gp, data[0], data[1], here=at_level)
 
     def _carried(self, level: Level) -> list[KernelConfig]:
         """The best :data:`CARRY` launches of the nearest level measured before this one, as launched here, then
@@ -216,28 +217,19 @@ class Surrogate(Strategy):
             return []
         logc = math.log2(level.concurrency)
         nearest = min({c for c, _, _ in own}, key=lambda c: abs(math.log2(c) - logc))
-        ranked = sorted((y, str(cfg)) for c, cfg, y in own if c == nearest)
+        ranked = [(y, KernelConfig.parse(key)) for y, key in sorted((y, str(cfg)) for c, cfg, y in own if c == nearest)]
         by_key = {str(c): c for c in level.candidates}
         rep = level.representative or (lambda cfg: by_key.get(str(cfg)))
         out = []
-        for _, key in ranked:
-            cand = rep(KernelConfig.parse(key))
+        for _, cfg in ranked:
+            cand = rep(cfg)
             if cand is not None and cand not in out:
                 out.append(cand)
             if len(out) == CARRY:
                 break
-        # (only shapes within LINE_WITHIN of its best; the split targets: TARGET_CTAS and the like, whose best
-        # value moves with C)
-        shapes: dict = {}
-        for y, key in ranked:
-            cfg = KernelConfig.parse(key)
-            shapes.setdefault(tuple(getattr(cfg, p) for p in FAMILY), (y, cfg))
-        for y, cfg in sorted(shapes.values(), key=lambda t: t[0])[:CARRY_LINES]:
-            if y > ranked[0][0] + math.log(1.0 + LINE_WITHIN):
-                break
-            cand = rep(cfg)
-            if cand is not None:
-                out += [cand] + [c for c in level.neighbours.get(cand, []) if _launch_only_variant(c, cand)]
+        for cfg in _best_shapes([(c, y) for y, c in ranked], CARRY_LINES):
+            if (cand := rep(cfg)) is not None:
+                out += [cand, *_split_line(level, cand)]
         return list(dict.fromkeys(out))
 
     def _incumbent_neighbours(self, level: Level) -> list[KernelConfig]:
@@ -251,17 +243,7 @@ class Surrogate(Strategy):
         (:data:`FAMILY`) whose best is within :data:`LINE_WITHIN` of the level's: the best ``TARGET_CTAS``
         moves with C and is sharp (one wave more or less), so a shape is judged at its best split count, not
         at the one it happened to be measured with."""
-        best: dict = {}
-        for c, y in level.measured.items():
-            f = tuple(getattr(c, p) for p in FAMILY)
-            if y is not None and (f not in best or y < best[f][0]):
-                best[f] = (y, c)
-        ranked = sorted(best.values(), key=lambda t: t[0])[:LINES]
-        out = []
-        for y, b in ranked:
-            if y > ranked[0][0] + math.log(1.0 + LINE_WITHIN):
-                break
-            out += [c for c in level.neighbours.get(b, []) if _launch_only_variant(c, b)]
+        out = [c for b in _best_shapes(level.measured.items(), LINES) for c in _split_line(level, b)]
         return [c for c in dict.fromkeys(out) if c not in level.measured and c not in level.pending]
 
     def propose(self, level: Level, n: int) -> list[KernelConfig]:
@@ -372,6 +354,23 @@ def _loo_scale(gp, X, y, here) -> float:
     z = resid * np.sqrt(d)  # over sigma_loo
     sel = here if here.sum() >= 3 else np.ones_like(here)
     return max(1.0, float(np.sqrt(np.mean(z[sel] ** 2))))
+
+
+def _best_shapes(pairs, n: int) -> list[KernelConfig]:
+    """The best launch of each of the ``n`` best tile shapes (:data:`FAMILY`) among ``(config, log ratio)``
+    pairs, best first, of those within :data:`LINE_WITHIN` of the best."""
+    best: dict = {}
+    for c, y in pairs:
+        f = tuple(getattr(c, p) for p in FAMILY)
+        if y is not None and (f not in best or y < best[f][0]):
+            best[f] = (y, c)
+    ranked = sorted(best.values(), key=lambda t: t[0])[:n]
+    return [c for y, c in ranked if y <= ranked[0][0] + math.log(1.0 + LINE_WITHIN)]
+
+
+def _split_line(level: Level, cfg: KernelConfig) -> list[KernelConfig]:
+    """``cfg``'s neighbours at the other split targets (``TARGET_CTAS`` and the like: the same binary)."""
+    return [c for c in level.neighbours.get(cfg, []) if _launch_only_variant(c, cfg)]
 
 
 def _launch_only_variant(a: KernelConfig, b: KernelConfig) -> bool:
