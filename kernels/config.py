@@ -281,14 +281,22 @@ def head_blocks_for(heads: int) -> int:
     return -(-heads // block_h_for(heads))
 
 
-def num_splits_for(config: KernelConfig, batch: int, heads: int, topk: int) -> tuple[int, int]:
+def row_tiles_for(config: KernelConfig, topk: int, extra_topk: int = 0) -> int:
+    """Tiles of one row: ``ceil(topk / BLOCK_T)``, plus ``ceil(extra_topk / BLOCK_T)`` for an extra cache
+    walked by the same launch (its tiles come after the main cache's; no tile holds tokens of both)."""
+    tiles = max(1, -(-topk // config.BLOCK_T))
+    return tiles + (-(-extra_topk // config.BLOCK_T) if extra_topk else 0)
+
+
+def num_splits_for(config: KernelConfig, batch: int, heads: int, topk: int, extra_topk: int = 0) -> tuple[int, int]:
     """(num_splits, tiles_per_split) for a batch.
 
-    The requested count is ``clamp(ceil(TARGET_CTAS / (B * head_blocks)), 1, ceil(topk / BLOCK_T))``;
-    tiles are then dealt evenly and a split that would get no tile is dropped, so the launched
-    count can be lower than requested (e.g. 4 tiles over 3 splits -> 2 splits of 2 tiles).
+    The requested count is ``clamp(ceil(TARGET_CTAS / (B * head_blocks)), 1, row_tiles)`` (``row_tiles``:
+    ``ceil(topk / BLOCK_T)``, plus the extra cache's tiles, see :func:`row_tiles_for`); tiles are then dealt
+    evenly and a split that would get no tile is dropped, so the launched count can be lower than requested
+    (e.g. 4 tiles over 3 splits -> 2 splits of 2 tiles).
     """
-    n_tiles = max(1, -(-topk // config.BLOCK_T))
+    n_tiles = row_tiles_for(config, topk, extra_topk)
     want = min(max(-(-config.TARGET_CTAS // (batch * head_blocks_for(heads))), 1), n_tiles)
     per_split = -(-n_tiles // want)
     return -(-n_tiles // per_split), per_split
@@ -318,35 +326,38 @@ class SplitGrid:
         return config.replace(BALANCED=0) if config.BALANCED and not self.balanced else config
 
 
-def split_grid(config: KernelConfig, batch: int, heads: int, topk: int) -> SplitGrid:
+def split_grid(config: KernelConfig, batch: int, heads: int, topk: int, extra_topk: int = 0) -> SplitGrid:
     """The split geometry a call launches for ``batch`` rows (requests times query tokens).
 
+    A row's tiles are the main cache's, then (``extra_topk`` > 0) the extra cache's: one launch walks both
+    caches, a split's run of tiles may cover the end of one and the start of the other.
     ``BALANCED=1`` with a target of more programs than rows: ``min(ceil(TARGET_CTAS / head_blocks),
     rows * row_tiles)`` programs share the rows' tiles equally. A row spans at most
     ``1 + ceil((row_tiles - 1) / floor(units / programs))`` of them, which bounds its slots. Otherwise
     (and always with ``BALANCED=0``) the per-row deal of :func:`num_splits_for`.
     """
-    row_tiles = max(1, -(-topk // config.BLOCK_T))
+    row_tiles = row_tiles_for(config, topk, extra_topk)
     programs = min(-(-config.TARGET_CTAS // head_blocks_for(heads)), batch * row_tiles)
     if config.BALANCED and programs > batch:
         least = batch * row_tiles // programs  # >= 1 tile per program
         return SplitGrid(programs, min(programs, 1 + -(-(row_tiles - 1) // least)), 0)
-    splits, per_split = num_splits_for(config, batch, heads, topk)
+    splits, per_split = num_splits_for(config, batch, heads, topk, extra_topk)
     return SplitGrid(batch * splits, splits, per_split)
 
 
-def effective_config(config: KernelConfig, batch: int, heads: int, topk: int) -> KernelConfig:
+def effective_config(config: KernelConfig, batch: int, heads: int, topk: int, extra_topk: int = 0) -> KernelConfig:
     """The config whose kernel a call at ``batch`` runs (see :meth:`SplitGrid.binary`)."""
-    return split_grid(config, batch, heads, topk).binary(config)
+    return split_grid(config, batch, heads, topk, extra_topk).binary(config)
 
 
-def launch_identity(config: KernelConfig, heads: int, topk: int, batch: int) -> tuple:
+def launch_identity(config: KernelConfig, heads: int, topk: int, batch: int, extra_topk: int = 0) -> tuple:
     """What a call actually launches: the compiled binary and the split geometry.
 
     Two configs with the same identity run exactly the same kernels on the same grid (TARGET_CTAS is
-    clamped, so many values give one split count), so one measurement serves both.
+    clamped, so many values give one split count), so one measurement serves both. ``extra_topk``: the
+    extra cache's top-k of a whole call (one launch walks both caches).
     """
-    grid = split_grid(config, batch, heads, topk)
+    grid = split_grid(config, batch, heads, topk, extra_topk)
     key = grid.binary(config).compile_key()
     if grid.balanced:
         return (key, "balanced", grid.programs, grid.slots)

@@ -2,7 +2,7 @@
 
 Two kernels:
   ``_split_kernel``   One program takes BLOCK_H heads of one query token and one contiguous slice of its
-                      top-k list in one cache, walks it in BLOCK_T-token tiles (gather, dequantize, q.k^T,
+                      row (the main cache's top-k list in whole tiles, then the extra cache's), walks it in BLOCK_T-token tiles (gather, dequantize, q.k^T,
                       online softmax, p.v) and writes bf16 partials and their fp32 lse -- or, when the
                       whole call is one split of one cache, the final bf16 output (times the sink factor)
                       and lse directly. How the slices are dealt (``BALANCED``, searched per level):
@@ -25,8 +25,7 @@ Programmatic dependent launch (sm_90+, sm_120 included): both kernels are launch
 wait for the kernel before them (``griddepcontrol.wait``) before reading anything and then let the next
 one launch, so each launch overlaps the tail of the kernel before it.
 
-A call launches the split kernel once per cache (the extra cache's splits are written after the main
-cache's, in the same partials buffer) and the combine once; see :func:`sparse_mla_decode` for why.
+A call launches the split kernel once for both caches and the combine once; see :func:`sparse_mla_decode`.
 Partial outputs are bf16, like the final output: at V4 C=96 they halve the split's own traffic
 (about 19 MB written and read back in fp32), while the lse that weights them stays fp32.
 
@@ -301,76 +300,35 @@ def _tile_step(
 
 
 @triton.jit
-def _attend(
-    Out,
-    Lse,
-    OPart,
-    LPart,
-    Q,
+def _walk(
+    p_q,
+    m_h,
+    qk_scale,
+    b_m,
+    b_l,
+    b_a0,
+    b_a1,
+    b_a2,
+    b_a3,
     KV8,
     KV16,
     KV32,
-    Idx,
-    TopkLen,
-    Sink,
-    stride_qb,
-    stride_qs,
-    stride_qh,
-    sm_scale,
-    topk,
-    num_tokens,
-    split_base,
-    total_splits,
-    q_tokens,
-    i_r,
-    i_hb,
-    i_slot,
+    p_idx,
     t_begin,
-    t_stop,
-    H: tl.constexpr,
+    t_end,
+    num_tokens,
     FORMAT: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
-    BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr,
     PREFETCH: tl.constexpr,
     WORDS: tl.constexpr,
-    HAS_TOPK_LEN: tl.constexpr,
-    HAS_SINK: tl.constexpr,
-    WRITE_FINAL: tl.constexpr,
     DOT_F32: tl.constexpr,
     NATIVE_FP8: tl.constexpr,
 ):
-    """BLOCK_H heads of query row ``i_r`` over tokens [t_begin, t_stop) of its top-k list: the tile loop,
-    then the final output (WRITE_FINAL) or the partial output and lse in slot ``i_slot`` of the row."""
-    i_b = i_r // q_tokens
-    i_q = i_r % q_tokens
-    n_valid = topk
-    if HAS_TOPK_LEN:
-        n_valid = tl.minimum(tl.maximum(tl.load(TopkLen + i_b), 0), topk)
-    t_end = tl.minimum(t_stop, n_valid)
-    # tiles wholly past topk_length are skipped, not masked
+    """The tile loop over tokens [t_begin, t_end) of one cache's top-k list (at ``p_idx``), into the online
+    softmax state (b_m, b_l, b_a0..b_a3): the updated state."""
+    # tiles wholly past t_end (topk_length) are skipped, not masked
     n_tiles = tl.maximum(t_end - t_begin + BLOCK_T - 1, 0) // BLOCK_T
-
-    o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    m_h = o_h < H
-    p_q = Q + i_b * stride_qb + i_q * stride_qs + o_h[:, None] * stride_qh
-    qk_scale = sm_scale * 1.4426950408889634  # softmax in base 2
-    # the empty softmax: the output accumulates in a0 [BLOCK_H, 512], or with WORDS as four interleaved
-    # slices a_j [BLOCK_H, 128] (output dims 4m + j), or for fp8_model1 as four chunks a_j [BLOCK_H, 128]
-    # (output dims 128j..128j+127); unused ones are [1, 1]
-    b_m = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
-    b_l = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    if WORDS or FORMAT == 0:
-        b_a0 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
-        b_a1 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
-        b_a2 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
-        b_a3 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
-    else:
-        b_a0 = tl.zeros((BLOCK_H, 512), dtype=tl.float32)
-        b_a1 = tl.zeros((1, 1), dtype=tl.float32)
-        b_a2 = tl.zeros((1, 1), dtype=tl.float32)
-        b_a3 = tl.zeros((1, 1), dtype=tl.float32)
-    p_idx = Idx + i_r * topk
     if PREFETCH == 1 or PREFETCH == 3:
         # Tile prefetch: tile i+1's indices and KV bytes are loaded before tile i's math, so the KV latency
         # overlaps the dots, but the gather first waits for the indices just loaded. 3 also loads tile
@@ -406,6 +364,105 @@ def _attend(
             p_q, m_h, c_q8, c_sc, c_rope, m_tok, qk_scale, b_m, b_l, b_a0, b_a1, b_a2, b_a3,
             FORMAT, BLOCK_T, WORDS, DOT_F32, NATIVE_FP8,
         )  # fmt: skip
+    return b_m, b_l, b_a0, b_a1, b_a2, b_a3
+
+
+@triton.jit
+def _attend(
+    Out,
+    Lse,
+    OPart,
+    LPart,
+    Q,
+    KV8,
+    KV16,
+    KV32,
+    Idx,
+    TopkLen,
+    Sink,
+    XKV8,
+    XKV16,
+    XKV32,
+    XIdx,
+    XTopkLen,
+    stride_qb,
+    stride_qs,
+    stride_qh,
+    sm_scale,
+    topk,
+    num_tokens,
+    x_topk,
+    x_num_tokens,
+    total_splits,
+    q_tokens,
+    i_r,
+    i_hb,
+    i_slot,
+    t_begin,
+    t_stop,
+    H: tl.constexpr,
+    FORMAT: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    WORDS: tl.constexpr,
+    HAS_TOPK_LEN: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    WRITE_FINAL: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    NATIVE_FP8: tl.constexpr,
+    HAS_EXTRA: tl.constexpr,
+    X_FORMAT: tl.constexpr,
+    X_PAGE_SIZE: tl.constexpr,
+    X_HAS_TOPK_LEN: tl.constexpr,
+):
+    """BLOCK_H heads of query row ``i_r`` over tokens [t_begin, t_stop) of its row, then the final output
+    (WRITE_FINAL) or the partial output and lse in slot ``i_slot`` of the row.
+
+    A row is the main cache's top-k list, padded to whole tiles (``cdiv(topk, BLOCK_T) * BLOCK_T`` tokens),
+    then (``HAS_EXTRA``) the extra cache's: one online softmax runs over both, each walked with its own
+    format, page size, indices and topk_length; a tile never holds tokens of both."""
+    i_b = i_r // q_tokens
+    i_q = i_r % q_tokens
+    n_valid = topk
+    if HAS_TOPK_LEN:
+        n_valid = tl.minimum(tl.maximum(tl.load(TopkLen + i_b), 0), topk)
+    t_end = tl.minimum(t_stop, n_valid)
+
+    o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    m_h = o_h < H
+    p_q = Q + i_b * stride_qb + i_q * stride_qs + o_h[:, None] * stride_qh
+    qk_scale = sm_scale * 1.4426950408889634  # softmax in base 2
+    # the empty softmax: the output accumulates in a0 [BLOCK_H, 512], or with WORDS as four interleaved
+    # slices a_j [BLOCK_H, 128] (output dims 4m + j), or for fp8_model1 as four chunks a_j [BLOCK_H, 128]
+    # (output dims 128j..128j+127); unused ones are [1, 1]
+    b_m = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
+    b_l = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    if WORDS or FORMAT == 0:
+        b_a0 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
+        b_a1 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
+        b_a2 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
+        b_a3 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
+    else:
+        b_a0 = tl.zeros((BLOCK_H, 512), dtype=tl.float32)
+        b_a1 = tl.zeros((1, 1), dtype=tl.float32)
+        b_a2 = tl.zeros((1, 1), dtype=tl.float32)
+        b_a3 = tl.zeros((1, 1), dtype=tl.float32)
+    b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _walk(
+        p_q, m_h, qk_scale, b_m, b_l, b_a0, b_a1, b_a2, b_a3, KV8, KV16, KV32, Idx + i_r * topk, t_begin, t_end,
+        num_tokens, FORMAT, PAGE_SIZE, BLOCK_T, PREFETCH, WORDS, DOT_F32, NATIVE_FP8,
+    )  # fmt: skip
+    if HAS_EXTRA:  # the extra cache's tokens start at the main cache's whole tiles
+        span = tl.cdiv(topk, BLOCK_T) * BLOCK_T
+        x_valid = x_topk
+        if X_HAS_TOPK_LEN:
+            x_valid = tl.minimum(tl.maximum(tl.load(XTopkLen + i_b), 0), x_topk)
+        b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _walk(
+            p_q, m_h, qk_scale, b_m, b_l, b_a0, b_a1, b_a2, b_a3, XKV8, XKV16, XKV32, XIdx + i_r * x_topk,
+            tl.maximum(t_begin - span, 0), tl.minimum(t_stop - span, x_valid),
+            x_num_tokens, X_FORMAT, X_PAGE_SIZE, BLOCK_T, PREFETCH, WORDS, DOT_F32, NATIVE_FP8,
+        )  # fmt: skip
 
     if WORDS:  # dims 4m + 2a + b <- slice 2a + b: one interleave per program, outside the tile loop
         b_acc = tl.reshape(tl.join(tl.join(b_a0, b_a2), tl.join(b_a1, b_a3)), (BLOCK_H, 512))
@@ -431,7 +488,7 @@ def _attend(
         tl.store(p_lse, tl.where(m_empty, float("inf"), b_lse), mask=m_h)
     else:
         # bf16 partial and fp32 lse (-inf for a split that saw no valid token); OPart [B * s_q, total_splits, H, 512]
-        o_row = (i_r * total_splits + split_base + i_slot) * H + o_h
+        o_row = (i_r * total_splits + i_slot) * H + o_h
         tl.store(OPart + o_row[:, None] * 512 + o_d[None, :], b_o.to(OPart.dtype.element_ty), mask=m_h[:, None])
         tl.store(LPart + o_row, tl.where(m_empty, float("-inf"), b_lse), mask=m_h)
 
@@ -443,8 +500,9 @@ def _attend(
     do_not_specialize=[
         "topk",
         "num_tokens",
+        "x_topk",
+        "x_num_tokens",
         "tiles_per_split",
-        "split_base",
         "total_splits",
         "q_tokens",
         "rows",
@@ -463,14 +521,20 @@ def _split_kernel(
     Idx,
     TopkLen,
     Sink,
+    XKV8,
+    XKV16,
+    XKV32,
+    XIdx,
+    XTopkLen,
     stride_qb,
     stride_qs,
     stride_qh,
     sm_scale,
     topk,
     num_tokens,
+    x_topk,
+    x_num_tokens,
     tiles_per_split,
-    split_base,
     total_splits,
     q_tokens,
     rows,
@@ -490,6 +554,10 @@ def _split_kernel(
     NATIVE_FP8: tl.constexpr,
     USE_PDL: tl.constexpr,
     LATE_TRIGGER: tl.constexpr,
+    HAS_EXTRA: tl.constexpr,
+    X_FORMAT: tl.constexpr,
+    X_PAGE_SIZE: tl.constexpr,
+    X_HAS_TOPK_LEN: tl.constexpr,
 ):
     if USE_PDL:  # programmatic dependent launch: wait for the kernel before, then let the next one start
         gdc_wait()
@@ -505,6 +573,8 @@ def _split_kernel(
         i_hb = tl.program_id(1)
         n_progs = tl.num_programs(0)
         row_tiles = tl.cdiv(topk, BLOCK_T)
+        if HAS_EXTRA:  # the extra cache's tiles follow the main cache's in the row
+            row_tiles += tl.cdiv(x_topk, BLOCK_T)
         n_units = rows * row_tiles
         u = (i_c.to(tl.int64) * n_units // n_progs).to(tl.int32)
         u_end = ((i_c + 1).to(tl.int64) * n_units // n_progs).to(tl.int32)
@@ -515,24 +585,24 @@ def _split_kernel(
         # ((first tile + 1) * programs - 1) // units (the inverse of the deal)
         i_slot = i_c - (((i_r * row_tiles + 1).to(tl.int64) * n_progs - 1) // n_units).to(tl.int32)
         _attend(
-            Out, Lse, OPart, LPart, Q, KV8, KV16, KV32, Idx, TopkLen, Sink, stride_qb, stride_qs, stride_qh,
-            sm_scale, topk, num_tokens, split_base, total_splits, q_tokens, i_r.to(tl.int64), i_hb, i_slot,
+            Out, Lse, OPart, LPart, Q, KV8, KV16, KV32, Idx, TopkLen, Sink, XKV8, XKV16, XKV32, XIdx, XTopkLen,
+            stride_qb, stride_qs, stride_qh, sm_scale, topk, num_tokens, x_topk, x_num_tokens, total_splits, q_tokens, i_r.to(tl.int64), i_hb, i_slot,
             (u - i_r * row_tiles) * BLOCK_T, (seg_end - i_r * row_tiles) * BLOCK_T,
             H, FORMAT, PAGE_SIZE, BLOCK_H, BLOCK_T, PREFETCH, WORDS, HAS_TOPK_LEN, False, False, DOT_F32,
-            NATIVE_FP8,
+            NATIVE_FP8, HAS_EXTRA, X_FORMAT, X_PAGE_SIZE, X_HAS_TOPK_LEN,
         )  # fmt: skip
         if seg_end == row_end:  # the row's last program marks the slots no program of this row uses
             o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
             for i_k in range(i_slot + 1, slots):
-                o_row = (i_r.to(tl.int64) * total_splits + split_base + i_k) * H + o_h
+                o_row = (i_r.to(tl.int64) * total_splits + i_k) * H + o_h
                 tl.store(LPart + o_row, tl.full((BLOCK_H,), float("-inf"), tl.float32), mask=o_h < H)
         if u_end > row_end:  # the next row's first tiles: this program is that row's slot 0
             _attend(
-                Out, Lse, OPart, LPart, Q, KV8, KV16, KV32, Idx, TopkLen, Sink, stride_qb, stride_qs, stride_qh,
-                sm_scale, topk, num_tokens, split_base, total_splits, q_tokens, i_r.to(tl.int64) + 1, i_hb, 0,
+                Out, Lse, OPart, LPart, Q, KV8, KV16, KV32, Idx, TopkLen, Sink, XKV8, XKV16, XKV32, XIdx, XTopkLen,
+                stride_qb, stride_qs, stride_qh, sm_scale, topk, num_tokens, x_topk, x_num_tokens, total_splits, q_tokens, i_r.to(tl.int64) + 1, i_hb, 0,
                 0, (u_end - row_end) * BLOCK_T,
                 H, FORMAT, PAGE_SIZE, BLOCK_H, BLOCK_T, PREFETCH, WORDS, HAS_TOPK_LEN, False, False, DOT_F32,
-                NATIVE_FP8,
+                NATIVE_FP8, HAS_EXTRA, X_FORMAT, X_PAGE_SIZE, X_HAS_TOPK_LEN,
             )  # fmt: skip
     else:  # grid (rows * head_blocks, splits): split i_s of one row takes tiles_per_split tiles
         i_bh = tl.program_id(0).to(tl.int64)
@@ -540,11 +610,11 @@ def _split_kernel(
         head_blocks: tl.constexpr = (H + BLOCK_H - 1) // BLOCK_H
         t0 = i_s * tiles_per_split * BLOCK_T
         _attend(
-            Out, Lse, OPart, LPart, Q, KV8, KV16, KV32, Idx, TopkLen, Sink, stride_qb, stride_qs, stride_qh,
-            sm_scale, topk, num_tokens, split_base, total_splits, q_tokens, i_bh // head_blocks, i_bh % head_blocks,
+            Out, Lse, OPart, LPart, Q, KV8, KV16, KV32, Idx, TopkLen, Sink, XKV8, XKV16, XKV32, XIdx, XTopkLen,
+            stride_qb, stride_qs, stride_qh, sm_scale, topk, num_tokens, x_topk, x_num_tokens, total_splits, q_tokens, i_bh // head_blocks, i_bh % head_blocks,
             i_s, t0, t0 + tiles_per_split * BLOCK_T,
             H, FORMAT, PAGE_SIZE, BLOCK_H, BLOCK_T, PREFETCH, WORDS, HAS_TOPK_LEN, HAS_SINK, WRITE_FINAL, DOT_F32,
-            NATIVE_FP8,
+            NATIVE_FP8, HAS_EXTRA, X_FORMAT, X_PAGE_SIZE, X_HAS_TOPK_LEN,
         )  # fmt: skip
     if USE_PDL and LATE_TRIGGER:  # the next launch (the combine) starts as this program's stores are issued
         gdc_launch_dependents()
@@ -763,10 +833,10 @@ def _plan(
     runs exactly these launches, and :func:`compile_spec` compiles them from meta tensors, so the
     feasibility check cannot drift from what runs.
 
-    One split launch per cache, each with its own split count (``num_splits_for`` on its own topk),
-    format and page size, writing into one partials buffer; the combine merges all of them and applies
-    the sink. Only a single-cache call with one split skips the combine (the split kernel then writes
-    the output and applies the sink itself).
+    One split launch for the whole call: a row's tiles are the main cache's, then the extra cache's
+    (``split_grid`` with both topks), each cache walked with its own format, page size and constexprs; the
+    combine merges the splits and applies the sink. A call of one split per row skips the combine (the
+    split kernel then writes the output and applies the sink itself).
     """
     B, s_q, H, _ = q.shape
     rows = B * s_q  # query tokens are folded into the batch: each is an independent row
@@ -775,8 +845,14 @@ def _plan(
     lse = torch.empty(B, H, s_q, dtype=torch.float32, device=dev)
     block_h = block_h_for(H)
     head_blocks = -(-H // block_h)
-    grids = [split_grid(config, rows, H, c.indices.shape[-1]) for c in caches]
-    total_splits = sum(g.slots for g in grids)
+    main = caches[0]
+    extra = caches[1] if len(caches) > 1 else None
+    if extra is not None and extra.fmt.name != main.fmt.name:  # _validate: both share q's head dim
+        raise ValueError(f"the extra cache's format {extra.fmt.name} must be the main cache's {main.fmt.name}")
+    topk = main.indices.shape[-1]
+    x_topk = 0 if extra is None else extra.indices.shape[-1]
+    grid = split_grid(config, rows, H, topk, x_topk)
+    total_splits = grid.slots
     write_final = total_splits == 1
     if write_final:
         o_part, l_part = out, lse  # unused
@@ -785,62 +861,71 @@ def _plan(
         l_part = torch.empty(rows, total_splits, H, dtype=torch.float32, device=dev)
     sink = lse if attn_sink is None else attn_sink  # a placeholder pointer when there is no sink
     pdl_option = {"launch_pdl": True} if pdl else {}
-    launches = []
-    split_base = 0
-    for c, grid in zip(caches, grids, strict=True):
-        num_pages, page_size, _ = c.kv.shape
-        topk = c.indices.shape[-1]
-        effective = grid.binary(config)
-        launches.append(
-            Launch(
-                "split",
-                _split_kernel,
-                (grid.programs, head_blocks) if grid.balanced else (rows * head_blocks, grid.slots),
-                {
-                    "Out": out,
-                    "Lse": lse,
-                    "OPart": o_part,
-                    "LPart": l_part,
-                    "Q": q,
-                    "KV8": c.kv,
-                    "KV16": c.kv.view(torch.bfloat16),
-                    "KV32": c.kv.view(torch.float32),
-                    "Idx": c.indices,
-                    "TopkLen": c.indices if c.topk_length is None else c.topk_length,
-                    "Sink": sink,
-                    "stride_qb": q.stride(0),
-                    "stride_qs": q.stride(1),
-                    "stride_qh": q.stride(2),
-                    "sm_scale": float(sm_scale),
-                    "topk": topk,
-                    "num_tokens": num_pages * page_size,
-                    "tiles_per_split": grid.tiles_per_split,
-                    "split_base": split_base,
-                    "total_splits": total_splits,
-                    "q_tokens": s_q,
-                    "rows": rows,
-                    "slots": grid.slots,
-                },
-                {
-                    "H": H,
-                    "FORMAT": FORMAT_IDS[c.fmt.name],
-                    "PAGE_SIZE": page_size,
-                    "BLOCK_H": block_h,
-                    **effective.meta(),
-                    "WORDS": kv_words(c.fmt, effective),
-                    "HAS_TOPK_LEN": c.topk_length is not None,
-                    "HAS_SINK": write_final and attn_sink is not None,
-                    "WRITE_FINAL": write_final,
-                    "DOT_F32": INTERPRET,
-                    "NATIVE_FP8": native,
-                    "USE_PDL": pdl,
-                    # see LATE_TRIGGER above; ``sms`` None (unknown): the early trigger
-                    "LATE_TRIGGER": pdl and not write_final and sms is not None and grid.programs * head_blocks > sms,
-                },
-                {**config.options(), **pdl_option},
-            )
+    num_pages, page_size, _ = main.kv.shape
+    effective = grid.binary(config)
+    # without an extra cache its pointers are the main cache's and its sizes 0 (never read)
+    xc = main if extra is None else extra
+    x_pages, x_page_size, _ = xc.kv.shape
+    launches = [
+        Launch(
+            "split",
+            _split_kernel,
+            (grid.programs, head_blocks) if grid.balanced else (rows * head_blocks, grid.slots),
+            {
+                "Out": out,
+                "Lse": lse,
+                "OPart": o_part,
+                "LPart": l_part,
+                "Q": q,
+                "KV8": main.kv,
+                "KV16": main.kv.view(torch.bfloat16),
+                "KV32": main.kv.view(torch.float32),
+                "Idx": main.indices,
+                "TopkLen": main.indices if main.topk_length is None else main.topk_length,
+                "Sink": sink,
+                "XKV8": xc.kv,
+                "XKV16": xc.kv.view(torch.bfloat16),
+                "XKV32": xc.kv.view(torch.float32),
+                "XIdx": xc.indices,
+                "XTopkLen": xc.indices if xc.topk_length is None else xc.topk_length,
+                "stride_qb": q.stride(0),
+                "stride_qs": q.stride(1),
+                "stride_qh": q.stride(2),
+                "sm_scale": float(sm_scale),
+                "topk": topk,
+                "num_tokens": num_pages * page_size,
+                "x_topk": x_topk,
+                "x_num_tokens": 0 if extra is None else x_pages * x_page_size,
+                "tiles_per_split": grid.tiles_per_split,
+                "total_splits": total_splits,
+                "q_tokens": s_q,
+                "rows": rows,
+                "slots": grid.slots,
+            },
+            {
+                "H": H,
+                "FORMAT": FORMAT_IDS[main.fmt.name],
+                "PAGE_SIZE": page_size,
+                "BLOCK_H": block_h,
+                **effective.meta(),
+                "WORDS": kv_words(main.fmt, effective),
+                "HAS_TOPK_LEN": main.topk_length is not None,
+                "HAS_SINK": write_final and attn_sink is not None,
+                "WRITE_FINAL": write_final,
+                "DOT_F32": INTERPRET,
+                "NATIVE_FP8": native,
+                "USE_PDL": pdl,
+                # see LATE_TRIGGER above; ``sms`` None (unknown): the early trigger
+                "LATE_TRIGGER": pdl and not write_final and sms is not None and grid.programs * head_blocks > sms,
+                "HAS_EXTRA": extra is not None,
+                # the single-cache kernel's values, so that its binary stays one per config and format
+                "X_FORMAT": FORMAT_IDS[xc.fmt.name],
+                "X_PAGE_SIZE": x_page_size if extra is not None else page_size,
+                "X_HAS_TOPK_LEN": extra is not None and extra.topk_length is not None,
+            },
+            {**config.options(), **pdl_option},
         )
-        split_base += grid.slots
+    ]
     if not write_final:
         chunk_s, block_d = combine_shape(rows, H, total_splits)
         launches.append(
@@ -913,12 +998,13 @@ def sparse_mla_decode(
         and ``lse [B, H, s_q]`` (FlashMLA's layout) for a 4-D q. A row with no valid index in either
         cache gives ``out = 0`` and ``lse = +inf``, whatever the sink.
 
-    Design: query tokens are folded into the batch (each one is an independent row of the grid), and
-    the extra cache is one more split launch whose partials land next to the main cache's splits, so
-    the existing log-sum-exp combine merges both caches (its math does not care where a split came
-    from) and applies the sink once, on the final lse. This keeps one split kernel specialized per
-    cache (format and page size stay constexprs) at the cost of a combine launch whenever there is an
-    extra cache; with a single cache and one split the split kernel applies the sink itself.
+    Design: query tokens are folded into the batch (each one is an independent row of the grid). With
+    an extra cache, one split launch walks both: a row is the main cache's top-k tiles followed by the
+    extra cache's (a tile never holds tokens of both; each cache keeps its page size and topk_length,
+    as constexprs and arguments of its own), so the splits are dealt over the whole row at once and
+    one online softmax per split spans the caches; the log-sum-exp combine merges the splits and
+    applies the sink once, on the final lse. With one split per row the split kernel applies the sink
+    itself and there is no combine.
 
     No host synchronisation and a workspace sized from shapes only, so the call is CUDA-graph capturable.
     """
