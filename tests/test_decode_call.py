@@ -194,7 +194,7 @@ for spec in compile_spec(KernelConfig(), main, "sm_120", extra=extra, attn_sink=
                        target=GPUTarget("cuda", 120, 32), options=spec.options)
     c = spec.constexprs
     rows.append([spec.name, c.get("PAGE_SIZE"), c.get("WRITE_FINAL"), c.get("HAS_SINK"), k.metadata.shared,
-                 c.get("LATE_TRIGGER")])
+                 c.get("LATE_TRIGGER"), c.get("X_PAGE_SIZE"), c.get("HAS_EXTRA")])
 plain = compile_spec(KernelConfig(), main, "sm_120")
 sq2 = compile_spec(KernelConfig(), main, "sm_120", q_tokens=2)
 at = {n: sorted({s.constexprs["LATE_TRIGGER"]
@@ -218,16 +218,19 @@ def test_compile_spec_lists_the_new_variants_and_they_compile_for_sm120():
     """compile_spec on meta tensors for a call with an extra cache, a sink and s_q = 2 (compiled, not run)."""
     got = _compile_only(_COMPILE_SCRIPT)
     variants = {tuple(r[:4]) for r in got["rows"]}
-    # one split launch per cache (its own page size), partials only; the combine applies the sink
-    assert ("split", 256, False, False) in variants and ("split", 64, False, False) in variants
+    # one split launch walks both caches, each with its own page size; with one split per row it writes the
+    # output and applies the sink itself, else the combine applies the sink
+    assert {r[0] for r in got["rows"]} == {"split", "combine"}
+    assert all((r[1], r[6], r[7]) == (256, 64, True) for r in got["rows"] if r[0] == "split"), got["rows"]
+    assert ("split", 256, True, True) in variants and ("split", 256, False, False) in variants
     assert {r[3] for r in got["rows"] if r[0] == "combine"} == {True}
     assert all(r[4] <= 101_376 for r in got["rows"]), got["rows"]
     # both triggers of the split kernel (late: with more split programs than SMs), the same shared memory
-    split = {(r[1], r[5]): r[4] for r in got["rows"] if r[0] == "split" and not r[2]}
-    assert split[(256, False)] == split[(256, True)] and split[(64, False)] == split[(64, True)], split
-    # at a batch the GPU's SMs decide, per cache: 8 rows of the default config are 64 programs on the window and
-    # 256 on the compressed cache; SMs unknown: the early trigger
-    assert got["late_at_batch_8"] == {"None": [False], "132": [False, True], "1000": [False]}
+    split = {r[5]: r[4] for r in got["rows"] if r[0] == "split" and not r[2]}
+    assert split[False] == split[True], split
+    # at a batch the GPU's SMs decide: 8 rows of the default config over both caches' 8 + 32 tiles are 20 splits
+    # of 2 tiles each, 160 programs; SMs unknown: the early trigger
+    assert got["late_at_batch_8"] == {"None": [False], "132": [True], "1000": [False]}
     assert got["sq_same_binaries"]  # s_q changes the grid, not the binary
 
 
@@ -301,3 +304,81 @@ def test_every_kernel_variant_compiles_for_sm90_and_sm120():
         assert shared <= 101376 or cc == 90, (key, cc, name, shared)  # fits sm_120's shared memory
         assert version == triton.__version__
     assert {r[2] for r in got} == {"split", "combine"}
+
+
+# --- the whole call in one split launch ------------------------------------------------------------------------
+
+def _one_launch_batch(fmt, B, device, seed=0, **kw):
+    """main: 40 tokens = 3 tiles of 16 (the last one ragged); extra: 40 tokens on 16-token pages = 3 more tiles."""
+    main = Workload(fmt, 16, 40, page_size=64, context=200)
+    extra = Workload(fmt, 16, 40, page_size=16, context=96)
+    return make_batch(main, B, device=device, seed=seed, invalid_fraction=0.1, extra=extra, **kw)
+
+
+def _launches(monkeypatch):
+    seen = []
+    monkeypatch.setattr(decode, "LAUNCH_LISTENERS", [lambda kind, cfg, grid: seen.append((kind, grid))])
+    return seen
+
+
+@pytest.mark.parametrize("target", [1, 2, 3, 6, 64])
+def test_both_caches_are_one_split_launch_and_one_combine(target, monkeypatch, device):
+    """Whatever the split count, a call over two caches is one split launch (then one combine, unless one split)."""
+    bt = _one_launch_batch("fp8_model1", 1, device, with_sink=True)
+    seen = _launches(monkeypatch)
+    _check(bt, KernelConfig(16, 4, 1, target))
+    kinds = [k for k, _ in seen]
+    splits = seen[0][1][1]  # grid (rows * head_blocks, splits)
+    assert kinds == (["split"] if splits == 1 else ["split", "combine"])
+    assert splits == {1: 1, 2: 2, 3: 3, 6: 6, 64: 6}[target]  # the row's 6 tiles, both caches, dealt together
+
+
+@pytest.mark.parametrize("q_tokens", [None, 2])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        "T16-w4-s1-c2",  # 2 splits of 3 tiles: one per cache
+        "T16-w4-s1-c4",  # 3 splits of 2 tiles: the middle one ends the main cache and starts the extra one
+        "T16-w4-s1-c5-p1",
+        "T16-w4-s1-c5-p2",
+        "T16-w4-s1-c5-p3",
+        "T32-w4-s1-c1",  # one split: the sink applied by the split kernel, no combine
+        "T16-w4-s2-c7-b1",  # balanced: runs cross rows and caches
+        "T16-w4-s1-c16-p1-b1",
+    ],
+)
+@pytest.mark.parametrize("fmt", ["fp8_model1", "fp8_v32"])
+def test_one_launch_matches_the_reference(fmt, cfg, q_tokens, device):
+    """Splits that straddle the two caches, ragged topk_length on each cache, -1 rows, the sink, s_q 1 and 2."""
+    bt = _one_launch_batch(fmt, 3, device, seed=1, q_tokens=q_tokens, with_sink=True, with_topk_length=True)
+    bt.topk_length[:] = torch.tensor([40, 17, 0], dtype=torch.int32)  # ragged; request 2: the extra cache alone
+    bt.extra_topk_length[:] = torch.tensor([5, 40, 33], dtype=torch.int32)
+    idx, xidx = bt.indices.view(3, -1, 40), bt.extra_indices.view(3, -1, 40)
+    idx[1, -1] = -1  # request 1's last token: main cache all -1, the extra cache alone
+    xidx[0, 0] = -1  # request 0's first token: the main cache alone
+    out, lse = _check(bt, KernelConfig.parse(cfg))
+    assert torch.isfinite(lse).all()
+
+
+@pytest.mark.parametrize("cfg", ["T16-w4-s1-c1", "T16-w4-s1-c4", "T16-w4-s1-c7-b1"])
+def test_rows_empty_in_both_caches_are_zero_with_the_sink(cfg, device):
+    bt = _one_launch_batch("fp8_model1", 2, device, q_tokens=2, with_sink=True)
+    bt.indices[1, 0] = -1
+    bt.extra_indices[1, 0] = -1
+    out, lse = _check(bt, KernelConfig.parse(cfg))
+    assert torch.isposinf(lse[1, :, 0]).all() and (out[1, 0] == 0).all()
+    assert torch.isfinite(lse[0]).all() and torch.isfinite(lse[1, :, 1]).all()
+
+
+def test_one_launch_split_geometry_counts_both_caches():
+    from kernels.config import launch_identity
+    from kernels.config import split_grid
+
+    cfg = KernelConfig(16, 4, 1, 64)
+    assert split_grid(cfg, 1, 16, 40, 40).slots == 6  # 3 + 3 tiles
+    assert split_grid(cfg, 1, 16, 40).slots == 3  # the single-cache geometry is unchanged
+    assert split_grid(cfg.replace(TARGET_CTAS=4), 1, 16, 40, 40).tiles_per_split == 2
+    # two targets the per-cache geometry could not tell apart launch differently over both caches
+    a, b = cfg.replace(TARGET_CTAS=3 * 16), cfg.replace(TARGET_CTAS=6 * 16)
+    assert launch_identity(a, 16, 40, 16) == launch_identity(b, 16, 40, 16)
+    assert launch_identity(a, 16, 40, 16, 40) != launch_identity(b, 16, 40, 16, 40)
