@@ -211,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
                 }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+                if args.out:  # every row as measured: a run cut short keeps what it measured
+                    with open(args.out, "w") as f:
+                        json.dump({"env": env, "rows": rows}, f, indent=1)
         pool = None
         torch.cuda.empty_cache()
     if args.out:

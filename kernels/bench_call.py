@@ -1,36 +1,54 @@
 """GPU benchmark of the whole DeepSeek-V4-Flash decode attention call against FlashMLA's same call.
 
-    python -m kernels.bench_call [--concurrency 1,2,4,8,16,32,48,64,80,96] [--out results.json]
+    python -m kernels.bench_call [--concurrency 1,2,4,...,96] [--q-tokens 1] [--out FILE.json]
 
 The call of one V4-Flash layer at TP4 (16 local heads): a sliding-window cache (topk 128 of a 128-token
 window) and the compressed cache (topk 512 of 8192 tokens) in one softmax, with a learned per-head
-attention sink, one query token per request. Both caches are ``fp8_model1`` (FlashMLA's "V4"), pages of
-64 tokens. Ours runs through ``kernels.flashmla_compat`` with 16 heads and the config exported for the
-compressed cache (``config=None``); FlashMLA (``flash_mla``, legacy sm_90 path) needs 64 or 128 heads,
-so its q and sink are padded to 64 heads, as an engine at TP4 would have to. Times are µs per call, from
-CUDA-graph replays over 4 rotating input sets; both outputs are checked against the fp32 reference.
+attention sink (``--q-tokens 2``: two query tokens per request, as with multi-token prediction). Both caches
+are ``fp8_model1`` (FlashMLA's "V4"), pages of 64 tokens. Ours runs through ``kernels.flashmla_compat`` with
+16 heads and the exported table (``config=None``: the layer's table, keyed by the window's topk), one split
+launch over both caches and one combine; FlashMLA (``flash_mla``, legacy sm_90 path) needs 64 or 128 heads,
+so its q and sink are padded to 64 heads, as an engine at TP4 would have to.
+
+Cold L2: one pool of ``--pool`` requests (at least 4 C) is built once; level C rotates over ``pool // C`` disjoint
+request sets (different cache pages and indices), all captured in one CUDA graph, so consecutive calls miss
+in L2. Times are µs per call, the median of ``--samples`` samples of many replays, ours and FlashMLA in the
+same run on the same sets. Errors: each output against the fp32 reference, and ours against FlashMLA's.
+
+The JSON (``--out``; default ``$OUT/bench_call_<device>.json`` when ``$OUT`` is set, else
+``docs/data/bench_call_<device>.json``) holds the device, date, command and kernel hash, then per level:
+ours, FlashMLA, their ratio (FlashMLA / ours: above 1 is ours faster) and the errors.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 from kernels import flashmla_compat
 from kernels import timing
+from kernels.config import kernel_source_hash
+from kernels.config import split_grid
+from kernels.decode import device_name
 from kernels.reference import compare
 from kernels.reference import sparse_mla_decode_ref
+from kernels.table import device_slug
+from kernels.table import lookup_config
 from kernels.workload import Workload
 from kernels.workload import make_batch
 
-HEADS, FLASHMLA_HEADS, SETS = 16, 64, 4
+HEADS, FLASHMLA_HEADS, MIN_SETS = 16, 64, 4
 WINDOW = Workload("fp8_model1", HEADS, 128, page_size=64, context=128)
 COMPRESSED = Workload("fp8_model1", HEADS, 512, page_size=64, context=8192)
+LEVELS = "1,2,4,8,16,24,32,40,48,56,64,72,80,88,96"
 
 
 def _args(bt, heads: int) -> tuple[tuple, dict]:
@@ -53,27 +71,76 @@ def _args(bt, heads: int) -> tuple[tuple, dict]:
     return (q, k, None, None, 512), kw
 
 
+def default_out(device: str) -> Path:
+    """``$OUT/bench_call_<device>.json`` when ``$OUT`` is set, else ``docs/data/bench_call_<device>.json``."""
+    name = f"bench_call_{device_slug(device).lower().removeprefix('nvidia_')}.json"
+    return Path(os.environ["OUT"]) / name if os.environ.get("OUT") else Path("docs/data") / name
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(c) for c in text.split(",")]
+    except ValueError:
+        levels = []
+    if not levels or min(levels) < 1:
+        raise SystemExit(f"--concurrency must be a comma list of positive integers, got {text!r}")
+    return levels
+
+
+def _time(step, n_sets: int, samples: int) -> float:
+    sample = timing.sampler(timing.capture(step, n_sets), n_sets, 5.0)
+    return statistics.median(sample()[0] for _ in range(samples))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--concurrency", default="1,2,4,8,16,32,48,64,80,96")
+    ap.add_argument("--concurrency", default=LEVELS)
+    ap.add_argument("--q-tokens", type=int, default=1, help="query tokens per request (2: multi-token prediction)")
+    ap.add_argument("--pool", type=int, default=384, help="requests built once; level C rotates pool // C sets")
     ap.add_argument("--samples", type=int, default=10)
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--no-flashmla", action="store_true", help="skip FlashMLA even when it imports")
+    ap.add_argument("--out", default=None, help="the JSON file (default: see the module docstring)")
     args = ap.parse_args(argv)
+    levels = _levels(args.concurrency)
+    if args.q_tokens < 1 or args.pool < 1 or args.samples < 1:
+        raise SystemExit("--q-tokens, --pool and --samples must be positive integers")
     if not torch.cuda.is_available():
         print("kernels.bench_call needs a CUDA GPU", file=sys.stderr)
         return 2
-    try:
-        import flash_mla
-    except ImportError:
-        flash_mla = None
+    flash_mla = None
+    if not args.no_flashmla:
+        try:
+            import flash_mla
+        except ImportError:
+            flash_mla = None
+    dev = torch.cuda.get_device_name(0)
+    out_path = Path(args.out) if args.out else default_out(dev)
+    env = {
+        "device": dev,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "command": "python -m kernels.bench_call " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        "kernel_hash": kernel_source_hash(),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "flash_mla": getattr(flash_mla, "__version__", "installed") if flash_mla is not None else None,
+        "q_tokens": args.q_tokens,
+        "pool": max(args.pool, MIN_SETS * max(levels)),
+    }
+    print(f"# {json.dumps(env)}", flush=True)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    n_pool = max(args.pool, MIN_SETS * max(levels))  # at least MIN_SETS disjoint sets at every level
+    t0 = time.time()
+    pool = make_batch(WINDOW, n_pool, device="cuda", seed=7, q_tokens=args.q_tokens, extra=COMPRESSED, with_sink=True)
+    torch.cuda.synchronize()
+    print(f"# pool of {n_pool} requests built in {time.time() - t0:.1f} s", flush=True)
     rows = []
-    for C in [int(c) for c in args.concurrency.split(",")]:
-        sets = [
-            make_batch(WINDOW, C, device="cuda", seed=s, q_tokens=1, extra=COMPRESSED, with_sink=True)
-            for s in range(SETS)
-        ]
+    for C in levels:
+        n_sets = n_pool // C
+        sets = [pool.rows(i * C, (i + 1) * C) for i in range(n_sets)]
         ref_out, ref_lse = sparse_mla_decode_ref(*sets[0].args(), **sets[0].kwargs(), sm_scale=512**-0.5)
-        row = {"C": C}
+        cfg = lookup_config(device_name(pool.q.device), "fp8_model1", HEADS, WINDOW.topk, C * args.q_tokens)
+        grid = split_grid(cfg, C * args.q_tokens, HEADS, WINDOW.topk, COMPRESSED.topk)
+        row = {"C": C, "config": str(cfg), "splits": grid.slots, "sets": n_sets}
         meta = flashmla_compat.get_mla_metadata()[0]
         ours = [_args(bt, HEADS) for bt in sets]
 
@@ -82,9 +149,9 @@ def main(argv: list[str] | None = None) -> int:
             return flashmla_compat.flash_mla_with_kvcache(*a, meta, **kw)
 
         out, lse = step_ours(0)
-        row["ours_ok"] = compare(out, lse, ref_out, ref_lse)[0]
-        sample = timing.sampler(timing.capture(step_ours, SETS), SETS, 5.0)
-        row["ours_us"] = statistics.median(sample()[0] for _ in range(args.samples))
+        ok, rel, lse_err, _ = compare(out, lse, ref_out, ref_lse)
+        row |= {"ours_us": _time(step_ours, n_sets, args.samples), "ours_ok": ok, "ours_rel_err": rel}
+        row["ours_lse_err"] = lse_err
         if flash_mla is not None:
             theirs = [_args(bt, FLASHMLA_HEADS) for bt in sets]
             fmeta = flash_mla.get_mla_metadata()[0]
@@ -93,28 +160,25 @@ def main(argv: list[str] | None = None) -> int:
                 a, kw = theirs[i]
                 return flash_mla.flash_mla_with_kvcache(*a, fmeta, **kw, use_legacy=True, kv_format="V4")
 
-            out, lse = step_theirs(0)
-            row["flashmla_ok"] = compare(out[:, :, :HEADS], lse[:, :HEADS], ref_out, ref_lse)[0]
-            sample = timing.sampler(timing.capture(step_theirs, SETS), SETS, 5.0)
-            row["flashmla_us"] = statistics.median(sample()[0] for _ in range(args.samples))
-            row["speedup"] = row["flashmla_us"] / row["ours_us"]
+            t_out, t_lse = step_theirs(0)
+            t_out, t_lse = t_out[:, :, :HEADS], t_lse[:, :HEADS]
+            fok, frel, _, _ = compare(t_out, t_lse, ref_out, ref_lse)
+            vok, vrel, vlse, _ = compare(out, lse, t_out, t_lse)
+            row |= {"flashmla_us": _time(step_theirs, n_sets, args.samples), "flashmla_ok": fok}
+            row |= {"flashmla_rel_err": frel, "ours_vs_flashmla_rel_err": vrel, "ours_vs_flashmla_lse_err": vlse}
+            row |= {"ours_vs_flashmla_ok": vok, "ratio": row["flashmla_us"] / row["ours_us"]}
         rows.append(row)
         print(json.dumps(row), flush=True)
+        out_path.write_text(json.dumps({"env": env, "rows": rows}, indent=1) + "\n")  # every level, as measured
         del sets, ours
         torch.cuda.empty_cache()
-    env = {
-        "device": torch.cuda.get_device_name(0),
-        "torch": torch.__version__,
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "flash_mla": flash_mla is not None,
-    }
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"env": env, "rows": rows}, f, indent=1)
     from tabulate import tabulate
 
-    print(tabulate(rows, headers="keys", floatfmt=".2f"))
-    return 0 if all(r["ours_ok"] and r.get("flashmla_ok", True) for r in rows) else 1
+    cols = ["C", "config", "splits", "ours_us", "flashmla_us", "ratio", "ours_rel_err", "ours_vs_flashmla_rel_err"]
+    print(tabulate([[r.get(c) for c in cols] for r in rows], headers=cols, floatfmt=".3g"))
+    print(f"# written to {out_path}")
+    good = all(r["ours_ok"] and r.get("flashmla_ok", True) and r.get("ours_vs_flashmla_ok", True) for r in rows)
+    return 0 if good else 1
 
 
 if __name__ == "__main__":

@@ -2,9 +2,10 @@
 
 Two kernels:
   ``_split_kernel``   One program takes BLOCK_H heads of one query token and one contiguous slice of its
-                      row (the main cache's top-k list in whole tiles, then the extra cache's), walks it in BLOCK_T-token tiles (gather, dequantize, q.k^T,
-                      online softmax, p.v) and writes bf16 partials and their fp32 lse -- or, when the
-                      whole call is one split of one cache, the final bf16 output (times the sink factor)
+                      row (the main cache's top-k list in whole tiles, then the extra cache's), walks it
+                      in BLOCK_T-token tiles (gather, dequantize, q.k^T, online softmax, p.v) and writes
+                      bf16 partials and their fp32 lse -- or, when the whole call is one split per row,
+                      the final bf16 output (times the sink factor)
                       and lse directly. How the slices are dealt (``BALANCED``, searched per level):
                       0: grid (B * s_q * head_blocks, num_splits), every row cut alike. 1: grid
                       (programs, head_blocks), the batch's tiles cut into equal runs that may cross a
@@ -586,7 +587,8 @@ def _split_kernel(
         i_slot = i_c - (((i_r * row_tiles + 1).to(tl.int64) * n_progs - 1) // n_units).to(tl.int32)
         _attend(
             Out, Lse, OPart, LPart, Q, KV8, KV16, KV32, Idx, TopkLen, Sink, XKV8, XKV16, XKV32, XIdx, XTopkLen,
-            stride_qb, stride_qs, stride_qh, sm_scale, topk, num_tokens, x_topk, x_num_tokens, total_splits, q_tokens, i_r.to(tl.int64), i_hb, i_slot,
+            stride_qb, stride_qs, stride_qh, sm_scale, topk, num_tokens, x_topk, x_num_tokens, total_splits, q_tokens,
+            i_r.to(tl.int64), i_hb, i_slot,
             (u - i_r * row_tiles) * BLOCK_T, (seg_end - i_r * row_tiles) * BLOCK_T,
             H, FORMAT, PAGE_SIZE, BLOCK_H, BLOCK_T, PREFETCH, WORDS, HAS_TOPK_LEN, False, False, DOT_F32,
             NATIVE_FP8, HAS_EXTRA, X_FORMAT, X_PAGE_SIZE, X_HAS_TOPK_LEN,
@@ -599,7 +601,8 @@ def _split_kernel(
         if u_end > row_end:  # the next row's first tiles: this program is that row's slot 0
             _attend(
                 Out, Lse, OPart, LPart, Q, KV8, KV16, KV32, Idx, TopkLen, Sink, XKV8, XKV16, XKV32, XIdx, XTopkLen,
-                stride_qb, stride_qs, stride_qh, sm_scale, topk, num_tokens, x_topk, x_num_tokens, total_splits, q_tokens, i_r.to(tl.int64) + 1, i_hb, 0,
+                stride_qb, stride_qs, stride_qh, sm_scale, topk, num_tokens, x_topk, x_num_tokens, total_splits,
+                q_tokens, i_r.to(tl.int64) + 1, i_hb, 0,
                 0, (u_end - row_end) * BLOCK_T,
                 H, FORMAT, PAGE_SIZE, BLOCK_H, BLOCK_T, PREFETCH, WORDS, HAS_TOPK_LEN, False, False, DOT_F32,
                 NATIVE_FP8, HAS_EXTRA, X_FORMAT, X_PAGE_SIZE, X_HAS_TOPK_LEN,
@@ -611,7 +614,8 @@ def _split_kernel(
         t0 = i_s * tiles_per_split * BLOCK_T
         _attend(
             Out, Lse, OPart, LPart, Q, KV8, KV16, KV32, Idx, TopkLen, Sink, XKV8, XKV16, XKV32, XIdx, XTopkLen,
-            stride_qb, stride_qs, stride_qh, sm_scale, topk, num_tokens, x_topk, x_num_tokens, total_splits, q_tokens, i_bh // head_blocks, i_bh % head_blocks,
+            stride_qb, stride_qs, stride_qh, sm_scale, topk, num_tokens, x_topk, x_num_tokens, total_splits, q_tokens,
+            i_bh // head_blocks, i_bh % head_blocks,
             i_s, t0, t0 + tiles_per_split * BLOCK_T,
             H, FORMAT, PAGE_SIZE, BLOCK_H, BLOCK_T, PREFETCH, WORDS, HAS_TOPK_LEN, HAS_SINK, WRITE_FINAL, DOT_F32,
             NATIVE_FP8, HAS_EXTRA, X_FORMAT, X_PAGE_SIZE, X_HAS_TOPK_LEN,

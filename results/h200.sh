@@ -6,13 +6,18 @@
 #   OUT=out PHASE=search TUNER_DB=sqlite:///fresh.db bash results/h200.sh   # the default strategy at the gridded
 #                                               # levels of V4 and V3.2 (SEARCHES="v4" picks one; docs/data/h200_search),
 #                                               # from a fresh database holding only the feasibility cache of results/h200.db
+#   OUT=out PHASE=call bash results/h200.sh     # the V4 layer call (window + compressed cache + sink, one
+#                                               # split launch) against FlashMLA: its GPU tests, kernels.bench_call at
+#                                               # the 15 levels, the single-cache bench of both formats at the 15 levels
+#                                               # (shipped tables); JSON in $OUT, a short table printed last;
+#                                               # LIMIT defaults to 350 s here
 # Every search resumes what results/h200.db holds, so a phase cut short by LIMIT (seconds, default 540; each
 # search gets SIGINT and stops after its running trial) goes on where it stopped when run again.
 # What each step printed goes to $OUT/NAME.log; the database comes back as $OUT/h200.db.gz.
 set -u
 OUT=${OUT:-results/out}
 DB=${TUNER_DB:-sqlite:///results/h200.db}
-LIMIT=${LIMIT:-540}
+LIMIT=${LIMIT:-$([ "${PHASE:-grids}" = call ] && echo 350 || echo 540)}  # PHASE=call: 350
 mkdir -p "$OUT"
 . "$(dirname "$0")/step.sh"
 deadline=$(( $(date +%s) + LIMIT ))
@@ -42,7 +47,39 @@ con.execute('INSERT OR IGNORE INTO tuner_feasibility SELECT * FROM src.tuner_fea
       v32) search v32_search search_spaces/v32_tp8.yaml 1,8,48,96 ;;
       *) echo "unknown search $g (allowed: v4, v32)"; exit 2 ;;
     esac; done ;;
-  *) echo "unknown PHASE=$PHASE (allowed: grids, search)"; exit 2 ;;
+  call)
+    levels=1,2,4,8,16,24,32,40,48,56,64,72,80,88,96
+    step call_tests 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_flashmla_gpu.py
+    step bench_call $(( $(left) / 2 )) python3 -m kernels.bench_call --concurrency $levels --samples 5 \
+      --out "$OUT/bench_call_h200.json"
+    step bench_single "$(left)" python3 -m kernels.bench --formats fp8_model1,fp8_v32 --configs table \
+      --concurrency $levels --no-ref --samples 5 --out "$OUT/bench_single_h200.json"
+    for f in "$OUT"/call_tests.log "$OUT"/bench_call.log "$OUT"/bench_single.log; do echo "== $f"; tail -5 "$f" | cut -c1-150; done
+    python3 - "$OUT" <<'PY'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+try:
+    rows = json.loads((out / "bench_call_h200.json").read_text())["rows"]
+    print("layer call  C:  " + " ".join(f"{r['C']:>6}" for r in rows))
+    print("ours us       " + " ".join(f"{r['ours_us']:6.1f}" for r in rows))
+    print("FlashMLA us   " + " ".join(f"{r.get('flashmla_us', float('nan')):6.1f}" for r in rows))
+    print("FlashMLA/ours " + " ".join(f"{r.get('ratio', float('nan')):6.2f}" for r in rows))
+    print("ok vs FlashMLA " + "".join("  ok   " if r.get("ours_vs_flashmla_ok") else " FAIL  " for r in rows))
+except (OSError, KeyError, ValueError) as e:
+    print(f"no bench_call table: {e}")
+try:
+    single = json.loads((out / "bench_single_h200.json").read_text())["rows"]
+    for fmt in ("fp8_model1", "fp8_v32"):
+        rs = [r for r in single if r["format"] == fmt]
+        print(f"{fmt} C:   " + " ".join(f"{r['C']:>6}" for r in rs))
+        print("  ours us     " + " ".join(f"{r['us']:6.1f}" for r in rs))
+        print("  % copy      " + " ".join(f"{r['pct_copy']:6.1f}" for r in rs))
+        print("  FlashMLA/us " + " ".join(f"{r['vs_flashmla']:6.2f}" for r in rs))
+except (OSError, KeyError, ValueError) as e:
+    print(f"no single-cache table: {e}")
+PY
+    exit 0 ;;
+  *) echo "unknown PHASE=$PHASE (allowed: grids, search, call)"; exit 2 ;;
 esac
 for f in "$OUT"/*.log; do echo "== $f"; tail -22 "$f" | cut -c1-150; done
 db=${DB#sqlite:///}; gzip -c "$db" > "$OUT/$(basename "$db").gz"

@@ -308,6 +308,7 @@ def test_every_kernel_variant_compiles_for_sm90_and_sm120():
 
 # --- the whole call in one split launch ------------------------------------------------------------------------
 
+
 def _one_launch_batch(fmt, B, device, seed=0, **kw):
     """main: 40 tokens = 3 tiles of 16 (the last one ragged); extra: 40 tokens on 16-token pages = 3 more tiles."""
     main = Workload(fmt, 16, 40, page_size=64, context=200)

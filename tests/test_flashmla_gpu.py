@@ -80,3 +80,68 @@ def test_compat_matches_flashmla(main, extra, hint, flash_mla):
         assert ok, f"{name} vs reference: {reason}"
     ok, rel, lse_err, reason = compare(ours, ours_lse, theirs, theirs_lse)
     assert ok, f"compat vs flash_mla: {reason}"
+
+
+# The V4-Flash layer call at TP4 (16 local heads): the window (topk 128) and the compressed cache (topk 512) in
+# one split launch; FlashMLA gets q and the sink padded to 64 heads, as kernels.bench_call times it.
+LAYER_WINDOW = Workload("fp8_model1", 16, 128, page_size=64, context=128)
+LAYER_COMPRESSED = Workload("fp8_model1", 16, 512, page_size=64, context=8192)
+LAYER_CONFIGS = [
+    None,  # the exported table, as the engine calls it
+    "T16-w4-s1-c1",  # one split over both caches: the split kernel applies the sink, no combine
+    "T32-w4-s1-c512-p1",  # splits that end in the window and go on in the compressed cache
+    "T16-w4-s1-c512-p2",
+    "T32-w4-s1-c256-p3-b1",  # balanced runs across rows and caches
+]
+
+
+@pytest.mark.parametrize("config", LAYER_CONFIGS, ids=lambda c: c or "table")
+@pytest.mark.parametrize("batch, q_tokens", [(1, 1), (8, 2), (96, 1)])
+def test_the_layer_call_in_one_launch_matches_flashmla(config, batch, q_tokens, flash_mla):
+    from kernels import KernelConfig
+    from kernels import sparse_mla_decode
+
+    bt = make_batch(
+        LAYER_WINDOW,
+        batch,
+        device="cuda",
+        seed=batch + q_tokens,
+        invalid_fraction=0.05,
+        q_tokens=q_tokens,
+        extra=LAYER_COMPRESSED,
+        with_sink=True,
+        with_topk_length=True,
+    )
+    bt.indices[0, 0] = -1  # request 0's first token: the compressed cache alone
+    scale = 512**-0.5
+    cfg = None if config is None else KernelConfig.parse(config)
+    ours, ours_lse = sparse_mla_decode(*bt.args(), **bt.kwargs(), sm_scale=scale, config=cfg)
+    pad = H - 16
+    q = torch.cat([bt.q, bt.q.new_zeros(*bt.q.shape[:2], pad, bt.q.shape[3])], dim=2)
+    sink = torch.cat([bt.attn_sink, bt.attn_sink.new_zeros(pad)])
+    theirs, theirs_lse = flash_mla.flash_mla_with_kvcache(
+        q,
+        bt.kv_cache.unsqueeze(2).view(torch.float8_e4m3fn),
+        None,
+        None,
+        512,
+        flash_mla.get_mla_metadata()[0],
+        softmax_scale=scale,
+        is_fp8_kvcache=True,
+        indices=bt.indices,
+        attn_sink=sink,
+        topk_length=bt.topk_length,
+        extra_k_cache=bt.extra_kv_cache.unsqueeze(2).view(torch.float8_e4m3fn),
+        extra_indices_in_kvcache=bt.extra_indices,
+        extra_topk_length=bt.extra_topk_length,
+        use_legacy=True,
+        kv_format="V4",
+    )
+    torch.cuda.synchronize()
+    theirs, theirs_lse = theirs[:, :, :16], theirs_lse[:, :16]
+    assert ours.shape == theirs.shape == (batch, q_tokens, 16, 512)
+    ref_out, ref_lse = sparse_mla_decode_ref(*bt.args(), **bt.kwargs(), sm_scale=scale)
+    ok, _, _, reason = compare(ours, ours_lse, ref_out, ref_lse)
+    assert ok, f"ours vs reference: {reason}"
+    ok, _, _, reason = compare(ours, ours_lse, theirs, theirs_lse)
+    assert ok, f"ours vs flash_mla: {reason}"
