@@ -309,10 +309,11 @@ def test_every_kernel_variant_compiles_for_sm90_and_sm120():
 # --- the whole call in one split launch ------------------------------------------------------------------------
 
 
-def _one_launch_batch(fmt, B, device, seed=0, **kw):
-    """main: 40 tokens = 3 tiles of 16 (the last one ragged); extra: 40 tokens on 16-token pages = 3 more tiles."""
+def _one_launch_batch(fmt, B, device, seed=0, x_page=16, **kw):
+    """main: 40 tokens = 3 tiles of 16 (the last one ragged); extra: 40 tokens = 3 more tiles, on pages of
+    ``x_page`` tokens (16: one loop per cache; 64, the main cache's: one loop over both)."""
     main = Workload(fmt, 16, 40, page_size=64, context=200)
-    extra = Workload(fmt, 16, 40, page_size=16, context=96)
+    extra = Workload(fmt, 16, 40, page_size=x_page, context=96)
     return make_batch(main, B, device=device, seed=seed, invalid_fraction=0.1, extra=extra, **kw)
 
 
@@ -334,6 +335,7 @@ def test_both_caches_are_one_split_launch_and_one_combine(target, monkeypatch, d
     assert splits == {1: 1, 2: 2, 3: 3, 6: 6, 64: 6}[target]  # the row's 6 tiles, both caches, dealt together
 
 
+@pytest.mark.parametrize("x_page", [16, 64])
 @pytest.mark.parametrize("q_tokens", [None, 2])
 @pytest.mark.parametrize(
     "cfg",
@@ -349,9 +351,10 @@ def test_both_caches_are_one_split_launch_and_one_combine(target, monkeypatch, d
     ],
 )
 @pytest.mark.parametrize("fmt", ["fp8_model1", "fp8_v32"])
-def test_one_launch_matches_the_reference(fmt, cfg, q_tokens, device):
+def test_one_launch_matches_the_reference(fmt, cfg, q_tokens, x_page, device):
     """Splits that straddle the two caches, ragged topk_length on each cache, -1 rows, the sink, s_q 1 and 2."""
-    bt = _one_launch_batch(fmt, 3, device, seed=1, q_tokens=q_tokens, with_sink=True, with_topk_length=True)
+    kw = {"q_tokens": q_tokens, "with_sink": True, "with_topk_length": True}
+    bt = _one_launch_batch(fmt, 3, device, seed=1, x_page=x_page, **kw)
     bt.topk_length[:] = torch.tensor([40, 17, 0], dtype=torch.int32)  # ragged; request 2: the extra cache alone
     bt.extra_topk_length[:] = torch.tensor([5, 40, 33], dtype=torch.int32)
     idx, xidx = bt.indices.view(3, -1, 40), bt.extra_indices.view(3, -1, 40)
@@ -361,9 +364,10 @@ def test_one_launch_matches_the_reference(fmt, cfg, q_tokens, device):
     assert torch.isfinite(lse).all()
 
 
+@pytest.mark.parametrize("x_page", [16, 64])
 @pytest.mark.parametrize("cfg", ["T16-w4-s1-c1", "T16-w4-s1-c4", "T16-w4-s1-c7-b1"])
-def test_rows_empty_in_both_caches_are_zero_with_the_sink(cfg, device):
-    bt = _one_launch_batch("fp8_model1", 2, device, q_tokens=2, with_sink=True)
+def test_rows_empty_in_both_caches_are_zero_with_the_sink(cfg, x_page, device):
+    bt = _one_launch_batch("fp8_model1", 2, device, x_page=x_page, q_tokens=2, with_sink=True)
     bt.indices[1, 0] = -1
     bt.extra_indices[1, 0] = -1
     out, lse = _check(bt, KernelConfig.parse(cfg))
