@@ -1,6 +1,7 @@
 """GPU benchmark of the whole DeepSeek-V4-Flash decode attention call against FlashMLA's same call.
 
-    python -m kernels.bench_call [--concurrency 1,2,4,...,96] [--q-tokens 1] [--out FILE.json]
+    python -m kernels.bench_call [--concurrency 1,2,4,...,96] [--q-tokens 1] [--also single-table,T32-...]
+                                 [--out FILE.json]
 
 The call of one V4-Flash layer at TP4 (16 local heads): a sliding-window cache (topk 128 of a 128-token
 window) and the compressed cache (topk 512 of 8192 tokens) in one softmax, with a learned per-head
@@ -14,6 +15,8 @@ Cold L2: one pool of ``--pool`` requests (at least 4 C) is built once; level C r
 request sets (different cache pages and indices), all captured in one CUDA graph, so consecutive calls miss
 in L2. Times are µs per call, the median of ``--samples`` samples of many replays, ours and FlashMLA in the
 same run on the same sets. Errors: each output against the fp32 reference, and ours against FlashMLA's.
+``--also`` times other configs of our call on the same sets (``single-table``: the compressed cache's own
+single-cache table, a candidate for the layer call's rows until the layer space is re-tuned).
 
 The JSON (``--out``; default ``$OUT/bench_call_<device>.json`` when ``$OUT`` is set, else
 ``docs/data/bench_call_<device>.json``) holds the device, date, command and kernel hash, then per level:
@@ -35,9 +38,11 @@ import torch
 
 from kernels import flashmla_compat
 from kernels import timing
+from kernels.config import KernelConfig
 from kernels.config import kernel_source_hash
 from kernels.config import split_grid
 from kernels.decode import device_name
+from kernels.decode import sparse_mla_decode
 from kernels.reference import compare
 from kernels.reference import sparse_mla_decode_ref
 from kernels.table import device_slug
@@ -87,6 +92,12 @@ def _levels(text: str) -> list[int]:
     return levels
 
 
+def _also_config(name: str, rows: int) -> KernelConfig:
+    if name == "single-table":
+        return lookup_config(torch.cuda.get_device_name(0), "fp8_model1", HEADS, COMPRESSED.topk, rows)
+    return KernelConfig.parse(name)
+
+
 def _time(step, n_sets: int, samples: int) -> float:
     sample = timing.sampler(timing.capture(step, n_sets), n_sets, 5.0)
     return statistics.median(sample()[0] for _ in range(samples))
@@ -98,10 +109,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--q-tokens", type=int, default=1, help="query tokens per request (2: multi-token prediction)")
     ap.add_argument("--pool", type=int, default=384, help="requests built once; level C rotates pool // C sets")
     ap.add_argument("--samples", type=int, default=10)
+    ap.add_argument(
+        "--also",
+        default="",
+        help="comma list of other configs to time on the same sets: config keys (T32-w4-s1-c512-p1) or "
+        "single-table (the single-cache table of the compressed cache, topk 512, at the same batch)",
+    )
     ap.add_argument("--no-flashmla", action="store_true", help="skip FlashMLA even when it imports")
     ap.add_argument("--out", default=None, help="the JSON file (default: see the module docstring)")
     args = ap.parse_args(argv)
     levels = _levels(args.concurrency)
+    also = [a for a in args.also.split(",") if a]
+    for name in also:
+        if name != "single-table":
+            try:
+                KernelConfig.parse(name)
+            except ValueError as e:
+                raise SystemExit(f"--also: {e}") from None
     if args.q_tokens < 1 or args.pool < 1 or args.samples < 1:
         raise SystemExit("--q-tokens, --pool and --samples must be positive integers")
     if not torch.cuda.is_available():
@@ -167,6 +191,16 @@ def main(argv: list[str] | None = None) -> int:
             row |= {"flashmla_us": _time(step_theirs, n_sets, args.samples), "flashmla_ok": fok}
             row |= {"flashmla_rel_err": frel, "ours_vs_flashmla_rel_err": vrel, "ours_vs_flashmla_lse_err": vlse}
             row |= {"ours_vs_flashmla_ok": vok, "ratio": row["flashmla_us"] / row["ours_us"]}
+        for name in also:  # other configs of the same call, on the same sets
+            acfg = _also_config(name, C * args.q_tokens)
+            a_out, a_lse = sparse_mla_decode(*sets[0].args(), **sets[0].kwargs(), sm_scale=512**-0.5, config=acfg)
+            a_ok = compare(a_out, a_lse, ref_out, ref_lse)[0]
+
+            def step_also(i, sets=sets, acfg=acfg):
+                return sparse_mla_decode(*sets[i].args(), **sets[i].kwargs(), sm_scale=512**-0.5, config=acfg)
+
+            row.setdefault("also", {})[name] = {"config": str(acfg), "us": _time(step_also, n_sets, args.samples)}
+            row["also"][name]["ok"] = a_ok
         rows.append(row)
         print(json.dumps(row), flush=True)
         out_path.write_text(json.dumps({"env": env, "rows": rows}, indent=1) + "\n")  # every level, as measured
@@ -177,7 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     cols = ["C", "config", "splits", "ours_us", "flashmla_us", "ratio", "ours_rel_err", "ours_vs_flashmla_rel_err"]
     print(tabulate([[r.get(c) for c in cols] for r in rows], headers=cols, floatfmt=".3g"))
     print(f"# written to {out_path}")
+    for name in also:
+        print(f"{name}: " + " ".join(f"C={r['C']} {r['also'][name]['us']:.1f}" for r in rows))
     good = all(r["ours_ok"] and r.get("flashmla_ok", True) and r.get("ours_vs_flashmla_ok", True) for r in rows)
+    good &= all(a["ok"] for r in rows for a in r.get("also", {}).values())
     return 0 if good else 1
 
 

@@ -51,7 +51,7 @@ con.execute('INSERT OR IGNORE INTO tuner_feasibility SELECT * FROM src.tuner_fea
     levels=1,2,4,8,16,24,32,40,48,56,64,72,80,88,96
     step call_tests 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_flashmla_gpu.py
     step bench_call $(( $(left) / 2 )) python3 -m kernels.bench_call --concurrency $levels --samples 5 \
-      --out "$OUT/bench_call_h200.json"
+      --also single-table --out "$OUT/bench_call_h200.json"
     step bench_single "$(left)" python3 -m kernels.bench --formats fp8_model1,fp8_v32 --configs table \
       --concurrency $levels --no-ref --samples 5 --out "$OUT/bench_single_h200.json"
     for f in "$OUT"/call_tests.log "$OUT"/bench_call.log "$OUT"/bench_single.log; do echo "== $f"; tail -5 "$f" | cut -c1-150; done
@@ -60,21 +60,24 @@ import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 try:
     rows = json.loads((out / "bench_call_h200.json").read_text())["rows"]
-    print("layer call  C:  " + " ".join(f"{r['C']:>6}" for r in rows))
+    print("layer call C  " + " ".join(f"{r['C']:>6}" for r in rows))
     print("ours us       " + " ".join(f"{r['ours_us']:6.1f}" for r in rows))
     print("FlashMLA us   " + " ".join(f"{r.get('flashmla_us', float('nan')):6.1f}" for r in rows))
     print("FlashMLA/ours " + " ".join(f"{r.get('ratio', float('nan')):6.2f}" for r in rows))
-    print("ok vs FlashMLA " + "".join("  ok   " if r.get("ours_vs_flashmla_ok") else " FAIL  " for r in rows))
+    also = [r.get("also", {}).get("single-table", {}).get("us", float("nan")) for r in rows]
+    print("512-table us  " + " ".join(f"{u:6.1f}" for u in also))
+    print("FlashMLA/512t " + " ".join(f"{r.get('flashmla_us', float('nan')) / u:6.2f}" for r, u in zip(rows, also)))
+    print("vs FlashMLA   " + " ".join(f"{'ok' if r.get('ours_vs_flashmla_ok') else 'FAIL':>6}" for r in rows))
 except (OSError, KeyError, ValueError) as e:
     print(f"no bench_call table: {e}")
 try:
     single = json.loads((out / "bench_single_h200.json").read_text())["rows"]
     for fmt in ("fp8_model1", "fp8_v32"):
         rs = [r for r in single if r["format"] == fmt]
-        print(f"{fmt} C:   " + " ".join(f"{r['C']:>6}" for r in rs))
+        print(f"{fmt + ' C':<13} " + " ".join(f"{r['C']:>6}" for r in rs))
         print("  ours us     " + " ".join(f"{r['us']:6.1f}" for r in rs))
         print("  % copy      " + " ".join(f"{r['pct_copy']:6.1f}" for r in rs))
-        print("  FlashMLA/us " + " ".join(f"{r['vs_flashmla']:6.2f}" for r in rs))
+        print("  FlashMLA/o  " + " ".join(f"{r['vs_flashmla']:6.2f}" for r in rs))
 except (OSError, KeyError, ValueError) as e:
     print(f"no single-cache table: {e}")
 PY
