@@ -120,7 +120,7 @@ def test_a_whole_call_is_checked_measured_and_recorded(tmp_path):
         "q_tokens": 2,
     }
     rows = dict(con.execute("SELECT config_key, verdict FROM tuner_trials").fetchall())
-    # 2 requests x 2 tokens = 4 rows; main 2 tiles, extra 4 tiles: c1 -> 1+1 splits, c64 -> 2+4
+    # 2 requests x 2 tokens = 4 rows of 2 + 4 tiles (main, extra) in one launch: c1 -> 1 split (no combine), c64 -> 6
     assert rows == {"T16-w4-s1-c1": "ok", "T16-w4-s1-c64": "ok"}
     errs = con.execute("SELECT out_rel_err FROM tuner_trials").fetchall()
     assert all(e is not None and e < 1e-2 for (e,) in errs)  # the gate compared the whole call
