@@ -303,7 +303,7 @@ def _tile_step(
 @triton.jit
 def _vtile(
     i_t,
-    n_main,
+    u_split,
     KV8,
     KV16,
     KV32,
@@ -314,28 +314,30 @@ def _vtile(
     XKV8,
     XKV16,
     XKV32,
-    p_xidx,
-    x_begin,
-    x_end,
+    XIdx,
+    x_off,
+    x_lim,
     x_num_tokens,
     BLOCK_T: tl.constexpr,
     TWO: tl.constexpr,
 ):
     """Tile ``i_t`` of a walk: its token indices, their mask and the cache they point into (KV8, KV16, KV32).
 
-    One cache: tokens ``t_begin + i_t * BLOCK_T`` on. ``TWO`` (two caches of one format and page size in one
-    loop): tiles ``[0, n_main)`` are the main cache's from ``t_begin``, the rest the extra cache's from
-    ``x_begin``; scalar selects pick the list, its end, its size and the cache's base pointers."""
+    Tile ``i_t`` starts at position ``t_begin + i_t * BLOCK_T``. One cache: that is its place in the list at
+    ``p_idx``, valid below ``t_end``. ``TWO`` (two caches of one format and page size in one loop): positions
+    from ``u_split`` on are the extra cache's, whose list entry for position u is ``XIdx[x_off + u]``, valid
+    below ``x_lim``; scalar selects pick the list, its bound, its size and the cache's base pointers (the extra
+    cache's offset and bound are two integers, so that little stays live across the loop)."""
+    t_first = t_begin + i_t * BLOCK_T
     if TWO:
-        in_x = i_t >= n_main
-        p = tl.where(in_x, p_xidx, p_idx)
-        t_first = tl.where(in_x, x_begin + (i_t - n_main) * BLOCK_T, t_begin + i_t * BLOCK_T)
+        in_x = t_first >= u_split
+        p = tl.where(in_x, XIdx + x_off, p_idx)
         b_idx, m_tok = _tile_indices(
-            p, t_first, tl.where(in_x, x_end, t_end), tl.where(in_x, x_num_tokens, num_tokens), BLOCK_T
+            p, t_first, tl.where(in_x, x_lim, t_end), tl.where(in_x, x_num_tokens, num_tokens), BLOCK_T
         )
         return b_idx, m_tok, tl.where(in_x, XKV8, KV8), tl.where(in_x, XKV16, KV16), tl.where(in_x, XKV32, KV32)
     else:
-        b_idx, m_tok = _tile_indices(p_idx, t_begin + i_t * BLOCK_T, t_end, num_tokens, BLOCK_T)
+        b_idx, m_tok = _tile_indices(p_idx, t_first, t_end, num_tokens, BLOCK_T)
         return b_idx, m_tok, KV8, KV16, KV32
 
 
@@ -360,7 +362,8 @@ def _walk(
     XKV8,
     XKV16,
     XKV32,
-    p_xidx,
+    XIdx,
+    x_start,
     x_begin,
     x_end,
     x_num_tokens,
@@ -374,49 +377,53 @@ def _walk(
     TWO: tl.constexpr,
 ):
     """The tile loop over tokens [t_begin, t_end) of one cache's top-k list (at ``p_idx``), then with ``TWO``
-    over [x_begin, x_end) of the extra cache's (same format and page size; see :func:`_vtile`), into the online
-    softmax state (b_m, b_l, b_a0..b_a3): the updated state."""
+    over [x_begin, x_end) of the extra cache's list (at ``XIdx + x_start``; same format and page size; see
+    :func:`_vtile`), into the online softmax state (b_m, b_l, b_a0..b_a3): the updated state."""
     # tiles wholly past t_end (topk_length) are skipped, not masked
-    n_main = tl.maximum(t_end - t_begin + BLOCK_T - 1, 0) // BLOCK_T
-    n_tiles = n_main
+    n_tiles = tl.maximum(t_end - t_begin + BLOCK_T - 1, 0) // BLOCK_T
+    u_split = t_begin + n_tiles * BLOCK_T  # the extra cache's tiles follow at these positions
+    x_off = x_start
+    x_lim = x_end
     if TWO:
         n_tiles += tl.maximum(x_end - x_begin + BLOCK_T - 1, 0) // BLOCK_T
+        x_off = (x_start + x_begin - u_split).to(tl.int32)  # position u is entry x_begin + (u - u_split)
+        x_lim = x_end - x_begin + u_split
     if PREFETCH == 1 or PREFETCH == 3:
         # Tile prefetch: tile i+1's indices and KV bytes are loaded before tile i's math, so the KV latency
         # overlaps the dots, but the gather first waits for the indices just loaded. 3 also loads tile
         # i+2's indices, so no gather waits for its addresses, for the index registers of a third tile
         # (fp8_model1 spills more). A tile past the end is fully masked.
         b_idx, m_next, k8, k16, k32 = _vtile(
-            0, n_main, KV8, KV16, KV32, p_idx, t_begin, t_end, num_tokens,
-            XKV8, XKV16, XKV32, p_xidx, x_begin, x_end, x_num_tokens, BLOCK_T, TWO,
+            0, u_split, KV8, KV16, KV32, p_idx, t_begin, t_end, num_tokens,
+            XKV8, XKV16, XKV32, XIdx, x_off, x_lim, x_num_tokens, BLOCK_T, TWO,
         )  # fmt: skip
         r_q8, r_sc, r_rope = _gather_kv_tile(k8, k16, k32, b_idx, m_next, FORMAT, PAGE_SIZE, WORDS)
         if PREFETCH == 3:
             n_idx, m_after, n8, n16, n32 = _vtile(
-                1, n_main, KV8, KV16, KV32, p_idx, t_begin, t_end, num_tokens,
-                XKV8, XKV16, XKV32, p_xidx, x_begin, x_end, x_num_tokens, BLOCK_T, TWO,
+                1, u_split, KV8, KV16, KV32, p_idx, t_begin, t_end, num_tokens,
+                XKV8, XKV16, XKV32, XIdx, x_off, x_lim, x_num_tokens, BLOCK_T, TWO,
             )  # fmt: skip
     elif PREFETCH == 2:
         # Index prefetch only: one register per token instead of the whole tile; the KV gather's
         # address is ready at the top of the iteration, so one of the two latencies is hidden.
         n_idx, m_next, n8, n16, n32 = _vtile(
-            0, n_main, KV8, KV16, KV32, p_idx, t_begin, t_end, num_tokens,
-            XKV8, XKV16, XKV32, p_xidx, x_begin, x_end, x_num_tokens, BLOCK_T, TWO,
+            0, u_split, KV8, KV16, KV32, p_idx, t_begin, t_end, num_tokens,
+            XKV8, XKV16, XKV32, XIdx, x_off, x_lim, x_num_tokens, BLOCK_T, TWO,
         )  # fmt: skip
     for i_t in range(0, n_tiles):
         if PREFETCH == 2:
             b_idx, m_tok = n_idx, m_next
             c_q8, c_sc, c_rope = _gather_kv_tile(n8, n16, n32, b_idx, m_tok, FORMAT, PAGE_SIZE, WORDS)
             n_idx, m_next, n8, n16, n32 = _vtile(
-                i_t + 1, n_main, KV8, KV16, KV32, p_idx, t_begin, t_end, num_tokens,
-                XKV8, XKV16, XKV32, p_xidx, x_begin, x_end, x_num_tokens, BLOCK_T, TWO,
+                i_t + 1, u_split, KV8, KV16, KV32, p_idx, t_begin, t_end, num_tokens,
+                XKV8, XKV16, XKV32, XIdx, x_off, x_lim, x_num_tokens, BLOCK_T, TWO,
             )  # fmt: skip
         elif PREFETCH == 1:
             m_tok = m_next
             c_q8, c_sc, c_rope = r_q8, r_sc, r_rope
             b_idx, m_next, k8, k16, k32 = _vtile(
-                i_t + 1, n_main, KV8, KV16, KV32, p_idx, t_begin, t_end, num_tokens,
-                XKV8, XKV16, XKV32, p_xidx, x_begin, x_end, x_num_tokens, BLOCK_T, TWO,
+                i_t + 1, u_split, KV8, KV16, KV32, p_idx, t_begin, t_end, num_tokens,
+                XKV8, XKV16, XKV32, XIdx, x_off, x_lim, x_num_tokens, BLOCK_T, TWO,
             )  # fmt: skip
             r_q8, r_sc, r_rope = _gather_kv_tile(k8, k16, k32, b_idx, m_next, FORMAT, PAGE_SIZE, WORDS)
         elif PREFETCH == 3:
@@ -424,13 +431,13 @@ def _walk(
             c_q8, c_sc, c_rope = r_q8, r_sc, r_rope
             r_q8, r_sc, r_rope = _gather_kv_tile(n8, n16, n32, n_idx, m_next, FORMAT, PAGE_SIZE, WORDS)
             n_idx, m_after, n8, n16, n32 = _vtile(
-                i_t + 2, n_main, KV8, KV16, KV32, p_idx, t_begin, t_end, num_tokens,
-                XKV8, XKV16, XKV32, p_xidx, x_begin, x_end, x_num_tokens, BLOCK_T, TWO,
+                i_t + 2, u_split, KV8, KV16, KV32, p_idx, t_begin, t_end, num_tokens,
+                XKV8, XKV16, XKV32, XIdx, x_off, x_lim, x_num_tokens, BLOCK_T, TWO,
             )  # fmt: skip
         else:
             b_idx, m_tok, k8, k16, k32 = _vtile(
-                i_t, n_main, KV8, KV16, KV32, p_idx, t_begin, t_end, num_tokens,
-                XKV8, XKV16, XKV32, p_xidx, x_begin, x_end, x_num_tokens, BLOCK_T, TWO,
+                i_t, u_split, KV8, KV16, KV32, p_idx, t_begin, t_end, num_tokens,
+                XKV8, XKV16, XKV32, XIdx, x_off, x_lim, x_num_tokens, BLOCK_T, TWO,
             )  # fmt: skip
             c_q8, c_sc, c_rope = _gather_kv_tile(k8, k16, k32, b_idx, m_tok, FORMAT, PAGE_SIZE, WORDS)
         b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _tile_step(
@@ -531,28 +538,27 @@ def _attend(
             x_valid = tl.minimum(tl.maximum(tl.load(XTopkLen + i_b), 0), x_topk)
         x_begin = tl.maximum(t_begin - span, 0)
         x_end = tl.minimum(t_stop - span, x_valid)
-        p_xidx = XIdx + i_r * x_topk
         if X_FORMAT == FORMAT and X_PAGE_SIZE == PAGE_SIZE:  # one loop over both (the next tile may be the other's)
             b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _walk(
                 p_q, m_h, qk_scale, b_m, b_l, b_a0, b_a1, b_a2, b_a3, KV8, KV16, KV32, p_idx, t_begin, t_end,
-                num_tokens, XKV8, XKV16, XKV32, p_xidx, x_begin, x_end, x_num_tokens,
+                num_tokens, XKV8, XKV16, XKV32, XIdx, i_r * x_topk, x_begin, x_end, x_num_tokens,
                 FORMAT, PAGE_SIZE, BLOCK_T, PREFETCH, WORDS, DOT_F32, NATIVE_FP8, True,
             )  # fmt: skip
         else:  # one loop per cache, each with its own page size
             b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _walk(
                 p_q, m_h, qk_scale, b_m, b_l, b_a0, b_a1, b_a2, b_a3, KV8, KV16, KV32, p_idx, t_begin, t_end,
-                num_tokens, KV8, KV16, KV32, p_idx, 0, 0, 0,
+                num_tokens, KV8, KV16, KV32, Idx, 0, 0, 0, 0,
                 FORMAT, PAGE_SIZE, BLOCK_T, PREFETCH, WORDS, DOT_F32, NATIVE_FP8, False,
             )  # fmt: skip
             b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _walk(
-                p_q, m_h, qk_scale, b_m, b_l, b_a0, b_a1, b_a2, b_a3, XKV8, XKV16, XKV32, p_xidx, x_begin, x_end,
-                x_num_tokens, XKV8, XKV16, XKV32, p_xidx, 0, 0, 0,
+                p_q, m_h, qk_scale, b_m, b_l, b_a0, b_a1, b_a2, b_a3, XKV8, XKV16, XKV32, XIdx + i_r * x_topk,
+                x_begin, x_end, x_num_tokens, XKV8, XKV16, XKV32, XIdx, 0, 0, 0, 0,
                 X_FORMAT, X_PAGE_SIZE, BLOCK_T, PREFETCH, WORDS, DOT_F32, NATIVE_FP8, False,
             )  # fmt: skip
     else:
         b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _walk(
             p_q, m_h, qk_scale, b_m, b_l, b_a0, b_a1, b_a2, b_a3, KV8, KV16, KV32, p_idx, t_begin, t_end,
-            num_tokens, KV8, KV16, KV32, p_idx, 0, 0, 0,
+            num_tokens, KV8, KV16, KV32, Idx, 0, 0, 0, 0,
             FORMAT, PAGE_SIZE, BLOCK_T, PREFETCH, WORDS, DOT_F32, NATIVE_FP8, False,
         )  # fmt: skip
 
