@@ -26,7 +26,8 @@ Programmatic dependent launch (sm_90+, sm_120 included): both kernels are launch
 wait for the kernel before them (``griddepcontrol.wait``) before reading anything and then let the next
 one launch, so each launch overlaps the tail of the kernel before it.
 
-A call launches the split kernel once for both caches and the combine once; see :func:`sparse_mla_decode`.
+A call launches the split kernel once (over both caches when there is an extra one) and, unless a row is one split,
+the combine once; see :func:`sparse_mla_decode`.
 Partial outputs are bf16, like the final output: at V4 C=96 they halve the split's own traffic
 (about 19 MB written and read back in fp32), while the lse that weights them stays fp32.
 
