@@ -135,7 +135,10 @@ def _dequant(b_u8, b_scale, NATIVE_FP8: tl.constexpr, DOT_F32: tl.constexpr):
 
 
 @triton.jit
-def _gather_kv_tile(KV8, KV16, KV32, b_idx, m_tok, FORMAT: tl.constexpr, PAGE_SIZE: tl.constexpr, WORDS: tl.constexpr):
+def _gather_kv_tile(
+    KV8, KV16, KV32, b_idx, m_tok, FORMAT: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr,
+    WORDS: tl.constexpr,
+):  # fmt: skip
     """Issue the loads of one tile: (e4m3 bytes, their scales as stored, the bf16 rope part).
 
     fp8_model1: bytes [T, 8, 64] (group 7 is not read), ue8m0 exponents [T, 8] (uint8), rope [T, 64],
@@ -153,14 +156,14 @@ def _gather_kv_tile(KV8, KV16, KV32, b_idx, m_tok, FORMAT: tl.constexpr, PAGE_SI
         o_j = tl.arange(0, 64)
         b_page = b_idx // PAGE_SIZE
         b_tok = b_idx % PAGE_SIZE
-        o_data = b_page * (PAGE_SIZE * 584) + b_tok * 576  # [T] bytes
+        o_data = b_page * PAGE_BYTES + b_tok * 576  # [T] bytes
         o_nope = o_data[:, None, None] + o_g[None, :, None] * 64 + o_j[None, None, :]
         m_nope = m_tok[:, None, None] & (o_g[None, :, None] < 7)
         b_q8 = tl.load(KV8 + o_nope, mask=m_nope, other=0)
-        o_scale = b_page * (PAGE_SIZE * 584) + PAGE_SIZE * 576 + b_tok * 8
+        o_scale = b_page * PAGE_BYTES + PAGE_SIZE * 576 + b_tok * 8
         m_scale = m_tok[:, None] & (o_g[None, :] < 7)
         b_sc = tl.load(KV8 + o_scale[:, None] + o_g[None, :], mask=m_scale, other=127)
-        o_rope16 = b_page * (PAGE_SIZE * 292) + b_tok * 288 + 224  # bf16 elements
+        o_rope16 = b_page * (PAGE_BYTES // 2) + b_tok * 288 + 224  # bf16 elements
         b_rope = tl.load(KV16 + o_rope16[:, None] + o_rope[None, :], mask=m_tok[:, None], other=0.0)
     else:
         o_g = tl.arange(0, 4)
@@ -330,6 +333,7 @@ def _attend(
     H: tl.constexpr,
     FORMAT: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
+    PAGE_BYTES: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr,
     PREFETCH: tl.constexpr,
@@ -377,7 +381,7 @@ def _attend(
         # i+2's indices, so no gather waits for its addresses, for the index registers of a third tile
         # (fp8_model1 spills more). A tile past t_end is fully masked.
         b_idx, m_next = _tile_indices(p_idx, t_begin, t_end, num_tokens, BLOCK_T)
-        r_q8, r_sc, r_rope = _gather_kv_tile(KV8, KV16, KV32, b_idx, m_next, FORMAT, PAGE_SIZE, WORDS)
+        r_q8, r_sc, r_rope = _gather_kv_tile(KV8, KV16, KV32, b_idx, m_next, FORMAT, PAGE_SIZE, PAGE_BYTES, WORDS)
         if PREFETCH == 3:
             n_idx, m_after = _tile_indices(p_idx, t_begin + BLOCK_T, t_end, num_tokens, BLOCK_T)
     elif PREFETCH == 2:
@@ -387,21 +391,21 @@ def _attend(
     for i_t in range(0, n_tiles):
         if PREFETCH == 2:
             b_idx, m_tok = n_idx, m_next
-            c_q8, c_sc, c_rope = _gather_kv_tile(KV8, KV16, KV32, b_idx, m_tok, FORMAT, PAGE_SIZE, WORDS)
+            c_q8, c_sc, c_rope = _gather_kv_tile(KV8, KV16, KV32, b_idx, m_tok, FORMAT, PAGE_SIZE, PAGE_BYTES, WORDS)
             n_idx, m_next = _tile_indices(p_idx, t_begin + (i_t + 1) * BLOCK_T, t_end, num_tokens, BLOCK_T)
         elif PREFETCH == 1:
             m_tok = m_next
             c_q8, c_sc, c_rope = r_q8, r_sc, r_rope
             b_idx, m_next = _tile_indices(p_idx, t_begin + (i_t + 1) * BLOCK_T, t_end, num_tokens, BLOCK_T)
-            r_q8, r_sc, r_rope = _gather_kv_tile(KV8, KV16, KV32, b_idx, m_next, FORMAT, PAGE_SIZE, WORDS)
+            r_q8, r_sc, r_rope = _gather_kv_tile(KV8, KV16, KV32, b_idx, m_next, FORMAT, PAGE_SIZE, PAGE_BYTES, WORDS)
         elif PREFETCH == 3:
             m_tok, m_next = m_next, m_after
             c_q8, c_sc, c_rope = r_q8, r_sc, r_rope
-            r_q8, r_sc, r_rope = _gather_kv_tile(KV8, KV16, KV32, n_idx, m_next, FORMAT, PAGE_SIZE, WORDS)
+            r_q8, r_sc, r_rope = _gather_kv_tile(KV8, KV16, KV32, n_idx, m_next, FORMAT, PAGE_SIZE, PAGE_BYTES, WORDS)
             n_idx, m_after = _tile_indices(p_idx, t_begin + (i_t + 2) * BLOCK_T, t_end, num_tokens, BLOCK_T)
         else:
             b_idx, m_tok = _tile_indices(p_idx, t_begin + i_t * BLOCK_T, t_end, num_tokens, BLOCK_T)
-            c_q8, c_sc, c_rope = _gather_kv_tile(KV8, KV16, KV32, b_idx, m_tok, FORMAT, PAGE_SIZE, WORDS)
+            c_q8, c_sc, c_rope = _gather_kv_tile(KV8, KV16, KV32, b_idx, m_tok, FORMAT, PAGE_SIZE, PAGE_BYTES, WORDS)
         b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _tile_step(
             p_q, m_h, c_q8, c_sc, c_rope, m_tok, qk_scale, b_m, b_l, b_a0, b_a1, b_a2, b_a3,
             FORMAT, BLOCK_T, WORDS, DOT_F32, NATIVE_FP8,
@@ -478,6 +482,7 @@ def _split_kernel(
     H: tl.constexpr,
     FORMAT: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
+    PAGE_BYTES: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr,
     PREFETCH: tl.constexpr,
@@ -518,8 +523,8 @@ def _split_kernel(
             Out, Lse, OPart, LPart, Q, KV8, KV16, KV32, Idx, TopkLen, Sink, stride_qb, stride_qs, stride_qh,
             sm_scale, topk, num_tokens, split_base, total_splits, q_tokens, i_r.to(tl.int64), i_hb, i_slot,
             (u - i_r * row_tiles) * BLOCK_T, (seg_end - i_r * row_tiles) * BLOCK_T,
-            H, FORMAT, PAGE_SIZE, BLOCK_H, BLOCK_T, PREFETCH, WORDS, HAS_TOPK_LEN, False, False, DOT_F32,
-            NATIVE_FP8,
+            H, FORMAT, PAGE_SIZE, PAGE_BYTES, BLOCK_H, BLOCK_T, PREFETCH, WORDS, HAS_TOPK_LEN, False, False,
+            DOT_F32, NATIVE_FP8,
         )  # fmt: skip
         if seg_end == row_end:  # the row's last program marks the slots no program of this row uses
             o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -531,8 +536,8 @@ def _split_kernel(
                 Out, Lse, OPart, LPart, Q, KV8, KV16, KV32, Idx, TopkLen, Sink, stride_qb, stride_qs, stride_qh,
                 sm_scale, topk, num_tokens, split_base, total_splits, q_tokens, i_r.to(tl.int64) + 1, i_hb, 0,
                 0, (u_end - row_end) * BLOCK_T,
-                H, FORMAT, PAGE_SIZE, BLOCK_H, BLOCK_T, PREFETCH, WORDS, HAS_TOPK_LEN, False, False, DOT_F32,
-                NATIVE_FP8,
+                H, FORMAT, PAGE_SIZE, PAGE_BYTES, BLOCK_H, BLOCK_T, PREFETCH, WORDS, HAS_TOPK_LEN, False, False,
+                DOT_F32, NATIVE_FP8,
             )  # fmt: skip
     else:  # grid (rows * head_blocks, splits): split i_s of one row takes tiles_per_split tiles
         i_bh = tl.program_id(0).to(tl.int64)
@@ -543,8 +548,8 @@ def _split_kernel(
             Out, Lse, OPart, LPart, Q, KV8, KV16, KV32, Idx, TopkLen, Sink, stride_qb, stride_qs, stride_qh,
             sm_scale, topk, num_tokens, split_base, total_splits, q_tokens, i_bh // head_blocks, i_bh % head_blocks,
             i_s, t0, t0 + tiles_per_split * BLOCK_T,
-            H, FORMAT, PAGE_SIZE, BLOCK_H, BLOCK_T, PREFETCH, WORDS, HAS_TOPK_LEN, HAS_SINK, WRITE_FINAL, DOT_F32,
-            NATIVE_FP8,
+            H, FORMAT, PAGE_SIZE, PAGE_BYTES, BLOCK_H, BLOCK_T, PREFETCH, WORDS, HAS_TOPK_LEN, HAS_SINK, WRITE_FINAL,
+            DOT_F32, NATIVE_FP8,
         )  # fmt: skip
     if USE_PDL and LATE_TRIGGER:  # the next launch (the combine) starts as this program's stores are issued
         gdc_launch_dependents()
@@ -825,6 +830,7 @@ def _plan(
                     "H": H,
                     "FORMAT": FORMAT_IDS[c.fmt.name],
                     "PAGE_SIZE": page_size,
+                    "PAGE_BYTES": c.kv.stride(0),  # fp8_model1: the byte stride between pages (may be padded)
                     "BLOCK_H": block_h,
                     **effective.meta(),
                     "WORDS": kv_words(c.fmt, effective),
