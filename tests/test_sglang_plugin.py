@@ -298,3 +298,36 @@ def test_tuned_shapes_reads_the_names_of_this_devices_tables(tmp_path, monkeypat
     assert (16, 2048) not in shapes and (32, 512) not in shapes
     assert tuned_shapes("NVIDIA H200", "fp8_model1", config_dir=tmp_path) == [(8, 128), (64, 512)]
     assert plugin.largest_batch("NVIDIA H200", 8, 128) == 1
+
+
+def test_export_writes_the_tables_of_named_shapes(tmp_path):
+    import os
+    import shutil
+
+    from db.store import Store
+    from tests.conftest import tuner_in_process as tuner
+
+    db = tmp_path / "h200.db"
+    shutil.copy(os.path.join(os.path.dirname(__file__), "..", "results", "h200.db"), db)
+    url = f"sqlite:///{db}"
+    Store(url, upgrade=True)
+    everything, named = tmp_path / "all", tmp_path / "named"
+    assert tuner("export", "--db", url, "--out", str(everything)).returncode == 0
+    proc = tuner(
+        "export", "--db", url, "--out", str(named), "--shape", "16x512", "--shape", "8x128", "--shape", "64X1152"
+    )
+    assert proc.returncode == 0, proc.stderr
+
+    def name(kv, heads, topk):
+        return f"kv_format={kv},heads={heads},topk={topk},device_name=NVIDIA_H200.json"
+
+    tuned = {(int(p.name.split(",")[1][6:]), int(p.name.split(",")[2][5:])) for p in everything.glob("*fp8_model1*")}
+    for heads, topk in [(16, 512), (8, 128), (64, 1152)]:
+        src = nearest_shape(tuned, heads, topk)
+        got = json.loads((named / name("fp8_model1", heads, topk)).read_text())
+        assert got == json.loads((everything / name("fp8_model1", *src)).read_text())
+        prov = json.loads((named / name("fp8_model1", heads, topk).replace(".json", ".provenance.json")).read_text())
+        assert prov["workload"] == {"kv_format": "fp8_model1", "heads": src[0], "topk": src[1]}  # what was measured
+    assert not (named / name("fp8_model1", 16, 128)).exists()  # only the named shapes
+    bad = tuner("export", "--db", url, "--out", str(tmp_path / "bad"), "--shape", "sixteen")
+    assert bad.returncode == 2 and "HEADSxTOPK" in bad.stderr and bad.stderr.strip().count("\n") == 0

@@ -804,15 +804,26 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
     is_flag=True,
     help="Also record each table written in the database's tuner_exports (without it the database is only read).",
 )
+@click.option(
+    "--shape",
+    "shapes",
+    multiple=True,
+    metavar="HEADSxTOPK",
+    help="engine/sglang: only the table of this shape (repeatable, e.g. --shape 8x128 --shape 64x1152); a shape "
+    "not tuned gets the nearest tuned shape's configs (docs/engines.md).",
+)
 @db_option
 @expected_errors
-def export(out_dir, export_format, backend, record, db_url):
+def export(out_dir, export_format, backend, record, shapes, db_url):
     """Write the kernel's autotune tables: the best ok config per concurrency, per device and workload."""
     from db.store import Store
     from tuner.export import export_tables
+    from tuner.export import parse_shape
     from tuner.export import triton_module
 
     store = Store(db_url, create=False) if record and export_format != "triton" else Store(db_url, readonly=True)
+    if export_format == "triton" and shapes:
+        raise TunerError("--shape applies to the engine and sglang formats, not to --format triton")
     if export_format == "triton":
         text = triton_module(store, backend)
         if out_dir is None:
@@ -826,7 +837,8 @@ def export(out_dir, export_format, backend, record, db_url):
         click.echo(out_dir)
         return
     try:
-        paths = export_tables(store, out_dir, backend, export_format, record=record)
+        named = [parse_shape(x) for x in shapes]
+        paths = export_tables(store, out_dir, backend, export_format, record=record, shapes=named)
     except OSError as e:
         raise TunerError(f"cannot write {e.filename or out_dir}: {e.strerror}") from None
     for path in paths:
