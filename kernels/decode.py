@@ -898,7 +898,8 @@ def sparse_mla_decode(
     Args:
         q: ``[B, H, D_qk]`` bf16 (one query token per request), or ``[B, s_q, H, D_qk]`` (s_q tokens
             per request, e.g. MTP); dims ordered nope then rope (D_qk = 512 for fp8_model1, 576 for fp8_v32).
-        kv_cache: ``[num_pages, page_size, bytes_per_token]`` uint8, contiguous (see ``kernels.kv_format``).
+        kv_cache: ``[num_pages, page_size, bytes_per_token]`` uint8, contiguous, or for fp8_model1 with padded
+            pages (``stride(0) > page_size * 584``, read in place; see ``kernels.kv_format``).
         indices: ``[B, topk]`` int32 (``[B, s_q, topk]`` with a 4-D q): flat token positions
             ``page * page_size + offset``; negative values and values ``>= num_pages * page_size`` are
             masked and never read.

@@ -386,10 +386,9 @@ def _serve(route: _Route, kw: dict, *, warming: bool = False):
     q = kw["q"]
     B, s_q = q.shape[0], q.shape[1]
     rows = B * s_q
-    if not warming and not route.warm:
-        route.warm = True
-        if q.device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
-            warm_up_like(kw)
+    if not warming and not route.warm and q.device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
+        route.warm = True  # a first call under capture warms nothing (the launches would be captured)
+        warm_up_like(kw)
     extra = kw.get("extra_k_cache")
     extra_kw = {}
     if extra is not None:

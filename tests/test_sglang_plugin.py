@@ -331,3 +331,12 @@ def test_export_writes_the_tables_of_named_shapes(tmp_path):
     assert not (named / name("fp8_model1", 16, 128)).exists()  # only the named shapes
     bad = tuner("export", "--db", url, "--out", str(tmp_path / "bad"), "--shape", "sixteen")
     assert bad.returncode == 2 and "HEADSxTOPK" in bad.stderr and bad.stderr.strip().count("\n") == 0
+
+
+def test_warm_up_launches_every_row_count_asked(launches):
+    done = plugin.warm_up(heads=16, topk=16, extra_topk=64, q_tokens=2, batch_sizes=[1, 3], device="cpu")
+    assert [rows for rows, _ in done] == [2, 6]
+    assert all(isinstance(cfg, KernelConfig) for _, cfg in done)
+    assert len(launches["launches"]) >= 2
+    # the caches it warms on are SGLang's padded layout
+    assert all(c is None or c.stride(0) in (plugin.page_bytes(256), plugin.page_bytes(64)) for c in launches["caches"])
