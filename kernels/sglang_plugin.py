@@ -33,11 +33,11 @@ import threading
 
 import torch
 
+from kernels import decode
 from kernels.config import DEFAULT_CONFIG
 from kernels.config import KernelConfig
 from kernels.decode import INTERPRET
 from kernels.decode import device_name
-from kernels.decode import sparse_mla_decode
 from kernels.kv_format import FORMATS
 from kernels.table import candidates
 from kernels.table import fit_config
@@ -282,6 +282,7 @@ class _Route:
 
 _ROUTES: dict[tuple, _Route | str] = {}  # by the call's whole signature
 _CLASSES: dict[tuple, _Route | str] = {}  # by the signature less the batch size
+_SHAPES: dict[tuple, tuple | str | None] = {}  # (device, heads, topk) -> the tuned shape serving it
 _LOCK = threading.RLock()
 _logged: set = set()
 
@@ -312,30 +313,47 @@ def largest_batch(device: str, heads: int, topk: int) -> int:
     return 0
 
 
-def _shape_class(kw: dict) -> _Route | str:
-    """The route of a call that :func:`leave_reason` accepted, shared by every batch size of its shape."""
+def _class_key(kw: dict) -> tuple:
+    """A call's signature less its batch size: the calls of one shape at every batch size share it."""
     q, kc, idx = kw["q"], kw["k_cache"], kw["indices"]
-    _, s_q, H, _ = q.shape
-    topk = idx.shape[-1]
-    extra = kw.get("extra_k_cache")
-    key = (q.device, H, topk, tuple(kc.shape[1:]), kc.stride(0), None if extra is None else extra.stride(0))
-    route = _CLASSES.get(key)
-    if route is not None:
-        return route
-    if q.device.type == "cuda":
-        name = device_name(q.device)
-        shape = nearest_shape(tuned_shapes(name, KV_FORMAT), H, topk)
+    extra, eidx = kw.get("extra_k_cache"), kw.get("extra_indices_in_kvcache")
+    geometry = None if extra is None else (tuple(extra.shape[1:]), extra.stride(0), extra.dtype, eidx.shape[-1])
+    flags = tuple(kw.get(k) is None for k in ("topk_length", "attn_sink", "extra_topk_length"))
+    return (q.device, tuple(q.shape[1:]), tuple(kc.shape[1:]), kc.stride(0), kc.dtype, idx.shape[-1], geometry, flags)
+
+
+def _table_for(device: torch.device, heads: int, topk: int) -> tuple[tuple[int, int], int] | str | None:
+    """The tuned shape whose table serves ``(heads, topk)`` on ``device`` and its largest batch; a reason when the
+    device has no usable table; None on the interpreter without a table (the default config serves)."""
+    key = (device, heads, topk)
+    found = _SHAPES.get(key)
+    if found is None and key not in _SHAPES:
+        name = device_name(device)
+        shape = nearest_shape(tuned_shapes(name, KV_FORMAT), heads, topk)
         if shape is None:
-            route = f"no exported {KV_FORMAT} table for {name}"
+            found = None if device.type == "cpu" else f"no exported {KV_FORMAT} table for {name}"
         else:
             largest = largest_batch(name, *shape)
-            if largest:
-                route = _Route(q.device, H, topk, shape, largest)
-            else:
-                route = f"the table heads={shape[0]}, topk={shape[1]} for {name} has no usable entry"
-    else:  # Triton's interpreter (tests): every legal call, with the default config
-        route = _Route(q.device, H, topk, None, None)
-    _CLASSES[key] = route
+            found = (shape, largest) if largest else f"the table heads={shape[0]}, topk={shape[1]} has no usable entry"
+        _SHAPES[key] = found
+    return found
+
+
+def _shape_class(kw: dict) -> _Route | str:
+    """The route of a call that :func:`leave_reason` accepted, shared by every batch size of its shape."""
+    key = _class_key(kw)
+    route = _CLASSES.get(key)
+    if route is None:
+        q = kw["q"]
+        heads, topk = q.shape[2], kw["indices"].shape[-1]
+        table = _table_for(q.device, heads, topk)
+        if isinstance(table, str):
+            route = table
+        elif table is None:  # Triton's interpreter (tests) without a table: every legal call, the default config
+            route = _Route(q.device, heads, topk, None, None)
+        else:
+            route = _Route(q.device, heads, topk, *table)
+        _CLASSES[key] = route
     return route
 
 
@@ -347,25 +365,35 @@ def _route(key: tuple, kw: dict) -> _Route | str:
         q = kw.get("q")
         route = leave_reason(kw) or _shape_class(kw)
         if isinstance(route, _Route) and not route.serves(q.shape[0] * q.shape[1]):
-            route = f"B * s_q = {q.shape[0] * q.shape[1]} is past the table's largest batch {route.max_rows}"
+            h, k = route.shape
+            route = f"B * s_q above the largest batch ({route.max_rows}) of the table of heads={h}, topk={k}"
+        shape = list(q.shape[1:]) if isinstance(q, torch.Tensor) else type(q).__name__
         if isinstance(route, _Route):
             how = "the default config (interpreter)"
             if route.shape is not None:
-                how = f"the table of heads={route.shape[0]}, topk={route.shape[1]}"
+                how = f"the table of heads={route.shape[0]}, topk={route.shape[1]}, B * s_q up to {route.max_rows}"
             extra = kw.get("extra_k_cache")
             _log_once(
-                ("serve", key),
+                ("serve", _class_key(kw)),
                 logging.INFO,
-                "sparse-MLA plugin serves q %s, k_cache %s (page stride %d B)%s with %s",
-                list(q.shape),
-                list(kw["k_cache"].shape),
+                "sparse-MLA plugin serves q [B, %s], k_cache [..., %s] (page stride %d B)%s with %s",
+                ", ".join(map(str, shape)),
+                ", ".join(map(str, kw["k_cache"].shape[1:])),
                 kw["k_cache"].stride(0),
-                "" if extra is None else f" and extra_k_cache {list(extra.shape)} (page stride {extra.stride(0)} B)",
+                ""
+                if extra is None
+                else f" and extra_k_cache [..., {', '.join(map(str, extra.shape[1:]))}] "
+                f"(page stride {extra.stride(0)} B)",
                 how,
             )
         else:
-            shape = list(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
-            _log_once(("leave", key), logging.INFO, "sparse-MLA plugin leaves q %s to SGLang: %s", shape, route)
+            _log_once(
+                ("leave", str(shape), route),
+                logging.INFO,
+                "sparse-MLA plugin leaves q [B, %s] to SGLang: %s",
+                ", ".join(map(str, shape)) if isinstance(shape, list) else shape,
+                route,
+            )
         _ROUTES[key] = route
         return route
 
@@ -399,7 +427,7 @@ def _serve(route: _Route, kw: dict, *, warming: bool = False):
             "extra_topk_length": _idx(kw.get("extra_topk_length")),
         }
     scale = kw.get("softmax_scale")
-    return sparse_mla_decode(
+    return decode.sparse_mla_decode(
         q,
         _pages(kw["k_cache"]),
         _idx(kw["indices"]),

@@ -51,13 +51,13 @@ def launches(monkeypatch):
     """The kernel launches of the test, and what the kernel was handed as caches."""
     seen = {"launches": [], "caches": []}
     monkeypatch.setattr(decode, "LAUNCH_LISTENERS", [lambda name, cfg, grid: seen["launches"].append(name)])
-    real = plugin.sparse_mla_decode
+    real = decode.sparse_mla_decode
 
     def spy(q, kv_cache, indices, **kw):
         seen["caches"] += [kv_cache, kw.get("extra_kv_cache")]
         return real(q, kv_cache, indices, **kw)
 
-    monkeypatch.setattr(plugin, "sparse_mla_decode", spy)
+    monkeypatch.setattr(decode, "sparse_mla_decode", spy)
     return seen
 
 
@@ -340,3 +340,34 @@ def test_warm_up_launches_every_row_count_asked(launches):
     assert len(launches["launches"]) >= 2
     # the caches it warms on are SGLang's padded layout
     assert all(c is None or c.stride(0) in (plugin.page_bytes(256), plugin.page_bytes(64)) for c in launches["caches"])
+
+
+@pytest.fixture
+def fresh_plugin(monkeypatch):
+    """The plugin's per-shape decisions forgotten (they are cached for the process)."""
+    for name in ("_ROUTES", "_CLASSES", "_SHAPES"):
+        monkeypatch.setattr(plugin, name, {})
+    monkeypatch.setattr(plugin, "_logged", set())
+
+
+def test_a_covered_shape_runs_the_nearest_tables_config_and_larger_batches_go_back(
+    tmp_path, monkeypatch, fresh_plugin, caplog
+):
+    tuned = {"1": {"BLOCK_T": 128, "num_warps": 4, "num_stages": 1, "TARGET_CTAS": 3}}
+    tuned["4"] = {"BLOCK_T": 16, "num_warps": 2, "num_stages": 1, "TARGET_CTAS": 5}
+    table = tmp_path / "kv_format=fp8_model1,heads=16,topk=512,device_name=cpu-interpreter.json"
+    table.write_text(json.dumps(tuned))
+    monkeypatch.setenv("SPARSE_MLA_CONFIG_DIR", str(tmp_path))
+    used = []
+    monkeypatch.setattr(decode, "LAUNCH_LISTENERS", [lambda name, cfg, grid: used.append((name, cfg))])
+    kw, bt = engine_call(heads=8, q_tokens=1, batch=2, topk=64, extra_topk=64)  # no table of its own
+    with caplog.at_level(logging.INFO, logger=plugin.logger.name):
+        out, _ = plugin.sglang_hook(lambda **k: pytest.fail("the original was called"), **kw)
+    want = fit_config(KernelConfig.from_dict(tuned["1"]), 64)  # nearest batch key to 2; tile fitted to 64 tokens
+    assert want.BLOCK_T == 64 and {cfg for _, cfg in used} == {want}
+    ref, _ = sparse_mla_decode_ref(*bt.args(), **bt.kwargs(), sm_scale=SCALE)
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    assert any("heads=16, topk=512" in r.getMessage() for r in caplog.records)
+    used.clear()
+    big, _ = engine_call(heads=8, q_tokens=1, batch=5, topk=64, extra_topk=64)  # 5 rows: past the table's 4
+    assert plugin.sglang_hook(lambda **k: "original", **big) == "original" and not used
