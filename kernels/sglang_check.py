@@ -9,8 +9,9 @@ compressed cache (top-k 512 of 8192 tokens) as ``[pages, 64, 1, 584]`` of pages 
 lengths left out (as SGLang passes them: ``topk_length`` None), and the per-head sink. The original function is a
 stub that fails: every call must be served by the kernel.
 
-Checked against FlashMLA (``flash_mla``, legacy sm_90 path, heads padded to 64, on the same tokens re-paged into
-contiguous 64-token pages, as ``kernels.bench_call`` calls it) and against the fp32 reference. Timed like
+Checked against the fp32 reference (the project's gate, ``kernels.reference.compare``) and against FlashMLA
+(``flash_mla``, legacy sm_90 path, heads padded to 64, on the same tokens re-paged into contiguous 64-token pages, as
+``kernels.bench_call`` calls it): relative error at most twice the gate's, as both are held to it. Timed like
 ``kernels.bench_call`` (CUDA-graph replays over 4 rotating input sets): the hook, and the layer-call benchmark's
 own call (``kernels.flashmla_compat`` on the contiguous caches) at the same C, in the same process; ``ratio`` is
 hook / layer call. The first eager call warms the shape up (every config the table can pick); the check also
@@ -30,6 +31,7 @@ import torch
 from kernels import flashmla_compat
 from kernels import sglang_plugin
 from kernels import timing
+from kernels.reference import OUT_RTOL
 from kernels.reference import compare
 from kernels.reference import sparse_mla_decode_ref
 from kernels.workload import Workload
@@ -165,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             fout = fout[:, :, :HEADS].float()
             rel_f = ((out.float() - fout).norm() / fout.norm().clamp_min(1e-30)).item()
             row["vs_flashmla_rel_err"] = round(rel_f, 5)
-            row["flashmla_ok"] = rel_f <= 1e-2
+            row["flashmla_ok"] = rel_f <= 2 * OUT_RTOL  # each within OUT_RTOL of the fp32 reference
         compiles.armed = True
         sample = timing.sampler(timing.capture(step_hook, SETS), SETS, 5.0)
         compiles.armed = False
