@@ -371,3 +371,18 @@ def test_a_covered_shape_runs_the_nearest_tables_config_and_larger_batches_go_ba
     used.clear()
     big, _ = engine_call(heads=8, q_tokens=1, batch=5, topk=64, extra_topk=64)  # 5 rows: past the table's 4
     assert plugin.sglang_hook(lambda **k: "original", **big) == "original" and not used
+
+
+def test_warm_up_compiles_every_config_the_table_can_pick(tmp_path, monkeypatch, fresh_plugin):
+    tuned = {
+        "1": {"BLOCK_T": 16, "num_warps": 4, "num_stages": 1, "TARGET_CTAS": 2},
+        "4": {"BLOCK_T": 32, "num_warps": 2, "num_stages": 1, "TARGET_CTAS": 8},
+    }
+    name = "kv_format=fp8_model1,heads=16,topk=32,device_name=cpu-interpreter.json"
+    (tmp_path / name).write_text(json.dumps(tuned))
+    monkeypatch.setenv("SPARSE_MLA_CONFIG_DIR", str(tmp_path))
+    used = set()
+    monkeypatch.setattr(decode, "LAUNCH_LISTENERS", [lambda n, cfg, grid: used.add(cfg)])
+    done = plugin.warm_up(heads=16, topk=32, extra_topk=64, q_tokens=2, device="cpu")  # every batch the table serves
+    assert [rows for rows, _ in done] == [2, 4]  # B = 1, 2 with 2 query tokens; B = 3 is past the table's 4 rows
+    assert {cfg for _, cfg in done} == {KernelConfig.from_dict(e) for e in tuned.values()} == used
