@@ -20,6 +20,7 @@ from kernels.config import KernelConfig
 from tuner import __version__
 from tuner.errors import TunerError
 from tuner.output import format_option
+from tuner.output import pct
 from tuner.output import render
 from tuner.output import varying
 
@@ -122,7 +123,7 @@ DB_INT = BoundedInt()
 
 
 def _pct(band) -> str:
-    return "-" if band is None else f"±{band * 100:.1f}%"
+    return pct(band)
 
 
 def _ci(lo, hi, digits: int = 2) -> str:
@@ -161,7 +162,7 @@ def _trials_brief(rows: list[dict]) -> list[dict]:
 def _studies_brief(rows: list[dict]) -> list[dict]:
     return [
         {
-            **{k: r[k] for k in ("space", "workload", "C", "device", "backend")},
+            **{k: r[k] for k in ("space", "workload", "C", *varying(rows, "device", "backend"))},
             "band": _pct(r["noise_band"]),
             "trials": r["trials"],
             "ok": r["ok"],
@@ -228,7 +229,8 @@ def _search_brief(rows: list[dict]) -> list[dict]:
 
 
 def _compare_brief(rows: list[dict]) -> list[dict]:
-    keys = ("space", "workload", *varying(rows, "device"), "C", "A_us", "B_us", "A/B")
+    # two kernels' studies at one level are two rows: the kernel column tells them apart
+    keys = ("space", "workload", *varying(rows, "device"), "C", *varying(rows, "kernel"), "A_us", "B_us", "A/B")
     return [
         {
             **{k: r[k] for k in keys},
@@ -246,10 +248,12 @@ def _calibrate_brief(rows: list[dict]) -> list[dict]:
         mde = next(k for k in r if k.startswith("mde (") and "finalist" not in k)
         out.append(
             {
-                **{k: r[k] for k in ("workload", "C", *varying(rows, "device"), "pairs", "spread", "band")},
-                mde.replace("mde (", "mde (").replace(" rounds)", " r)"): r[mde],
-                "mde (final)": r["mde (finalist rounds)"],
-                "false rate": r["false non-flat rate"],
+                **{k: r[k] for k in ("workload", "C", *varying(rows, "device"), "pairs")},
+                "spread": pct(r["spread"], 2),
+                "band": pct(r["band"], 2),
+                mde.replace(" rounds)", " r)"): pct(r[mde], 2, sign=False),
+                "mde (final)": pct(r["mde (finalist rounds)"], 2, sign=False),
+                "false rate": pct(r["false non-flat rate"], 1, sign=False),
                 "multimodal": r["baseline multimodal"],
             }
         )
@@ -934,7 +938,11 @@ def show(trial_id, fmt, db_url):
 @db_option
 @expected_errors
 def compare(config_a, config_b, space, fmt, db_url):
-    """CONFIG_A against CONFIG_B (e.g. T16-w4-s2-c512 T16-w4-s2-c256) at every concurrency both have."""
+    """CONFIG_A against CONFIG_B (e.g. T16-w4-s2-c512 T16-w4-s2-c256) at every concurrency both have.
+
+    One row per study that measured both: a level measured with several kernels (each kernel source
+    is its own study) has one row per kernel, told apart by the `kernel` column (its source hash).
+    """
     from db import queries
     from db.store import Store
     from tuner import stats
@@ -965,6 +973,8 @@ def compare(config_a, config_b, space, fmt, db_url):
                     "workload": a.workload.name,
                     "device": a.environment.gpu_name,
                     "C": a.concurrency,
+                    "kernel": a.study.kernel.source_hash[:12],
+                    "study": a.study.name,
                     "A_us": round(a.statistic().median_us, 3),
                     "B_us": round(b.statistic().median_us, 3),
                     "A/B": round(r, 4),
@@ -978,7 +988,7 @@ def compare(config_a, config_b, space, fmt, db_url):
         click.echo(f"{unsampled} studies with both left out: their raw rounds were compacted away", err=True)
     if not rows:
         raise TunerError(f"no study in {store.shown_url} has ok results for both {config_a} and {config_b}")
-    rows.sort(key=lambda r: (r["space"], r["workload"], r["device"], r["C"]))
+    rows.sort(key=lambda r: (r["space"], r["workload"], r["device"], r["C"], r["study"]))
     click.echo(render(rows, fmt, _compare_brief))
 
 
