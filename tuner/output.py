@@ -47,8 +47,10 @@ DROP = (  # left out first to last when wrapping is not enough (never a config k
     "ties",
     "reason",
 )
-# spaces a line never breaks at: in "101 376 B", "260 duplicate", "± 1.0 %", "> limit"
-_GLUE = re.compile(r"(?<=\d) (?=\d{3}\b)|(?<=\d) (?=(?:[a-zA-Zµ%]+|GB/s)\b)|(?<=[±<>=]) ")
+# what a line never breaks inside: a number with its digit groups and unit ("101 376 B", "260 duplicate",
+# "75.7 µs"), and a sign with what it signs ("± 1.0 %", "> limit")
+_NUMBER = r"[0-9][0-9.,]*(?: [0-9]{3}\b)*(?: (?:GB/s|[a-zA-Zµ%]+))?"
+_GLUE = re.compile(rf"[±<>=] (?:{_NUMBER}|\S+)|(?<![\w.]){_NUMBER}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # line ends, tabs, terminal escapes: shown, never obeyed
 tabulate_module.MIN_PADDING = 0  # a column as wide as its widest cell or header, no more (GAP apart)
 
@@ -155,8 +157,12 @@ def plain(value) -> str:
     return _CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
 
 
+def _glued(text: str) -> str:
+    return _GLUE.sub(lambda m: m.group(0).replace(" ", "\x00"), text)
+
+
 def _longest_word(text: str) -> int:
-    return max((len(w) for w in _GLUE.sub("\x00", text).split()), default=0)
+    return max((len(w) for w in _glued(text).split()), default=0)
 
 
 def _wrap(text: str, width: int) -> str:
@@ -164,7 +170,7 @@ def _wrap(text: str, width: int) -> str:
     ``width`` stays whole on its own line: never cut)."""
     if len(text) <= width:
         return text
-    lines = textwrap.wrap(_GLUE.sub("\x00", text), width, break_long_words=False, break_on_hyphens=False)
+    lines = textwrap.wrap(_glued(text), width, break_long_words=False, break_on_hyphens=False)
     return "\n".join(lines).replace("\x00", " ") or text
 
 
