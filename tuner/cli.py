@@ -286,13 +286,27 @@ db_option = click.option(
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+COMPLETION = """Shell completion: add the line for your shell to its startup file.
+
+\b
+  bash (~/.bashrc):  eval "$(_TUNER_COMPLETE=bash_source tuner)"
+  zsh  (~/.zshrc):   eval "$(_TUNER_COMPLETE=zsh_source tuner)"
+  fish (~/.config/fish/completions/tuner.fish):  _TUNER_COMPLETE=fish_source tuner | source"""
+
+
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120},
+    epilog=COMPLETION,
+)
 @click.version_option(__version__, prog_name="tuner")
 def cli() -> None:
-    """Autotuner for the sparse-MLA decode kernel (DeepSeek V3.2 / V4 FP8 KV caches)."""
+    """Autotuner for the sparse-MLA decode kernel (DeepSeek V3.2 / V4 FP8 KV caches).
+
+    Every listing takes -f table|json|csv and --db URL; `tuner COMMAND --help` says more.
+    """
 
 
-@cli.command()
+@cli.command(short_help="Which configs of SPACE_FILE fit the target arch, and why not (compiles only).")
 @click.argument("space_file", type=click.Path(dir_okay=False))
 @click.option("--target", default=None, help="Arch whose limits apply (default: the space's `target`).")
 @click.option("--workload", "workload_name", default=None, help="Only this workload of the space.")
@@ -394,7 +408,7 @@ def _backend(requested: str | None) -> str:
     return "cuda" if torch.cuda.is_available() else "interpreter"
 
 
-@cli.command()
+@cli.command(short_help="Tune every workload x concurrency of SPACE_FILE; every sample goes to the database.")
 @click.argument("space_file", type=click.Path(dir_okay=False))
 @click.option(
     "--backend",
@@ -583,18 +597,23 @@ def _check_workers(workers: int | None, backend: str) -> None:
         )
 
 
-@cli.command()
+@cli.command(short_help="Measure the A/A noise: the baseline against itself (spread, band, smallest effect).")
 @click.argument("space_file", type=click.Path(dir_okay=False))
 @click.option("--workload", "workload_name", default=None, help="Only this workload of the space.")
 @click.option("--concurrency", default=None, help="Levels to calibrate, e.g. 1,96 (default: every level).")
 @click.option("--pairs", type=BoundedInt(3, 100_000), default=30, show_default=True, help="Independent capture pairs.")
-@click.option("--backend", type=click.Choice(["cuda", "interpreter"]), default=None)
+@click.option(
+    "--backend",
+    type=click.Choice(["cuda", "interpreter"]),
+    default=None,
+    help="Default: cuda when a GPU is present, else the interpreter.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @format_option
 @db_option
 @expected_errors
 def calibrate(space_file, workload_name, concurrency, pairs, backend, quiet, fmt, db_url):
-    """Measure this GPU's A/A noise: the baseline against itself, independent captures and inputs.
+    """Measure this GPU's A/A noise: SPACE_FILE's baseline against itself, independent captures and inputs.
 
     Prints the spread between captures, the band verdicts use (the larger of the spread and the
     space's min_effect), the smallest effect the configured rounds detect, and how often the current
@@ -686,12 +705,17 @@ def _best_row(t) -> dict:
     return row
 
 
-@cli.command()
+@cli.command(short_help="The best ok config at a concurrency, with its CI, ratio to baseline, verdict and ties.")
 @click.option("--concurrency", type=DB_INT, required=True, help="Batch size (concurrency level).")
-@click.option("--space", default=None)
-@click.option("--workload", default=None)
+@click.option("--space", default=None, help="Only this search space's results (its `name`, e.g. v4_flash_tp4).")
+@click.option("--workload", default=None, help="Only this workload's results (its name in the space, e.g. v4_flash).")
 @click.option("--device", default=None, help="GPU name as stored, e.g. 'NVIDIA H200'.")
-@click.option("--backend", type=click.Choice(["cuda", "interpreter"]), default=None)
+@click.option(
+    "--backend",
+    type=click.Choice(["cuda", "interpreter"]),
+    default=None,
+    help="Only results measured on this backend (default: any).",
+)
 @format_option
 @db_option
 @expected_errors
@@ -731,11 +755,23 @@ def _no_level(store, concurrency: int, **where) -> str:
     )
 
 
-@cli.command()
-@click.option("--concurrency", type=DB_INT, default=None)
-@click.option("--verdict", type=click.Choice([v.value for v in Verdict] + ["all"]), default="all")
-@click.option("--space", default=None)
-@click.option("--sort", type=click.Choice(["id", "median_us", "config"]), default="id")
+@cli.command(short_help="Every trial: config, verdict, reason, median and ratio.")
+@click.option("--concurrency", type=DB_INT, default=None, help="Only this concurrency level (default: every level).")
+@click.option(
+    "--verdict",
+    type=click.Choice([v.value for v in Verdict] + ["all"]),
+    default="all",
+    show_default=True,
+    help="Only trials with this verdict.",
+)
+@click.option("--space", default=None, help="Only this search space's trials (its `name`, e.g. v4_flash_tp4).")
+@click.option(
+    "--sort",
+    type=click.Choice(["id", "median_us", "config"]),
+    default="id",
+    show_default=True,
+    help="Row order: trial id, median (fastest first, unmeasured last) or config parameters.",
+)
 @format_option
 @db_option
 @expected_errors
@@ -785,7 +821,7 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
     click.echo(render(rows, fmt, _trials_brief))
 
 
-@cli.command()
+@cli.command(short_help="Write the kernel's autotune tables: the best ok config per batch size.")
 @click.option(
     "--out",
     "out_dir",
@@ -802,7 +838,12 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
     help="engine: flat JSON tables {batch: config} the kernel reads, with a provenance sidecar; "
     "sglang: the same in a triton_<version>/ folder; triton: an importable list of triton.Config.",
 )
-@click.option("--backend", type=click.Choice(["cuda", "interpreter"]), default=None)
+@click.option(
+    "--backend",
+    type=click.Choice(["cuda", "interpreter"]),
+    default=None,
+    help="Only results measured on this backend (default: any).",
+)
 @click.option(
     "--record",
     is_flag=True,
@@ -849,7 +890,7 @@ def export(out_dir, export_format, backend, record, shapes, db_url):
         click.echo(str(path))
 
 
-@cli.command()
+@cli.command(short_help="The A/B report in Markdown (--plots: PNG plots too).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here (default stdout).")
 @click.option("--plots", "plots_dir", type=click.Path(file_okay=False), default=None, help="Write PNG plots here.")
 @db_option
@@ -879,13 +920,13 @@ def report(output, plots_dir, db_url):
         click.echo(text)
 
 
-@cli.command()
+@cli.command(short_help="Everything about one trial, raw samples included.")
 @click.argument("trial_id", type=DB_INT)
 @format_option
 @db_option
 @expected_errors
 def show(trial_id, fmt, db_url):
-    """Everything about one trial, raw samples included."""
+    """Everything about trial TRIAL_ID (see `tuner trials`), raw samples included."""
     from db.models import TrialModel
     from db.store import Store
 
@@ -930,10 +971,10 @@ def show(trial_id, fmt, db_url):
     click.echo(render(samples, "table", lambda rows: rows))
 
 
-@cli.command()
+@cli.command(short_help="CONFIG_A against CONFIG_B at every concurrency both have (paired ratio, CI, verdict).")
 @click.argument("config_a")
 @click.argument("config_b")
-@click.option("--space", default=None)
+@click.option("--space", default=None, help="Only this search space's studies (its `name`, e.g. v4_flash_tp4).")
 @format_option
 @db_option
 @expected_errors
@@ -999,7 +1040,7 @@ def _parse_config(text: str) -> KernelConfig:
         raise TunerError(str(e)) from None
 
 
-@cli.command()
+@cli.command(short_help="Every study: space, workload, concurrency, device, noise band, trial counts, kernel.")
 @format_option
 @db_option
 @expected_errors
@@ -1040,7 +1081,7 @@ def db() -> None:
     """The results database."""
 
 
-@db.command()
+@db.command(short_help="Migrate an older results database to the current schema; label old Optuna studies.")
 @db_option
 @expected_errors
 def upgrade(db_url):
@@ -1058,7 +1099,7 @@ def _compact_brief(rows: list[dict]) -> list[dict]:
     return [{n: r[k] for n, k in zip(names, keys, strict=True)} for r in rows]
 
 
-@db.command()
+@db.command(short_help="Drop superseded kernels' raw samples and Optuna studies (trials and statistics kept).")
 @click.option(
     "--keep-kernel",
     "keep",
