@@ -204,7 +204,7 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
                 row = summary_row(s, self.study_id, self.plan.spec.name, self.plan.concurrency)
             row["strategy"] = self.strategy.name
             row["stopped"] = stopped or self.study.user_attrs.get("stopped") or "interrupted"
-            bar.close(f"best {row['best']} {us(float(row['median_us']), 2)}" if row["best"] != "-" else "no ok config")
+            bar.close(f"best {row['best']} {us(float(row['median_us']))}" if row["best"] != "-" else "no ok config")
             return row
 
     def _out_of_time(self) -> bool:
