@@ -27,6 +27,7 @@ class _Proc:
         return self.reply
 
 
+MEASUREMENT = {"finalists": 3, "finalist_rounds": 7}
 SPACE = SimpleNamespace(measurement={"trial_timeout_s": 1, "rounds": 5, "finalist_rounds": 5})
 
 
@@ -71,7 +72,7 @@ def test_the_measurement_process_finds_a_warning_inside_a_wrapped_error():
 def test_the_baseline_is_announced_as_the_baseline(cfg, told, want):
     phases = []
     run = SimpleNamespace(
-        plan=SimpleNamespace(space=SimpleNamespace(measurement={"finalists": 3, "finalist_rounds": 7}, baseline=BASELINE)),
+        plan=SimpleNamespace(space=SimpleNamespace(measurement=MEASUREMENT, baseline=BASELINE)),
         progress=SimpleNamespace(lock=threading.Lock(), told_min=told),
         bar=SimpleNamespace(phase=phases.append),
         recorder=SimpleNamespace(finalist=lambda *a: "stat"),
