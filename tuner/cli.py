@@ -1085,12 +1085,19 @@ def db() -> None:
 @db_option
 @expected_errors
 def upgrade(db_url):
-    """Migrate an older results database to the current schema (nothing is dropped)."""
+    """Migrate an older results database to the current schema (nothing is dropped), and give every Optuna
+    study that an older search left without them its metric name and attributes (optuna-dashboard shows
+    every study alike)."""
     from db.store import Store
     from db.store import head_revision
+    from tuner.upgrade import METRIC
+    from tuner.upgrade import label_studies
 
     store = Store(db_url, upgrade=True, create=False)
+    labelled = label_studies(store)
     click.echo(f"{store.shown_url} is at schema {store.revision()} (head {head_revision()})", err=True)
+    if labelled:
+        click.echo(f"labelled {labelled} Optuna studies with their metric name ({METRIC}) and attributes", err=True)
 
 
 def _compact_brief(rows: list[dict]) -> list[dict]:
