@@ -893,20 +893,30 @@ def export(out_dir, export_format, backend, record, shapes, db_url):
 @cli.command(short_help="The A/B report in Markdown (--plots: PNG plots too).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here (default stdout).")
 @click.option("--plots", "plots_dir", type=click.Path(file_okay=False), default=None, help="Write PNG plots here.")
+@click.option(
+    "--bench",
+    "bench_files",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="A same-run benchmark of ours against FlashMLA (JSON of python -m kernels.bench or kernels.bench_call; "
+    "repeatable): the median plot of its device and call shows FlashMLA from it.",
+)
 @db_option
 @expected_errors
-def report(output, plots_dir, db_url):
+def report(output, plots_dir, bench_files, db_url):
     """The A/B report: noise band, best per concurrency, each lever's effect, dead ends, infeasible configs."""
     import os.path
 
     from db.store import Store
+    from tuner.report import load_bench
     from tuner.report import render_report
 
     prefix = ""
     if plots_dir and output:
         prefix = os.path.relpath(plots_dir, os.path.dirname(os.path.abspath(output)) or ".") + "/"
     try:
-        text = render_report(Store(db_url, readonly=True), plots_dir, prefix)
+        benches = tuple(load_bench(f) for f in bench_files)
+        text = render_report(Store(db_url, readonly=True), plots_dir, prefix, benches)
     except OSError as e:
         raise TunerError(f"cannot write {e.filename or plots_dir}: {e.strerror}") from None
     if output:
