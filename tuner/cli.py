@@ -131,8 +131,9 @@ def _ci(lo, hi, digits: int = 2) -> str:
 
 
 def _ties(text: str) -> str:
+    """Every config tied with the best, whole (the column wraps between keys)."""
     keys = (text or "").split()
-    return "-" if not keys else f"{len(keys)}: {keys[0]}" + (" …" if len(keys) > 1 else "")
+    return "-" if not keys else " ".join(keys)
 
 
 def _best_brief(rows: list[dict]) -> list[dict]:

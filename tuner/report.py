@@ -29,6 +29,8 @@ from kernels.config import PARAM_NAMES
 from kernels.config import KernelConfig
 from kernels.workload import Workload
 from tuner.errors import TunerError
+from tuner.output import gbps
+from tuner.output import pct
 
 NOT_MEASURED = "not measured"
 # what gives a character meaning inside a line of Markdown text or a table: always these; `_` only at a
@@ -246,7 +248,7 @@ def _header(trials, device, backend, base_key) -> list[str]:
         f"context {w.context}{_call_text(w.workload())}.",
         f"- Environment: {md(env.gpu_name)}, compute capability {md(env.compute_capability)}, {env.sm_count} SMs, "
         f"driver {md(env.driver)}, CUDA {md(env.cuda)}, torch {md(env.torch)}, triton {md(env.triton)}, "
-        f"host {md_code(env.host)}" + (f", copy bandwidth {env.copy_gbps:.0f} GB/s." if env.copy_gbps else "."),
+        f"host {md_code(env.host)}" + (f", copy bandwidth {gbps(env.copy_gbps)}." if env.copy_gbps else "."),
         f"- Target arch (feasibility): {md(target)}. Kernel source hash {', '.join(md_code(h) for h in hashes)}"
         + (" (the newest measured at each level)" if len(hashes) > 1 else "")
         + f"; baseline {md_code(base_key)}.",
@@ -311,16 +313,14 @@ def _summary(last: TrialModel, by_c, levels) -> tuple[list[str], list[_Level]]:
             cells = [
                 md_code(b.config_key),
                 f"{st.median_us:.2f}",
-                f"{lv.share * 100:.1f} %" if lv.share is not None else "-",
+                pct(lv.share, sign=False),
                 f"{st.ratio:.3f} [{st.ratio_ci_low:.3f}, {st.ratio_ci_high:.3f}]",
                 st.classification,
             ]
         else:
             cells = ["-"] * 5
         series.append(lv)
-        out.append(
-            f"| {c} | ±{(band or 0) * 100:.2f} % | " + " | ".join(cells) + " | " + " | ".join(map(str, tally)) + " |"
-        )
+        out.append(f"| {c} | {pct(band or 0, 2)} | " + " | ".join(cells) + " | " + " | ".join(map(str, tally)) + " |")
     out.append("")
     return out, series
 
@@ -506,7 +506,7 @@ def _plots(plots_dir: Path, prefix, stem, title, series: list[_Level], base_key,
     plots_dir.mkdir(parents=True, exist_ok=True)
     xs = list(range(len(series)))
     labels = [
-        None if lv.best is None else lv.best.config_key + ("" if lv.share is None else f"  {lv.share * 100:.1f} %")
+        None if lv.best is None else lv.best.config_key + ("" if lv.share is None else f"  {pct(lv.share, sign=False)}")
         for lv in series
     ]
     # upright 7 pt monospace: about 0.06 in per character, plus a margin
