@@ -136,7 +136,10 @@ def _dequant(b_u8, b_scale, NATIVE_FP8: tl.constexpr, DOT_F32: tl.constexpr):
 
 
 @triton.jit
-def _gather_kv_tile(KV8, KV16, KV32, b_idx, m_tok, FORMAT: tl.constexpr, PAGE_SIZE: tl.constexpr, WORDS: tl.constexpr):
+def _gather_kv_tile(
+    KV8, KV16, KV32, b_idx, m_tok, FORMAT: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr,
+    WORDS: tl.constexpr,
+):  # fmt: skip
     """Issue the loads of one tile: (e4m3 bytes, their scales as stored, the bf16 rope part).
 
     fp8_model1: bytes [T, 8, 64] (group 7 is not read), ue8m0 exponents [T, 8] (uint8), rope [T, 64],
@@ -154,14 +157,14 @@ def _gather_kv_tile(KV8, KV16, KV32, b_idx, m_tok, FORMAT: tl.constexpr, PAGE_SI
         o_j = tl.arange(0, 64)
         b_page = b_idx // PAGE_SIZE
         b_tok = b_idx % PAGE_SIZE
-        o_data = b_page * (PAGE_SIZE * 584) + b_tok * 576  # [T] bytes
+        o_data = b_page * PAGE_BYTES + b_tok * 576  # [T] bytes
         o_nope = o_data[:, None, None] + o_g[None, :, None] * 64 + o_j[None, None, :]
         m_nope = m_tok[:, None, None] & (o_g[None, :, None] < 7)
         b_q8 = tl.load(KV8 + o_nope, mask=m_nope, other=0)
-        o_scale = b_page * (PAGE_SIZE * 584) + PAGE_SIZE * 576 + b_tok * 8
+        o_scale = b_page * PAGE_BYTES + PAGE_SIZE * 576 + b_tok * 8
         m_scale = m_tok[:, None] & (o_g[None, :] < 7)
         b_sc = tl.load(KV8 + o_scale[:, None] + o_g[None, :], mask=m_scale, other=127)
-        o_rope16 = b_page * (PAGE_SIZE * 292) + b_tok * 288 + 224  # bf16 elements
+        o_rope16 = b_page * (PAGE_BYTES // 2) + b_tok * 288 + 224  # bf16 elements
         b_rope = tl.load(KV16 + o_rope16[:, None] + o_rope[None, :], mask=m_tok[:, None], other=0.0)
     else:
         o_g = tl.arange(0, 4)
@@ -370,6 +373,7 @@ def _walk(
     x_num_tokens,
     FORMAT: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
+    PAGE_BYTES: tl.constexpr,
     BLOCK_T: tl.constexpr,
     PREFETCH: tl.constexpr,
     WORDS: tl.constexpr,
@@ -398,7 +402,7 @@ def _walk(
             0, u_split, KV8, KV16, KV32, p_idx, t_begin, t_end, num_tokens,
             XKV8, XKV16, XKV32, XIdx, x_off, x_lim, x_num_tokens, BLOCK_T, TWO,
         )  # fmt: skip
-        r_q8, r_sc, r_rope = _gather_kv_tile(k8, k16, k32, b_idx, m_next, FORMAT, PAGE_SIZE, WORDS)
+        r_q8, r_sc, r_rope = _gather_kv_tile(k8, k16, k32, b_idx, m_next, FORMAT, PAGE_SIZE, PAGE_BYTES, WORDS)
         if PREFETCH == 3:
             n_idx, m_after, n8, n16, n32 = _vtile(
                 1, u_split, KV8, KV16, KV32, p_idx, t_begin, t_end, num_tokens,
@@ -414,7 +418,7 @@ def _walk(
     for i_t in range(0, n_tiles):
         if PREFETCH == 2:
             b_idx, m_tok = n_idx, m_next
-            c_q8, c_sc, c_rope = _gather_kv_tile(n8, n16, n32, b_idx, m_tok, FORMAT, PAGE_SIZE, WORDS)
+            c_q8, c_sc, c_rope = _gather_kv_tile(n8, n16, n32, b_idx, m_tok, FORMAT, PAGE_SIZE, PAGE_BYTES, WORDS)
             n_idx, m_next, n8, n16, n32 = _vtile(
                 i_t + 1, u_split, KV8, KV16, KV32, p_idx, t_begin, t_end, num_tokens,
                 XKV8, XKV16, XKV32, XIdx, x_off, x_lim, x_num_tokens, BLOCK_T, TWO,
@@ -426,11 +430,11 @@ def _walk(
                 i_t + 1, u_split, KV8, KV16, KV32, p_idx, t_begin, t_end, num_tokens,
                 XKV8, XKV16, XKV32, XIdx, x_off, x_lim, x_num_tokens, BLOCK_T, TWO,
             )  # fmt: skip
-            r_q8, r_sc, r_rope = _gather_kv_tile(k8, k16, k32, b_idx, m_next, FORMAT, PAGE_SIZE, WORDS)
+            r_q8, r_sc, r_rope = _gather_kv_tile(k8, k16, k32, b_idx, m_next, FORMAT, PAGE_SIZE, PAGE_BYTES, WORDS)
         elif PREFETCH == 3:
             m_tok, m_next = m_next, m_after
             c_q8, c_sc, c_rope = r_q8, r_sc, r_rope
-            r_q8, r_sc, r_rope = _gather_kv_tile(n8, n16, n32, n_idx, m_next, FORMAT, PAGE_SIZE, WORDS)
+            r_q8, r_sc, r_rope = _gather_kv_tile(n8, n16, n32, n_idx, m_next, FORMAT, PAGE_SIZE, PAGE_BYTES, WORDS)
             n_idx, m_after, n8, n16, n32 = _vtile(
                 i_t + 2, u_split, KV8, KV16, KV32, p_idx, t_begin, t_end, num_tokens,
                 XKV8, XKV16, XKV32, XIdx, x_off, x_lim, x_num_tokens, BLOCK_T, TWO,
@@ -440,7 +444,7 @@ def _walk(
                 i_t, u_split, KV8, KV16, KV32, p_idx, t_begin, t_end, num_tokens,
                 XKV8, XKV16, XKV32, XIdx, x_off, x_lim, x_num_tokens, BLOCK_T, TWO,
             )  # fmt: skip
-            c_q8, c_sc, c_rope = _gather_kv_tile(k8, k16, k32, b_idx, m_tok, FORMAT, PAGE_SIZE, WORDS)
+            c_q8, c_sc, c_rope = _gather_kv_tile(k8, k16, k32, b_idx, m_tok, FORMAT, PAGE_SIZE, PAGE_BYTES, WORDS)
         b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _tile_step(
             p_q, m_h, c_q8, c_sc, c_rope, m_tok, qk_scale, b_m, b_l, b_a0, b_a1, b_a2, b_a3,
             FORMAT, BLOCK_T, WORDS, DOT_F32, NATIVE_FP8,
@@ -484,6 +488,7 @@ def _attend(
     H: tl.constexpr,
     FORMAT: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
+    PAGE_BYTES: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr,
     PREFETCH: tl.constexpr,
@@ -496,6 +501,7 @@ def _attend(
     HAS_EXTRA: tl.constexpr,
     X_FORMAT: tl.constexpr,
     X_PAGE_SIZE: tl.constexpr,
+    X_PAGE_BYTES: tl.constexpr,
     X_HAS_TOPK_LEN: tl.constexpr,
 ):
     """BLOCK_H heads of query row ``i_r`` over tokens [t_begin, t_stop) of its row, then the final output
@@ -539,28 +545,28 @@ def _attend(
             x_valid = tl.minimum(tl.maximum(tl.load(XTopkLen + i_b), 0), x_topk)
         x_begin = tl.maximum(t_begin - span, 0)
         x_end = tl.minimum(t_stop - span, x_valid)
-        if X_FORMAT == FORMAT and X_PAGE_SIZE == PAGE_SIZE:  # one loop over both (the next tile may be the other's)
+        if X_FORMAT == FORMAT and X_PAGE_SIZE == PAGE_SIZE and X_PAGE_BYTES == PAGE_BYTES:  # one loop over both
             b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _walk(
                 p_q, m_h, qk_scale, b_m, b_l, b_a0, b_a1, b_a2, b_a3, KV8, KV16, KV32, p_idx, t_begin, t_end,
                 num_tokens, XKV8, XKV16, XKV32, XIdx, i_r * x_topk, x_begin, x_end, x_num_tokens,
-                FORMAT, PAGE_SIZE, BLOCK_T, PREFETCH, WORDS, DOT_F32, NATIVE_FP8, True,
+                FORMAT, PAGE_SIZE, PAGE_BYTES, BLOCK_T, PREFETCH, WORDS, DOT_F32, NATIVE_FP8, True,
             )  # fmt: skip
         else:  # one loop per cache, each with its own page size
             b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _walk(
                 p_q, m_h, qk_scale, b_m, b_l, b_a0, b_a1, b_a2, b_a3, KV8, KV16, KV32, p_idx, t_begin, t_end,
                 num_tokens, KV8, KV16, KV32, Idx, 0, 0, 0, 0,
-                FORMAT, PAGE_SIZE, BLOCK_T, PREFETCH, WORDS, DOT_F32, NATIVE_FP8, False,
+                FORMAT, PAGE_SIZE, PAGE_BYTES, BLOCK_T, PREFETCH, WORDS, DOT_F32, NATIVE_FP8, False,
             )  # fmt: skip
             b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _walk(
                 p_q, m_h, qk_scale, b_m, b_l, b_a0, b_a1, b_a2, b_a3, XKV8, XKV16, XKV32, XIdx + i_r * x_topk,
                 x_begin, x_end, x_num_tokens, XKV8, XKV16, XKV32, XIdx, 0, 0, 0, 0,
-                X_FORMAT, X_PAGE_SIZE, BLOCK_T, PREFETCH, WORDS, DOT_F32, NATIVE_FP8, False,
+                X_FORMAT, X_PAGE_SIZE, X_PAGE_BYTES, BLOCK_T, PREFETCH, WORDS, DOT_F32, NATIVE_FP8, False,
             )  # fmt: skip
     else:
         b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _walk(
             p_q, m_h, qk_scale, b_m, b_l, b_a0, b_a1, b_a2, b_a3, KV8, KV16, KV32, p_idx, t_begin, t_end,
             num_tokens, KV8, KV16, KV32, Idx, 0, 0, 0, 0,
-            FORMAT, PAGE_SIZE, BLOCK_T, PREFETCH, WORDS, DOT_F32, NATIVE_FP8, False,
+            FORMAT, PAGE_SIZE, PAGE_BYTES, BLOCK_T, PREFETCH, WORDS, DOT_F32, NATIVE_FP8, False,
         )  # fmt: skip
 
     if WORDS:  # dims 4m + 2a + b <- slice 2a + b: one interleave per program, outside the tile loop
@@ -641,6 +647,7 @@ def _split_kernel(
     H: tl.constexpr,
     FORMAT: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
+    PAGE_BYTES: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr,
     PREFETCH: tl.constexpr,
@@ -656,6 +663,7 @@ def _split_kernel(
     HAS_EXTRA: tl.constexpr,
     X_FORMAT: tl.constexpr,
     X_PAGE_SIZE: tl.constexpr,
+    X_PAGE_BYTES: tl.constexpr,
     X_HAS_TOPK_LEN: tl.constexpr,
 ):
     if USE_PDL:  # programmatic dependent launch: wait for the kernel before, then let the next one start
@@ -688,8 +696,8 @@ def _split_kernel(
             stride_qb, stride_qs, stride_qh, sm_scale, topk, num_tokens, x_topk, x_num_tokens, total_splits, q_tokens,
             i_r.to(tl.int64), i_hb, i_slot,
             (u - i_r * row_tiles) * BLOCK_T, (seg_end - i_r * row_tiles) * BLOCK_T,
-            H, FORMAT, PAGE_SIZE, BLOCK_H, BLOCK_T, PREFETCH, WORDS, HAS_TOPK_LEN, False, False, DOT_F32,
-            NATIVE_FP8, HAS_EXTRA, X_FORMAT, X_PAGE_SIZE, X_HAS_TOPK_LEN,
+            H, FORMAT, PAGE_SIZE, PAGE_BYTES, BLOCK_H, BLOCK_T, PREFETCH, WORDS, HAS_TOPK_LEN, False, False, DOT_F32,
+            NATIVE_FP8, HAS_EXTRA, X_FORMAT, X_PAGE_SIZE, X_PAGE_BYTES, X_HAS_TOPK_LEN,
         )  # fmt: skip
         if seg_end == row_end:  # the row's last program marks the slots no program of this row uses
             o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -702,8 +710,8 @@ def _split_kernel(
                 stride_qb, stride_qs, stride_qh, sm_scale, topk, num_tokens, x_topk, x_num_tokens, total_splits,
                 q_tokens, i_r.to(tl.int64) + 1, i_hb, 0,
                 0, (u_end - row_end) * BLOCK_T,
-                H, FORMAT, PAGE_SIZE, BLOCK_H, BLOCK_T, PREFETCH, WORDS, HAS_TOPK_LEN, False, False, DOT_F32,
-                NATIVE_FP8, HAS_EXTRA, X_FORMAT, X_PAGE_SIZE, X_HAS_TOPK_LEN,
+                H, FORMAT, PAGE_SIZE, PAGE_BYTES, BLOCK_H, BLOCK_T, PREFETCH, WORDS, HAS_TOPK_LEN, False, False,
+                DOT_F32, NATIVE_FP8, HAS_EXTRA, X_FORMAT, X_PAGE_SIZE, X_PAGE_BYTES, X_HAS_TOPK_LEN,
             )  # fmt: skip
     else:  # grid (rows * head_blocks, splits): split i_s of one row takes tiles_per_split tiles
         i_bh = tl.program_id(0).to(tl.int64)
@@ -715,8 +723,8 @@ def _split_kernel(
             stride_qb, stride_qs, stride_qh, sm_scale, topk, num_tokens, x_topk, x_num_tokens, total_splits, q_tokens,
             i_bh // head_blocks, i_bh % head_blocks,
             i_s, t0, t0 + tiles_per_split * BLOCK_T,
-            H, FORMAT, PAGE_SIZE, BLOCK_H, BLOCK_T, PREFETCH, WORDS, HAS_TOPK_LEN, HAS_SINK, WRITE_FINAL, DOT_F32,
-            NATIVE_FP8, HAS_EXTRA, X_FORMAT, X_PAGE_SIZE, X_HAS_TOPK_LEN,
+            H, FORMAT, PAGE_SIZE, PAGE_BYTES, BLOCK_H, BLOCK_T, PREFETCH, WORDS, HAS_TOPK_LEN, HAS_SINK, WRITE_FINAL,
+            DOT_F32, NATIVE_FP8, HAS_EXTRA, X_FORMAT, X_PAGE_SIZE, X_PAGE_BYTES, X_HAS_TOPK_LEN,
         )  # fmt: skip
     if USE_PDL and LATE_TRIGGER:  # the next launch (the combine) starts as this program's stores are issued
         gdc_launch_dependents()
@@ -1008,6 +1016,7 @@ def _plan(
                 "H": H,
                 "FORMAT": FORMAT_IDS[main.fmt.name],
                 "PAGE_SIZE": page_size,
+                "PAGE_BYTES": main.kv.stride(0),  # fp8_model1: the byte stride between pages (may be padded)
                 "BLOCK_H": block_h,
                 **effective.meta(),
                 "WORDS": kv_words(main.fmt, effective),
@@ -1023,6 +1032,7 @@ def _plan(
                 # the single-cache kernel's values, so that its binary stays one per config and format
                 "X_FORMAT": FORMAT_IDS[xc.fmt.name],
                 "X_PAGE_SIZE": x_page_size if extra is not None else page_size,
+                "X_PAGE_BYTES": xc.kv.stride(0),
                 "X_HAS_TOPK_LEN": extra is not None and extra.topk_length is not None,
             },
             {**config.options(), **pdl_option},
@@ -1079,7 +1089,8 @@ def sparse_mla_decode(
     Args:
         q: ``[B, H, D_qk]`` bf16 (one query token per request), or ``[B, s_q, H, D_qk]`` (s_q tokens
             per request, e.g. MTP); dims ordered nope then rope (D_qk = 512 for fp8_model1, 576 for fp8_v32).
-        kv_cache: ``[num_pages, page_size, bytes_per_token]`` uint8, contiguous (see ``kernels.kv_format``).
+        kv_cache: ``[num_pages, page_size, bytes_per_token]`` uint8, contiguous, or for fp8_model1 with padded
+            pages (``stride(0) > page_size * 584``, read in place; see ``kernels.kv_format``).
         indices: ``[B, topk]`` int32 (``[B, s_q, topk]`` with a 4-D q): flat token positions
             ``page * page_size + offset``; negative values and values ``>= num_pages * page_size`` are
             masked and never read.

@@ -1,6 +1,8 @@
 """Byte-exact FP8 KV-cache formats of DeepSeek's sparse MLA, as FlashMLA's tests quantize them.
 
-A cache is a ``[num_pages, page_size, bytes_per_token]`` uint8 tensor, contiguous, no padding.
+A cache is a ``[num_pages, page_size, bytes_per_token]`` uint8 tensor, contiguous; an ``fp8_model1`` cache may
+also have padded pages (``stride(0) > page_size * 584``, as SGLang allocates them: ``ceil(page_size * 584 / 576) *
+576`` bytes), which the kernel reads in place.
 
 ``fp8_model1`` (DeepSeek-V4, 584 B/token, D_qk = D_v = 512, V includes the rope part).
     Inside one page (``page_size * 584`` bytes) every token's 576 data bytes come first:
@@ -125,5 +127,19 @@ def check_cache(kv_cache: torch.Tensor, fmt: KVFormat) -> None:
             f"kv_cache must be a [num_pages, page_size, {fmt.bytes_per_token}] uint8 tensor for {fmt.name}, "
             f"got {list(kv_cache.shape)} {kv_cache.dtype}"
         )
-    if not kv_cache.is_contiguous():
-        raise ValueError("kv_cache must be contiguous")
+    if kv_cache.is_contiguous():
+        return
+    num_pages, page_size, bpt = kv_cache.shape
+    page_bytes = kv_cache.stride(0)
+    padded = (
+        fmt.name == "fp8_model1"
+        and kv_cache.stride()[1:] == (bpt, 1)
+        and page_bytes >= page_size * bpt
+        and page_bytes % 4 == 0
+    )
+    if not padded:
+        raise ValueError(
+            f"kv_cache must be contiguous, or for fp8_model1 pages of [page_size, {fmt.bytes_per_token}] bytes "
+            f"with a page stride of at least page_size * {fmt.bytes_per_token} bytes and a multiple of 4; "
+            f"got strides {list(kv_cache.stride())}"
+        )

@@ -438,3 +438,77 @@ def _warn_once(key: tuple, message: str) -> None:
         return
     _warned.add(key)
     warnings.warn(message, TableWarning, stacklevel=4)
+
+
+# --- shapes without a table of their own (an engine's heads and top-k) -----------------------------------
+
+_TABLE_FILE = re.compile(
+    r"kv_format=([0-9A-Za-z_]+),heads=([1-9][0-9]{0,5}),topk=([1-9][0-9]{0,8}),device_name=(.+)\.json"
+)
+
+
+def tuned_shapes(device_name: str, kv_format: str, config_dir: Path | None = None) -> list[tuple[int, int]]:
+    """``(heads, topk)`` of every table this device may read for ``kv_format``: in the folders
+    :func:`lookup_config` searches (and their ``triton_<version>/`` folders), under this device's names
+    (its own, SGLang's, its family's). Only the names are read; a broken file is still reported by
+    :func:`lookup_config` when it is used."""
+    slugs = {device_slug(device_name), raw_slug(device_name)}
+    for slug in list(slugs):
+        slugs.update(family_of(slug))
+    found = set()
+    for d in search_dirs(config_dir):
+        folders = [Path(d)]
+        try:
+            with os.scandir(d) as it:
+                folders += [Path(e.path) for e in it if _VERSION_FOLDER.fullmatch(e.name) and e.is_dir()]
+        except (OSError, ValueError):
+            continue
+        for folder in folders:
+            try:
+                with os.scandir(folder) as it:
+                    names = [e.name for e in it]
+            except (OSError, ValueError):
+                continue
+            for name in names:
+                m = _TABLE_FILE.fullmatch(name)
+                if m and m.group(1) == kv_format and m.group(4) in slugs:
+                    found.add((int(m.group(2)), int(m.group(3))))
+    return sorted(found)
+
+
+def nearest_shape(shapes, heads: int, topk: int) -> tuple[int, int] | None:
+    """The tuned ``(heads, topk)`` whose table serves a shape without one (None when ``shapes`` is empty).
+
+    Heads first: the same count; else the nearest count (by ratio; a tie goes to the larger) among those
+    whose programs take at least as many heads (``block_h_for``: 16 for up to 16 heads, 32 above), since
+    a config that compiles for a larger head block fits a smaller one; else the largest count tuned.
+    Then top-k, among that head count's tables: the same width; else the largest tuned width below it
+    (rounded down: the config's tiles and splits were chosen for no more tokens than the call has); else
+    the smallest above, whose config :func:`fit_config` then fits to the call's width.
+    """
+    import math
+
+    from kernels.config import block_h_for
+
+    shapes = sorted(set(shapes))
+    if not shapes:
+        return None
+    counts = sorted({h for h, _ in shapes})
+    if heads in counts:
+        h = heads
+    else:
+        wider = [c for c in counts if block_h_for(c) >= block_h_for(heads)]
+        if wider:
+            h = min(wider, key=lambda c: (abs(math.log2(c / heads)), -c))
+        else:
+            h = counts[-1]
+    widths = sorted(k for c, k in shapes if c == h)
+    below = [k for k in widths if k <= topk]
+    return (h, below[-1] if below else widths[0])
+
+
+def fit_config(config: KernelConfig, topk: int) -> KernelConfig:
+    """A config tuned for a wider top-k, fitted to ``topk`` tokens: its tile is at most ``topk`` rounded up to a
+    power of two (at least 16), so no tile is mostly masked and the footprint only shrinks."""
+    cap = max(16, 1 << max(0, topk - 1).bit_length())
+    return config if config.BLOCK_T <= cap else config.replace(BLOCK_T=cap)

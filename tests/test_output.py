@@ -1,5 +1,7 @@
-"""Output people can read: every default table within 100 columns with the config key, median, CI,
-verdict, band and ties; `--wide`, json and csv with every field; a missing level names the ones there."""
+"""Output people can read: every default table sized to the terminal ($COLUMNS) with the config key, median,
+CI, verdict, band and ties, and no cell ever cut (free text wraps, less important columns are left out);
+piped output keeps full values; `--wide`, json and csv with every field; a missing level names the ones
+there."""
 
 import csv
 import io
@@ -40,12 +42,35 @@ LISTINGS = [
 ]
 
 
+@pytest.mark.parametrize("columns", [80, 100, 200])
 @pytest.mark.parametrize("args", LISTINGS, ids=lambda a: "-".join(a[:2]))
-def test_default_tables_fit_100_columns(h200, args):
+def test_default_tables_fit_the_terminal_and_cut_no_cell(h200, args, columns, monkeypatch):
+    monkeypatch.setenv("COLUMNS", str(columns))
     proc = tuner(*args, "--db", h200)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() and _width(proc.stdout) <= WIDTH, _width(proc.stdout)
-    assert _width(proc.stderr) <= WIDTH
+    assert proc.stdout.strip() and _width(proc.stdout) <= columns, _width(proc.stdout)
+    assert "…" not in proc.stdout
+    rows = json.loads(tuner(*args, "--db", h200, "-f", "json").stdout)
+    if isinstance(rows, dict):  # show: one trial
+        rows = [rows]
+    words = set(proc.stdout.split())
+    header = proc.stdout.splitlines()[0].split()
+    for r in rows:
+        for key in ("config", "config_key"):  # a config key is whole wherever it is shown
+            if key in r and (key in header or "value" in header):
+                assert r[key] in words, r[key]
+        if r.get("reason") and "reason" in header:  # a reason may wrap, but every word of it is there
+            assert set(r["reason"].split()) <= words, r["reason"]
+
+
+def test_piped_output_keeps_full_values(h200, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    proc = tuner("trials", "--verdict", "infeasible", "--db", h200)
+    rows = json.loads(tuner("trials", "--verdict", "infeasible", "--db", h200, "-f", "json").stdout)
+    assert proc.returncode == 0 and "…" not in proc.stdout
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2 + len(rows)  # one line per row: nothing wrapped
+    assert all(r["reason"] in line for r, line in zip(rows, lines[2:], strict=True))
 
 
 def test_best_names_its_config_with_median_ci_verdict_band_and_ties(h200):
@@ -59,7 +84,8 @@ def test_best_names_its_config_with_median_ci_verdict_band_and_ties(h200):
         assert all("-w" in k for k in r["tied_with"].split())
 
 
-def test_wide_json_and_csv_carry_every_field(h200):
+def test_wide_json_and_csv_carry_every_field(h200, monkeypatch):
+    monkeypatch.setenv("COLUMNS", str(WIDTH))
     wide = tuner("best", "--concurrency", "96", "--db", h200, "--wide")
     assert wide.returncode == 0 and _width(wide.stdout) > WIDTH
     rows = json.loads(tuner("best", "--concurrency", "96", "--db", h200, "-f", "json").stdout)
@@ -83,14 +109,59 @@ def test_a_missing_level_names_the_levels_there_and_the_nearest(h200):
 
 def test_a_table_gives_way_in_its_text_columns_never_in_a_config_key():
     rows = [
-        {"space": "s" * 60, "config": "T32-w4-s1-c256-p3-b1", "median_us": 33.895, "reason": "r" * 80},
+        {"space": "s" * 30, "config": "T32-w4-s1-c256-p3-b1", "median_us": 33.895, "reason": "shared 102 528 B " * 6},
         {"space": "t", "config": "T16-w4-s2-c256", "median_us": 1.0, "reason": ""},
     ]
     text = table(rows)
     assert _width(text) <= WIDTH
-    assert "T32-w4-s1-c256-p3-b1" in text and "33.895" in text and "…" in text
+    assert "T32-w4-s1-c256-p3-b1" in text and "33.895" in text and "…" not in text
+    assert text.count("102 528 B") == 6 and "s" * 30 in text  # wrapped at spaces, a number never split
     narrow = [{"config": "T32-w4-s1-c256-p3-b1", "x": 1}]
-    assert table(narrow) == table(narrow, width=1000)  # nothing cut when it fits
+    assert table(narrow) == table(narrow, width=1000)  # nothing changed when it fits
+
+
+def test_a_column_that_cannot_wrap_is_left_out_and_said(monkeypatch):
+    from tuner.output import fit
+
+    rows = [{"config": "T32-w4-s1-c256-p3-b1", "median_us": 33.895, "band": "±1.0 %", "workload": "w" * 40}]
+    text, left_out = fit(rows, 60)
+    assert _width(text) <= 60 and left_out == ["workload"] and "±1.0 %" in text
+    assert fit(rows, None) == (fit(rows, 1000)[0], [])  # piped: as wide as the values
+
+
+def test_the_search_summary_cuts_no_interval(monkeypatch):
+    from tuner.cli import _search_brief
+    from tuner.output import render
+
+    row = {
+        "workload": "v4_flash_layer",
+        "C": 96,
+        "best": "T32-w4-s1-c256-p3-b1",
+        "median_us": "48.69",
+        "ratio vs baseline (95% CI)": "0.859 [0.851, 0.866]",
+        "verdict": "win",
+        "noise band": "±1.0 %",
+        "ok": 90,
+        "infeasible": 24,
+        "duplicate": 260,
+        "crashed": 3,
+    }
+    for columns in (80, 100, 200):
+        monkeypatch.setenv("COLUMNS", str(columns))
+        text = render([row], "table", _search_brief)
+        assert _width(text) <= columns and "…" not in text
+        assert "0.859 [0.851, 0.866]" in text and "T32-w4-s1-c256-p3-b1" in text
+        assert "260 duplicate" in text.replace("\n", " ") or "260 duplicate" not in str(row)
+
+
+def test_units_have_one_format():
+    from tuner.output import gbps
+    from tuner.output import pct
+    from tuner.output import us
+
+    assert us(75.724) == "75.7 µs" and us(75.724, 2) == "75.72 µs" and us(None) == "-"
+    assert pct(0.05897) == "±5.9 %" and pct(0.05897, 2, sign=False) == "5.90 %"
+    assert gbps(4120.4) == "4120 GB/s"
 
 
 def test_stored_strings_cannot_break_a_table_or_drive_the_terminal(h200, tmp_path):
@@ -111,4 +182,7 @@ def test_stored_strings_cannot_break_a_table_or_drive_the_terminal(h200, tmp_pat
         assert "\x1b" not in proc.stdout and "\x07" not in proc.stdout
         lines = proc.stdout.splitlines()
         assert len(lines) == 2 + len(studies)
-        assert all("GPU\\n\\x1b[2J" in ln for ln in lines[2:])
+        if "device" in lines[0].split():  # the brief view shows the device only where it varies
+            assert all("GPU\\n\\x1b[2J" in ln for ln in lines[2:])
+        else:
+            assert not extra and all("GPU" not in ln for ln in lines)

@@ -16,6 +16,7 @@ from kernels.config import KernelConfig
 from kernels.config import kernel_source_hash
 from tuner import stats
 from tuner.errors import TunerError
+from tuner.protocol import WARNING_AS_ERROR
 from tuner.protocol import CalibrateRequest
 
 
@@ -56,6 +57,14 @@ class Calibration:
         )
 
 
+def where_measured(proc) -> str:
+    """A measurement process as a message names it: ``host GPU 0`` on CUDA, ``host (interpreter worker 0)``
+    elsewhere (no GPU is involved)."""
+    host, index = proc.info.get("host"), proc.gpu_index
+    backend = getattr(proc, "backend", "replay")
+    return f"{host} GPU {index}" if backend == "cuda" else f"{host} ({backend} worker {index})"
+
+
 def measure(proc, space, workload, concurrency: int, config: KernelConfig, pairs: int, seed: int = 0) -> Calibration:
     """Run an A/A of ``config`` on ``proc``; the baseline gets a longer timeout and one retry."""
     req = CalibrateRequest(workload, concurrency, config, pairs, seed)
@@ -63,8 +72,13 @@ def measure(proc, space, workload, concurrency: int, config: KernelConfig, pairs
     reply = proc.measure(req, timeout_s=timeout)
     if reply.verdict in (Verdict.CRASHED, Verdict.TIMEOUT):
         reply = proc.measure(req, timeout_s=2 * timeout)
+    if reply.verdict != Verdict.OK and reply.reason.startswith(WARNING_AS_ERROR):
+        raise TunerError(
+            f"the baseline {config} could not be measured on {where_measured(proc)}: {reply.reason}; this is the "
+            "warnings filter, not the kernel: run without PYTHONWARNINGS=error / -W error for this warning"
+        )
     if reply.verdict != Verdict.OK:
-        where = f"{proc.info.get('host')} GPU {proc.gpu_index}"
+        where = where_measured(proc)
         raise TunerError(
             f"the baseline {config} is {reply.verdict} on {where}: {reply.reason}; candidates cannot be "
             "compared with it - pick another `baseline` in the search space"

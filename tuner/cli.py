@@ -20,6 +20,7 @@ from kernels.config import KernelConfig
 from tuner import __version__
 from tuner.errors import TunerError
 from tuner.output import format_option
+from tuner.output import pct
 from tuner.output import render
 from tuner.output import varying
 
@@ -122,7 +123,7 @@ DB_INT = BoundedInt()
 
 
 def _pct(band) -> str:
-    return "-" if band is None else f"±{band * 100:.1f}%"
+    return pct(band)
 
 
 def _ci(lo, hi, digits: int = 2) -> str:
@@ -130,8 +131,9 @@ def _ci(lo, hi, digits: int = 2) -> str:
 
 
 def _ties(text: str) -> str:
+    """Every config tied with the best, whole (the column wraps between keys)."""
     keys = (text or "").split()
-    return "-" if not keys else f"{len(keys)}: {keys[0]}" + (" …" if len(keys) > 1 else "")
+    return "-" if not keys else " ".join(keys)
 
 
 def _best_brief(rows: list[dict]) -> list[dict]:
@@ -161,7 +163,7 @@ def _trials_brief(rows: list[dict]) -> list[dict]:
 def _studies_brief(rows: list[dict]) -> list[dict]:
     return [
         {
-            **{k: r[k] for k in ("space", "workload", "C", "device", "backend")},
+            **{k: r[k] for k in ("space", "workload", "C", *varying(rows, "device", "backend"))},
             "band": _pct(r["noise_band"]),
             "trials": r["trials"],
             "ok": r["ok"],
@@ -228,7 +230,8 @@ def _search_brief(rows: list[dict]) -> list[dict]:
 
 
 def _compare_brief(rows: list[dict]) -> list[dict]:
-    keys = ("space", "workload", *varying(rows, "device"), "C", "A_us", "B_us", "A/B")
+    # two kernels' studies at one level are two rows: the kernel column tells them apart
+    keys = ("space", "workload", *varying(rows, "device"), "C", *varying(rows, "kernel"), "A_us", "B_us", "A/B")
     return [
         {
             **{k: r[k] for k in keys},
@@ -246,10 +249,12 @@ def _calibrate_brief(rows: list[dict]) -> list[dict]:
         mde = next(k for k in r if k.startswith("mde (") and "finalist" not in k)
         out.append(
             {
-                **{k: r[k] for k in ("workload", "C", *varying(rows, "device"), "pairs", "spread", "band")},
-                mde.replace("mde (", "mde (").replace(" rounds)", " r)"): r[mde],
-                "mde (final)": r["mde (finalist rounds)"],
-                "false rate": r["false non-flat rate"],
+                **{k: r[k] for k in ("workload", "C", *varying(rows, "device"), "pairs")},
+                "spread": pct(r["spread"], 2),
+                "band": pct(r["band"], 2),
+                mde.replace(" rounds)", " r)"): pct(r[mde], 2, sign=False),
+                "mde (final)": pct(r["mde (finalist rounds)"], 2, sign=False),
+                "false rate": pct(r["false non-flat rate"], 1, sign=False),
                 "multimodal": r["baseline multimodal"],
             }
         )
@@ -282,13 +287,27 @@ db_option = click.option(
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+COMPLETION = """Shell completion: add the line for your shell to its startup file.
+
+\b
+  bash (~/.bashrc):  eval "$(_TUNER_COMPLETE=bash_source tuner)"
+  zsh  (~/.zshrc):   eval "$(_TUNER_COMPLETE=zsh_source tuner)"
+  fish (~/.config/fish/completions/tuner.fish):  _TUNER_COMPLETE=fish_source tuner | source"""
+
+
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120},
+    epilog=COMPLETION,
+)
 @click.version_option(__version__, prog_name="tuner")
 def cli() -> None:
-    """Autotuner for the sparse-MLA decode kernel (DeepSeek V3.2 / V4 FP8 KV caches)."""
+    """Autotuner for the sparse-MLA decode kernel (DeepSeek V3.2 / V4 FP8 KV caches).
+
+    Every listing takes -f table|json|csv and --db URL; `tuner COMMAND --help` says more.
+    """
 
 
-@cli.command()
+@cli.command(short_help="Which configs of SPACE_FILE fit the target arch, and why not (compiles only).")
 @click.argument("space_file", type=click.Path(dir_okay=False))
 @click.option("--target", default=None, help="Arch whose limits apply (default: the space's `target`).")
 @click.option("--workload", "workload_name", default=None, help="Only this workload of the space.")
@@ -390,7 +409,7 @@ def _backend(requested: str | None) -> str:
     return "cuda" if torch.cuda.is_available() else "interpreter"
 
 
-@cli.command()
+@cli.command(short_help="Tune every workload x concurrency of SPACE_FILE; every sample goes to the database.")
 @click.argument("space_file", type=click.Path(dir_okay=False))
 @click.option(
     "--backend",
@@ -579,18 +598,23 @@ def _check_workers(workers: int | None, backend: str) -> None:
         )
 
 
-@cli.command()
+@cli.command(short_help="Measure the A/A noise: the baseline against itself (spread, band, smallest effect).")
 @click.argument("space_file", type=click.Path(dir_okay=False))
 @click.option("--workload", "workload_name", default=None, help="Only this workload of the space.")
 @click.option("--concurrency", default=None, help="Levels to calibrate, e.g. 1,96 (default: every level).")
 @click.option("--pairs", type=BoundedInt(3, 100_000), default=30, show_default=True, help="Independent capture pairs.")
-@click.option("--backend", type=click.Choice(["cuda", "interpreter"]), default=None)
+@click.option(
+    "--backend",
+    type=click.Choice(["cuda", "interpreter"]),
+    default=None,
+    help="Default: cuda when a GPU is present, else the interpreter.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @format_option
 @db_option
 @expected_errors
 def calibrate(space_file, workload_name, concurrency, pairs, backend, quiet, fmt, db_url):
-    """Measure this GPU's A/A noise: the baseline against itself, independent captures and inputs.
+    """Measure this GPU's A/A noise: SPACE_FILE's baseline against itself, independent captures and inputs.
 
     Prints the spread between captures, the band verdicts use (the larger of the spread and the
     space's min_effect), the smallest effect the configured rounds detect, and how often the current
@@ -682,12 +706,17 @@ def _best_row(t) -> dict:
     return row
 
 
-@cli.command()
+@cli.command(short_help="The best ok config at a concurrency, with its CI, ratio to baseline, verdict and ties.")
 @click.option("--concurrency", type=DB_INT, required=True, help="Batch size (concurrency level).")
-@click.option("--space", default=None)
-@click.option("--workload", default=None)
+@click.option("--space", default=None, help="Only this search space's results (its `name`, e.g. v4_flash_tp4).")
+@click.option("--workload", default=None, help="Only this workload's results (its name in the space, e.g. v4_flash).")
 @click.option("--device", default=None, help="GPU name as stored, e.g. 'NVIDIA H200'.")
-@click.option("--backend", type=click.Choice(["cuda", "interpreter"]), default=None)
+@click.option(
+    "--backend",
+    type=click.Choice(["cuda", "interpreter"]),
+    default=None,
+    help="Only results measured on this backend (default: any).",
+)
 @format_option
 @db_option
 @expected_errors
@@ -727,11 +756,23 @@ def _no_level(store, concurrency: int, **where) -> str:
     )
 
 
-@cli.command()
-@click.option("--concurrency", type=DB_INT, default=None)
-@click.option("--verdict", type=click.Choice([v.value for v in Verdict] + ["all"]), default="all")
-@click.option("--space", default=None)
-@click.option("--sort", type=click.Choice(["id", "median_us", "config"]), default="id")
+@cli.command(short_help="Every trial: config, verdict, reason, median and ratio.")
+@click.option("--concurrency", type=DB_INT, default=None, help="Only this concurrency level (default: every level).")
+@click.option(
+    "--verdict",
+    type=click.Choice([v.value for v in Verdict] + ["all"]),
+    default="all",
+    show_default=True,
+    help="Only trials with this verdict.",
+)
+@click.option("--space", default=None, help="Only this search space's trials (its `name`, e.g. v4_flash_tp4).")
+@click.option(
+    "--sort",
+    type=click.Choice(["id", "median_us", "config"]),
+    default="id",
+    show_default=True,
+    help="Row order: trial id, median (fastest first, unmeasured last) or config parameters.",
+)
 @format_option
 @db_option
 @expected_errors
@@ -781,7 +822,7 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
     click.echo(render(rows, fmt, _trials_brief))
 
 
-@cli.command()
+@cli.command(short_help="Write the kernel's autotune tables: the best ok config per batch size.")
 @click.option(
     "--out",
     "out_dir",
@@ -798,21 +839,37 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
     help="engine: flat JSON tables {batch: config} the kernel reads, with a provenance sidecar; "
     "sglang: the same in a triton_<version>/ folder; triton: an importable list of triton.Config.",
 )
-@click.option("--backend", type=click.Choice(["cuda", "interpreter"]), default=None)
+@click.option(
+    "--backend",
+    type=click.Choice(["cuda", "interpreter"]),
+    default=None,
+    help="Only results measured on this backend (default: any).",
+)
 @click.option(
     "--record",
     is_flag=True,
     help="Also record each table written in the database's tuner_exports (without it the database is only read).",
 )
+@click.option(
+    "--shape",
+    "shapes",
+    multiple=True,
+    metavar="HEADSxTOPK",
+    help="engine/sglang: only the table of this shape (repeatable, e.g. --shape 8x128 --shape 64x1152); a shape "
+    "not tuned gets the nearest tuned shape's configs (docs/engines.md).",
+)
 @db_option
 @expected_errors
-def export(out_dir, export_format, backend, record, db_url):
+def export(out_dir, export_format, backend, record, shapes, db_url):
     """Write the kernel's autotune tables: the best ok config per concurrency, per device and workload."""
     from db.store import Store
     from tuner.export import export_tables
+    from tuner.export import parse_shape
     from tuner.export import triton_module
 
     store = Store(db_url, create=False) if record and export_format != "triton" else Store(db_url, readonly=True)
+    if export_format == "triton" and shapes:
+        raise TunerError("--shape applies to the engine and sglang formats, not to --format triton")
     if export_format == "triton":
         text = triton_module(store, backend)
         if out_dir is None:
@@ -826,30 +883,41 @@ def export(out_dir, export_format, backend, record, db_url):
         click.echo(out_dir)
         return
     try:
-        paths = export_tables(store, out_dir, backend, export_format, record=record)
+        named = [parse_shape(x) for x in shapes]
+        paths = export_tables(store, out_dir, backend, export_format, record=record, shapes=named)
     except OSError as e:
         raise TunerError(f"cannot write {e.filename or out_dir}: {e.strerror}") from None
     for path in paths:
         click.echo(str(path))
 
 
-@cli.command()
+@cli.command(short_help="The A/B report in Markdown (--plots: PNG plots too).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here (default stdout).")
 @click.option("--plots", "plots_dir", type=click.Path(file_okay=False), default=None, help="Write PNG plots here.")
+@click.option(
+    "--bench",
+    "bench_files",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    help="A same-run benchmark of ours against FlashMLA (JSON of python -m kernels.bench or kernels.bench_call; "
+    "repeatable): the median plot of its device and call shows FlashMLA from it.",
+)
 @db_option
 @expected_errors
-def report(output, plots_dir, db_url):
+def report(output, plots_dir, bench_files, db_url):
     """The A/B report: noise band, best per concurrency, each lever's effect, dead ends, infeasible configs."""
     import os.path
 
     from db.store import Store
+    from tuner.report import load_bench
     from tuner.report import render_report
 
     prefix = ""
     if plots_dir and output:
         prefix = os.path.relpath(plots_dir, os.path.dirname(os.path.abspath(output)) or ".") + "/"
     try:
-        text = render_report(Store(db_url, readonly=True), plots_dir, prefix)
+        benches = tuple(load_bench(f) for f in bench_files)
+        text = render_report(Store(db_url, readonly=True), plots_dir, prefix, benches)
     except OSError as e:
         raise TunerError(f"cannot write {e.filename or plots_dir}: {e.strerror}") from None
     if output:
@@ -863,13 +931,13 @@ def report(output, plots_dir, db_url):
         click.echo(text)
 
 
-@cli.command()
+@cli.command(short_help="Everything about one trial, raw samples included.")
 @click.argument("trial_id", type=DB_INT)
 @format_option
 @db_option
 @expected_errors
 def show(trial_id, fmt, db_url):
-    """Everything about one trial, raw samples included."""
+    """Everything about trial TRIAL_ID (see `tuner trials`), raw samples included."""
     from db.models import TrialModel
     from db.store import Store
 
@@ -914,15 +982,19 @@ def show(trial_id, fmt, db_url):
     click.echo(render(samples, "table", lambda rows: rows))
 
 
-@cli.command()
+@cli.command(short_help="CONFIG_A against CONFIG_B at every concurrency both have (paired ratio, CI, verdict).")
 @click.argument("config_a")
 @click.argument("config_b")
-@click.option("--space", default=None)
+@click.option("--space", default=None, help="Only this search space's studies (its `name`, e.g. v4_flash_tp4).")
 @format_option
 @db_option
 @expected_errors
 def compare(config_a, config_b, space, fmt, db_url):
-    """CONFIG_A against CONFIG_B (e.g. T16-w4-s2-c512 T16-w4-s2-c256) at every concurrency both have."""
+    """CONFIG_A against CONFIG_B (e.g. T16-w4-s2-c512 T16-w4-s2-c256) at every concurrency both have.
+
+    One row per study that measured both: a level measured with several kernels (each kernel source
+    is its own study) has one row per kernel, told apart by the `kernel` column (its source hash).
+    """
     from db import queries
     from db.store import Store
     from tuner import stats
@@ -953,6 +1025,8 @@ def compare(config_a, config_b, space, fmt, db_url):
                     "workload": a.workload.name,
                     "device": a.environment.gpu_name,
                     "C": a.concurrency,
+                    "kernel": a.study.kernel.source_hash[:12],
+                    "study": a.study.name,
                     "A_us": round(a.statistic().median_us, 3),
                     "B_us": round(b.statistic().median_us, 3),
                     "A/B": round(r, 4),
@@ -966,7 +1040,7 @@ def compare(config_a, config_b, space, fmt, db_url):
         click.echo(f"{unsampled} studies with both left out: their raw rounds were compacted away", err=True)
     if not rows:
         raise TunerError(f"no study in {store.shown_url} has ok results for both {config_a} and {config_b}")
-    rows.sort(key=lambda r: (r["space"], r["workload"], r["device"], r["C"]))
+    rows.sort(key=lambda r: (r["space"], r["workload"], r["device"], r["C"], r["study"]))
     click.echo(render(rows, fmt, _compare_brief))
 
 
@@ -977,7 +1051,7 @@ def _parse_config(text: str) -> KernelConfig:
         raise TunerError(str(e)) from None
 
 
-@cli.command()
+@cli.command(short_help="Every study: space, workload, concurrency, device, noise band, trial counts, kernel.")
 @format_option
 @db_option
 @expected_errors
@@ -1018,16 +1092,23 @@ def db() -> None:
     """The results database."""
 
 
-@db.command()
+@db.command(short_help="Migrate an older results database to the current schema; label old Optuna studies.")
 @db_option
 @expected_errors
 def upgrade(db_url):
-    """Migrate an older results database to the current schema (nothing is dropped)."""
+    """Migrate an older results database to the current schema (nothing is dropped), and give every Optuna
+    study that an older search left without them its metric name and attributes (optuna-dashboard shows
+    every study alike)."""
     from db.store import Store
     from db.store import head_revision
+    from tuner.upgrade import METRIC
+    from tuner.upgrade import label_studies
 
     store = Store(db_url, upgrade=True, create=False)
+    labelled = label_studies(store)
     click.echo(f"{store.shown_url} is at schema {store.revision()} (head {head_revision()})", err=True)
+    if labelled:
+        click.echo(f"labelled {labelled} Optuna studies with their metric name ({METRIC}) and attributes", err=True)
 
 
 def _compact_brief(rows: list[dict]) -> list[dict]:
@@ -1036,7 +1117,7 @@ def _compact_brief(rows: list[dict]) -> list[dict]:
     return [{n: r[k] for n, k in zip(names, keys, strict=True)} for r in rows]
 
 
-@db.command()
+@db.command(short_help="Drop superseded kernels' raw samples and Optuna studies (trials and statistics kept).")
 @click.option(
     "--keep-kernel",
     "keep",

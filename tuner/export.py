@@ -44,6 +44,7 @@ from kernels.config import PARAMS
 from kernels.config import Role
 from kernels.table import CONFIG_DIR
 from kernels.table import device_slug
+from kernels.table import nearest_shape
 from kernels.table import raw_slug
 from kernels.table import sidecar_path
 from kernels.table import table_name
@@ -124,14 +125,40 @@ def _one(values: set[str]) -> str:
     return next(iter(values)) if len(values) == 1 else ",".join(sorted(values))
 
 
-def tables(s: Session, backend: str | None, fmt: str) -> dict[tuple[str, str], dict[int, TrialModel]]:
+def parse_shape(text: str) -> tuple[int, int]:
+    """``HEADSxTOPK`` (``8x128``) -> ``(8, 128)``; TunerError saying what is allowed otherwise."""
+    m = re.fullmatch(r"\s*([1-9][0-9]{0,5})\s*[xX]\s*([1-9][0-9]{0,8})\s*", str(text))
+    if not m:
+        raise TunerError(f"--shape must be HEADSxTOPK with positive integers (e.g. 8x128), got {str(text)[:60]!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def named_shapes(groups: dict[tuple, dict], shapes) -> dict[tuple, dict]:
+    """The winners of the shapes a user names, per device, format and Triton version: a tuned shape's own, else
+    those of the tuned shape :func:`kernels.table.nearest_shape` picks for it (the rule the SGLang plugin applies
+    at run time; the sidecar's ``workload`` then names the shape that was measured)."""
+    tuned: dict[tuple, set] = defaultdict(set)
+    for device, kv, heads, topk, triton in groups:
+        tuned[(device, kv, triton)].add((heads, topk))
+    out = {}
+    for (device, kv, triton), have in tuned.items():
+        for heads, topk in shapes:
+            src = nearest_shape(have, heads, topk)
+            out[(device, kv, heads, topk, triton)] = groups[(device, kv, *src, triton)]
+    return out
+
+
+def tables(s: Session, backend: str | None, fmt: str, shapes=None) -> dict[tuple[str, str], dict[int, TrialModel]]:
     """{(folder, file name): {concurrency: trial}}: what each format writes where (folder "" = the top).
 
     ``engine``: vLLM's device name (H200 variants as one), the newest Triton version measured per table.
     ``sglang``: SGLang's device name, one ``triton_<version>/`` folder per version. Stored names that map to
     one file (two H200 variants, two names that differ only in characters a file name cannot hold) share
-    it, the better trial winning each concurrency."""
+    it, the better trial winning each concurrency. ``shapes``: only these ``(heads, topk)``, each from its own
+    trials or the nearest tuned shape's (:func:`named_shapes`)."""
     groups = winners(s, backend)
+    if shapes:
+        groups = named_shapes(groups, shapes)
     if fmt == "engine":
         newest: dict[tuple, str] = {}
         for device, kv, heads, topk, triton in groups:
@@ -153,11 +180,17 @@ def tables(s: Session, backend: str | None, fmt: str) -> dict[tuple[str, str], d
 
 
 def export_tables(
-    store: Store, out_dir: Path | None = None, backend: str | None = None, fmt: str = "engine", record: bool = False
+    store: Store,
+    out_dir: Path | None = None,
+    backend: str | None = None,
+    fmt: str = "engine",
+    record: bool = False,
+    shapes=None,
 ) -> list[Path]:
     """Write each table and its provenance sidecar; returns the paths written (table, sidecar, ...).
 
     ``record``: also add a row per table to the database's ``tuner_exports`` (else the database is only read).
+    ``shapes``: ``(heads, topk)`` pairs: only the tables of these shapes (see :func:`named_shapes`).
     """
     if fmt not in ("engine", "sglang"):
         raise TunerError(f"export format must be engine or sglang here, got {fmt!r}")
@@ -166,7 +199,7 @@ def export_tables(
     date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     written = []
     with store.session() as s:
-        found = tables(s, backend, fmt)
+        found = tables(s, backend, fmt, shapes)
         if not found:
             raise _nothing(store)
         for (sub, name), by_c in found.items():

@@ -35,6 +35,7 @@ from kernels.reference import compare  # noqa: E402
 from kernels.reference import sparse_mla_decode_ref  # noqa: E402
 from kernels.workload import Workload  # noqa: E402
 from kernels.workload import make_batch  # noqa: E402
+from tuner.protocol import WARNING_AS_ERROR  # noqa: E402
 from tuner.protocol import CalibrateRequest  # noqa: E402
 from tuner.protocol import Exit  # noqa: E402
 from tuner.protocol import Hello  # noqa: E402
@@ -239,6 +240,17 @@ def _inject_fault(cfg: KernelConfig) -> None:
                 raise OutOfResources(120_000, 101_376, "shared memory")
 
 
+def _warning_in(e: BaseException) -> Warning | None:
+    """The Python warning an error is, or was raised from (Triton's interpreter wraps it), if any."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, Warning):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def main() -> int:
     # Ctrl-C in the terminal reaches the whole process group: the parent finishes the running trial
     # and stops; this process must not die under it (it exits when the parent closes its stdin).
@@ -256,8 +268,11 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001 - a failing config is a verdict; the process lives on
             name = type(e).__name__
             tail = traceback.format_exc().strip().splitlines()[-1]
+            warning = _warning_in(e)
             if name == "OutOfResources":
                 reply = MeasureReply(Verdict.INFEASIBLE, f"OutOfResources at launch: {e}")
+            elif warning is not None:
+                reply = MeasureReply(Verdict.CRASHED, f"{WARNING_AS_ERROR}: {type(warning).__name__}: {warning}")
             else:
                 reply = MeasureReply(Verdict.CRASHED, f"{name}: {tail[:500]}")
         proto.write(encode(reply) + "\n")

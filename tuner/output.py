@@ -1,8 +1,13 @@
 """One formatter for every listing: ``-f table|json|csv``; data on stdout only.
 
-A table shows by default a brief view that fits :data:`WIDTH` columns (the columns a command names
-as its brief ones, long cells cut with ``…``); ``--wide`` shows every field, and json and csv always
-carry every field.
+A table shows by default a brief view (the columns a command names as its brief ones) sized to the
+terminal: ``$COLUMNS`` when set, else the terminal's width when stdout is one; piped output is not
+fitted. Where a table is wider than that, its free-text columns (a reason, a list of ties) wrap at
+spaces, then the least important columns are left out (said on stderr); no cell is ever cut, so a
+config key, a reason or an interval is always whole. ``--wide`` shows every field, and json and csv
+always carry every field.
+
+The units of every quantity come from one place: :func:`us`, :func:`pct` and :func:`gbps`.
 """
 
 from __future__ import annotations
@@ -10,7 +15,11 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
+import os
 import re
+import sys
+import textwrap
 from collections.abc import Callable
 
 import click
@@ -18,13 +27,63 @@ import tabulate as tabulate_module
 from tabulate import tabulate
 
 FORMATS = ("table", "json", "csv")
-WIDTH = 100  # the widest a default table may be: a terminal beside an editor, a log viewer, a review
+WIDTH = 100  # the width the README's examples and the tests' default assume (a terminal beside an editor)
 GAP = 2  # tabulate's "simple" format puts two spaces between columns
-MIN_CELL = 8  # a cut cell keeps at least this many characters
-KEEP = ("config", "best")  # config keys are never cut: a cut key names another config
-CUT_FIRST = ("ties", "TARGET_CTAS", "reason", "other", "space", "workload", "device", "study", "value")  # may give way
+WRAP = ("reason", "ties", "other", "value", "stopped", "kernels")  # free text: may wrap at spaces
+MIN_WRAP = 16  # a wrapped column keeps this many characters before any column is left out
+DROP = (  # left out first to last when wrapping is not enough (never a config key, median, verdict or kernel)
+    "backend",
+    "effect",
+    "infeasible",
+    "workload",
+    "device",
+    "ratio CI",
+    "band",
+    "ratio",
+    "95% CI us",
+    "95% CI",
+    "space",
+    "other",
+    "ties",
+    "reason",
+)
+# what a line never breaks inside: a number with its digit groups and unit ("101 376 B", "260 duplicate",
+# "75.7 µs"), and a sign with what it signs ("± 1.0 %", "> limit")
+_NUMBER = r"[0-9][0-9.,]*(?: [0-9]{3}\b)*(?: (?:GB/s|[a-zA-Zµ%]+))?"
+_GLUE = re.compile(rf"[±<>=] (?:{_NUMBER}|\S+)|(?<![\w.]){_NUMBER}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # line ends, tabs, terminal escapes: shown, never obeyed
 tabulate_module.MIN_PADDING = 0  # a column as wide as its widest cell or header, no more (GAP apart)
+
+
+def us(value, digits: int = 1) -> str:
+    """A time in microseconds: ``75.7 µs`` (one space, the one format of every µs shown)."""
+    return "-" if value is None or not math.isfinite(value) else f"{value:.{digits}f} µs"
+
+
+def pct(fraction, digits: int = 1, sign: bool = True) -> str:
+    """A fraction as a percentage: ``±6.8 %`` (a band, a spread: ``sign``) or ``6.8 %``."""
+    if fraction is None or not math.isfinite(fraction):
+        return "-"
+    return f"{'±' if sign else ''}{fraction * 100:.{digits}f} %"
+
+
+def gbps(value, digits: int = 0) -> str:
+    """A bandwidth: ``4120 GB/s``."""
+    return "-" if value is None or not math.isfinite(value) else f"{value:.{digits}f} GB/s"
+
+
+def terminal_width() -> int | None:
+    """The width a table is fitted to: ``$COLUMNS`` when set, else the terminal's when stdout is one;
+    ``None`` (no fitting: full values) when stdout is piped."""
+    text = os.environ.get("COLUMNS", "").strip()
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    try:
+        if sys.stdout.isatty():
+            return os.get_terminal_size(sys.stdout.fileno()).columns
+    except (OSError, ValueError, AttributeError):
+        pass
+    return None
 
 
 def _wide(ctx: click.Context, _param, value: bool) -> bool:
@@ -40,10 +99,16 @@ def format_option(fn):
         is_flag=True,
         expose_value=False,
         callback=_wide,
-        help=f"table: every field (default: the main ones, fitting {WIDTH} columns).",
+        help="table: every field, however wide (default: the main ones, sized to the terminal).",
     )(fn)
     return click.option(
-        "-f", "--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True, help="Output format."
+        "-f",
+        "--format",
+        "fmt",
+        type=click.Choice(FORMATS),
+        default="table",
+        show_default=True,
+        help="Output format: table (for people), json or csv (every field, for programs).",
     )(fn)
 
 
@@ -54,7 +119,7 @@ def wide() -> bool:
 
 
 def render(rows: list[dict], fmt: str, brief: Callable[[list[dict]], list[dict]] | None = None) -> str:
-    """``rows`` as ``fmt``. A table without ``--wide`` shows ``brief(rows)``, fitted to WIDTH."""
+    """``rows`` as ``fmt``. A table without ``--wide`` shows ``brief(rows)``, fitted to the terminal."""
     if fmt == "json":
         return json.dumps(rows, indent=1)
     if fmt == "csv":
@@ -73,7 +138,11 @@ def render(rows: list[dict], fmt: str, brief: Callable[[list[dict]], list[dict]]
         shown = brief(rows)
     except Exception:  # noqa: BLE001 - rows of another shape than the brief view knows: every field, fitted
         shown = rows
-    return table(shown)
+    width = terminal_width()
+    text, left_out = fit(shown, width)
+    if left_out:
+        click.echo(f"({', '.join(left_out)} left out to fit {width} columns; --wide or -f json shows them)", err=True)
+    return text
 
 
 def varying(rows: list[dict], *keys: str) -> list[str]:
@@ -88,33 +157,75 @@ def plain(value) -> str:
     return _CONTROL.sub(lambda m: m.group(0).encode("unicode_escape").decode("ascii"), text)
 
 
-def cut(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: max(n - 1, 1)] + "…"
+def _glued(text: str) -> str:
+    return _GLUE.sub(lambda m: m.group(0).replace(" ", "\x00"), text)
 
 
-def table(rows: list[dict], width: int = WIDTH) -> str:
-    """A plain table of ``rows`` no wider than ``width``: the widest columns give way first, their cells
-    cut with ``…`` (never below MIN_CELL characters, and a header never below its own name's start)."""
+def _longest_word(text: str) -> int:
+    return max((len(w) for w in _glued(text).split()), default=0)
+
+
+def _wrap(text: str, width: int) -> str:
+    """``text`` in lines of at most ``width`` characters, broken at spaces only (a word longer than
+    ``width`` stays whole on its own line: never cut)."""
+    if len(text) <= width:
+        return text
+    lines = textwrap.wrap(_glued(text), width, break_long_words=False, break_on_hyphens=False)
+    return "\n".join(lines).replace("\x00", " ") or text
+
+
+def fit(rows: list[dict], width: int | None) -> tuple[str, list[str]]:
+    """A plain table of ``rows`` no wider than ``width`` where that is possible without cutting a value:
+    headers wrap at spaces; the free-text columns (:data:`WRAP`) wrap at spaces, the widest first,
+    down to MIN_WRAP; then columns are left out in :data:`DROP`'s order; then the free text wraps down
+    to its longest word. Returns the table and the names of the columns left out. ``width=None``: as
+    wide as the values are."""
     keys = list(rows[0])
     cells = [[plain(r.get(k)) for k in keys] for r in rows]
-    widths = [max([len(k)] + [len(c[i]) for c in cells]) for i, k in enumerate(keys)]
-    limit = list(widths)
+    heads = [plain(k) for k in keys]
+    natural = [max([len(heads[i])] + [len(c[i]) for c in cells]) for i in range(len(keys))]
+    longest = [
+        max([_longest_word(heads[i])] + [(_longest_word(c[i]) if keys[i] in WRAP else len(c[i])) for c in cells])
+        for i in range(len(keys))
+    ]
+    limit = list(natural)
+    shown = list(range(len(keys)))
+    left_out: list[str] = []
 
     def total() -> int:
-        return sum(limit) + GAP * (len(keys) - 1)
+        return sum(limit[i] for i in shown) + GAP * (len(shown) - 1)
 
-    for names in (CUT_FIRST, None):  # names, then any column but a config key
-        while total() > width:
-            cuttable = [
-                j for j, k in enumerate(keys) if k not in KEEP and (names is None or k in names) and limit[j] > MIN_CELL
-            ]
-            if not cuttable:
+    def narrow(floor: int) -> bool:
+        """Narrow the widest column that can give way (free text first) by as much as needed."""
+        for pool in ([i for i in shown if keys[i] in WRAP], shown):
+            can = [i for i in pool if limit[i] > max(longest[i], floor if keys[i] in WRAP else 0)]
+            if can:
+                i = max(can, key=lambda j: limit[j])
+                low = max(longest[i], floor if keys[i] in WRAP else 0)
+                limit[i] = max(low, limit[i] - (total() - width))
+                return True
+        return False
+
+    if width is not None:
+        while total() > width and narrow(MIN_WRAP):
+            pass
+        for name in DROP:
+            if total() <= width:
                 break
-            i = max(cuttable, key=lambda j: limit[j])
-            others = [limit[j] for j in cuttable if j != i]
-            # down to the next widest column (then both give way together), or as far as needed
-            step = min(limit[i] - max(others + [MIN_CELL]) or 1, total() - width, limit[i] - MIN_CELL)
-            limit[i] -= max(step, 1)
-    heads = [cut(k, limit[i]) for i, k in enumerate(keys)]
-    body = [[cut(c[i], limit[i]) for i in range(len(keys))] for c in cells]
-    return tabulate(body, headers=heads, disable_numparse=True)
+            idx = [i for i in shown if keys[i] == name]
+            if idx and len(shown) > 1:
+                shown.remove(idx[0])
+                left_out.append(keys[idx[0]])
+                limit = [natural[i] if keys[i] in WRAP else limit[i] for i in range(len(keys))]  # room again
+                while total() > width and narrow(MIN_WRAP):
+                    pass
+        while total() > width and narrow(0):
+            pass
+    body = [[_wrap(c[i], limit[i]) for i in shown] for c in cells]
+    head = [_wrap(heads[i], limit[i]) for i in shown]
+    return tabulate(body, headers=head, disable_numparse=True), left_out
+
+
+def table(rows: list[dict], width: int | None = WIDTH) -> str:
+    """``rows`` fitted to ``width`` (see :func:`fit`), the columns left out unsaid."""
+    return fit(rows, width)[0]

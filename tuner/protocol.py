@@ -15,6 +15,10 @@ from db.verdicts import Verdict
 from kernels.config import KernelConfig
 from kernels.workload import Workload
 
+# a reply's reason starts so when the config raised no error of its own, but Python's warnings filter
+# (PYTHONWARNINGS=error..., -W error) turned a warning into one: the environment's failure, not the config's
+WARNING_AS_ERROR = "a Python warning turned into an error by the warnings filter (PYTHONWARNINGS or -W)"
+
 
 @dataclass(frozen=True)
 class MeasureRequest:

@@ -344,8 +344,14 @@ class StudyRecords:
         """
         k, rounds = self.plan.space.measurement["finalists"], self.plan.space.measurement["finalist_rounds"]
         with self.progress.lock:
-            record_low = self.progress.told_min is None or stat.ratio < self.progress.told_min
+            first = self.progress.told_min is None
+            record_low = first or stat.ratio < self.progress.told_min
         if not (k and rounds and record_low):
             return None
-        self.bar.phase(f"finalist: {cfg} beats all so far, {rounds} more rounds")
+        if cfg == self.plan.space.baseline:  # the reference, not a contender
+            self.bar.phase(f"baseline {cfg}: {rounds} more rounds")
+        else:
+            self.bar.phase(
+                f"finalist: {cfg} {'is the first ok config' if first else 'beats all so far'}, {rounds} more rounds"
+            )
         return self.recorder.finalist(proc, trial_id, cfg, band)

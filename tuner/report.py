@@ -29,6 +29,8 @@ from kernels.config import PARAM_NAMES
 from kernels.config import KernelConfig
 from kernels.workload import Workload
 from tuner.errors import TunerError
+from tuner.output import gbps
+from tuner.output import pct
 
 NOT_MEASURED = "not measured"
 # what gives a character meaning inside a line of Markdown text or a table: always these; `_` only at a
@@ -106,7 +108,54 @@ def _groups(s) -> dict[tuple, list[TrialModel]]:
     return out
 
 
-def render_report(store: Store, plots_dir: Path | None = None, link_prefix: str = "") -> str:
+@dataclass(frozen=True)
+class Bench:
+    """A same-run benchmark of ours against FlashMLA (``python -m kernels.bench`` or ``kernels.bench_call``
+    JSON): its name as given, device, date and rows."""
+
+    name: str
+    device: str
+    date: str
+    rows: list[dict]
+
+    def points(self, w: Workload) -> dict[int, tuple[float, float]]:
+        """{C: (ours µs, FlashMLA µs)} for workload ``w``: kernels.bench's rows of its format (one cache),
+        kernels.bench_call's rows (no format: the V4 layer call, two caches and a sink); both correct."""
+        out: dict[int, tuple[float, float]] = {}
+        for r in self.rows:
+            ours, theirs = r.get("us", r.get("ours_us")), r.get("flashmla_us")
+            ok = r.get("correct", r.get("ours_ok")) and r.get("flashmla_correct", r.get("flashmla_ok"))
+            if "format" in r:
+                fits = w.extra is None and not w.attn_sink and r["format"] == w.kv_format
+            else:
+                fits = w.extra is not None and w.attn_sink
+            if fits and ok and isinstance(ours, float) and isinstance(theirs, float) and math.isfinite(theirs):
+                out.setdefault(int(r["C"]), (ours, theirs))
+        return out
+
+
+def load_bench(path: str) -> Bench:
+    """A benchmark JSON file (``{"env": {"device", "date", ...}, "rows": [...]}``); a file of another shape
+    is one sentence."""
+    import json
+
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+        env, rows = doc["env"], doc["rows"]
+        return Bench(Path(path).name, str(env["device"]), str(env.get("date", "")), [r for r in rows if "C" in r])
+    except OSError as e:
+        raise TunerError(f"cannot read {path}: {e.strerror}") from None
+    except (ValueError, KeyError, TypeError):
+        raise TunerError(
+            f"{path} is not a benchmark of python -m kernels.bench or kernels.bench_call "
+            '(JSON with "env": {"device", "date"} and "rows")'
+        ) from None
+
+
+def render_report(
+    store: Store, plots_dir: Path | None = None, link_prefix: str = "", benches: tuple[Bench, ...] = ()
+) -> str:
     if plots_dir is not None:
         _pyplot()  # before any work: a missing matplotlib is one sentence, not a half-written report
     source = redact_url(store.url)
@@ -116,7 +165,7 @@ def render_report(store: Store, plots_dir: Path | None = None, link_prefix: str 
         if not groups:
             raise TunerError(f"nothing to report: {source} has no trials (run `tuner search` first)")
         for (space, workload, device, backend), trials in sorted(groups.items()):
-            lines += _section(space, workload, device, backend, trials, plots_dir, link_prefix)
+            lines += _section(space, workload, device, backend, trials, plots_dir, link_prefix, benches)
     return "\n".join(lines) + "\n"
 
 
@@ -152,7 +201,7 @@ class _Level:
     share: float | None = None
 
 
-def _section(space, workload, device, backend, trials, plots_dir, link_prefix) -> list[str]:
+def _section(space, workload, device, backend, trials, plots_dir, link_prefix, benches=()) -> list[str]:
     by_c: dict[int, dict[str, TrialModel]] = defaultdict(dict)
     for t in trials:
         by_c[t.concurrency][t.config_key] = t
@@ -168,10 +217,14 @@ def _section(space, workload, device, backend, trials, plots_dir, link_prefix) -
     if plots_dir is not None and any(lv.best for lv in series):
         stem = file_stem(space, workload, device, backend)
         bands = {c: next(iter(by_c[c].values())).study.noise_band or 0.0 for c in levels}
-        title = plot_text(f"{space}/{workload} on {device}")
-        out += _plots(Path(plots_dir), link_prefix, stem, title, series, base_key)
-        if rows:
-            out += _heatmap(Path(plots_dir), link_prefix, stem, rows, by_c, levels, bands)
+        title = plot_text(f"{space}/{workload} on {device} ({backend})")
+        wl = trials[-1].workload.workload()
+        # the newest same-run benchmark of this device and call that has FlashMLA at some measured level
+        found = [(b, pts) for b in benches if b.device == device and backend == "cuda" for pts in [b.points(wl)]]
+        found = [(b, pts) for b, pts in found if set(pts) & set(levels)]
+        bench = max(found, key=lambda bp: bp[0].date, default=None)
+        out += _plots(Path(plots_dir), link_prefix, stem, title, series, base_key, bench)
+        out += _heatmap(Path(plots_dir), link_prefix, stem, title, rows, by_c, levels, bands, base_key)
     return out
 
 
@@ -195,7 +248,7 @@ def _header(trials, device, backend, base_key) -> list[str]:
         f"context {w.context}{_call_text(w.workload())}.",
         f"- Environment: {md(env.gpu_name)}, compute capability {md(env.compute_capability)}, {env.sm_count} SMs, "
         f"driver {md(env.driver)}, CUDA {md(env.cuda)}, torch {md(env.torch)}, triton {md(env.triton)}, "
-        f"host {md_code(env.host)}" + (f", copy bandwidth {env.copy_gbps:.0f} GB/s." if env.copy_gbps else "."),
+        f"host {md_code(env.host)}" + (f", copy bandwidth {gbps(env.copy_gbps)}." if env.copy_gbps else "."),
         f"- Target arch (feasibility): {md(target)}. Kernel source hash {', '.join(md_code(h) for h in hashes)}"
         + (" (the newest measured at each level)" if len(hashes) > 1 else "")
         + f"; baseline {md_code(base_key)}.",
@@ -260,16 +313,14 @@ def _summary(last: TrialModel, by_c, levels) -> tuple[list[str], list[_Level]]:
             cells = [
                 md_code(b.config_key),
                 f"{st.median_us:.2f}",
-                f"{lv.share * 100:.1f} %" if lv.share is not None else "-",
+                pct(lv.share, sign=False),
                 f"{st.ratio:.3f} [{st.ratio_ci_low:.3f}, {st.ratio_ci_high:.3f}]",
                 st.classification,
             ]
         else:
             cells = ["-"] * 5
         series.append(lv)
-        out.append(
-            f"| {c} | ±{(band or 0) * 100:.2f} % | " + " | ".join(cells) + " | " + " | ".join(map(str, tally)) + " |"
-        )
+        out.append(f"| {c} | {pct(band or 0, 2)} | " + " | ".join(cells) + " | " + " | ".join(map(str, tally)) + " |")
     out.append("")
     return out, series
 
@@ -443,9 +494,10 @@ def matplotlib_ticker():
     return matplotlib.ticker
 
 
-def _plots(plots_dir: Path, prefix, stem, title, series: list[_Level], base_key) -> list[str]:
+def _plots(plots_dir: Path, prefix, stem, title, series: list[_Level], base_key, bench=None) -> list[str]:
     """Median µs per concurrency, best and baseline; below the axis, each level's best config and its
-    % copy BW, written upright in its own column so labels never overlap, however many levels.
+    % copy BW, written upright in its own column so labels never overlap, however many levels. With a
+    same-run benchmark (``bench``: (Bench, points)), FlashMLA and ours as that run measured them.
 
     The x axis is one slot per measured level (1, 8, 48, ... are not evenly spaced); a level with no
     ok trial is a NaN, so no line crosses it.
@@ -454,7 +506,7 @@ def _plots(plots_dir: Path, prefix, stem, title, series: list[_Level], base_key)
     plots_dir.mkdir(parents=True, exist_ok=True)
     xs = list(range(len(series)))
     labels = [
-        None if lv.best is None else lv.best.config_key + ("" if lv.share is None else f"  {lv.share * 100:.1f} %")
+        None if lv.best is None else lv.best.config_key + ("" if lv.share is None else f"  {pct(lv.share, sign=False)}")
         for lv in series
     ]
     # upright 7 pt monospace: about 0.06 in per character, plus a margin
@@ -477,6 +529,20 @@ def _plots(plots_dir: Path, prefix, stem, title, series: list[_Level], base_key)
         capsize=3,
         label="best per concurrency (95 % CI)",
     )
+    bench_us: list[float] = []
+    if bench is not None:
+        b, pts = bench
+        at = [(x, pts[lv.c]) for x, lv in zip(xs, series, strict=True) if lv.c in pts]
+        bench_us = [v for _, pair in at for v in pair]
+        when = f", {b.date}" if b.date else ""
+        ax.plot(
+            [x for x, _ in at],
+            [p[1] for _, p in at],
+            "^-",
+            color="tab:red",
+            label=plot_text(f"FlashMLA, same-run benchmark ({b.name}{when})"),
+        )
+        ax.plot([x for x, _ in at], [p[0] for _, p in at], "x:", color="tab:blue", label="ours in that benchmark")
     for x, text in zip(xs, labels, strict=True):
         if text is None:
             ax.axvspan(x - 0.4, x + 0.4, color="0.92", zorder=0)
@@ -503,6 +569,7 @@ def _plots(plots_dir: Path, prefix, stem, title, series: list[_Level], base_key)
     ax.set_xlabel("concurrency (batch); below: each level's best config and its % copy BW", fontsize=9)
     ax.set_yscale("log")  # times span 1 to 96 requests
     finite = [v for lv in series for v in (lv.median_us, lv.baseline_us) if math.isfinite(v)]
+    finite += [v for v in bench_us if math.isfinite(v)]
     if finite:
         ax.set_ylim(min(finite) * 0.8, max(finite) * 1.25)
     ax.yaxis.set_major_locator(matplotlib_ticker().LogLocator(subs=(1, 2, 5)))
@@ -515,7 +582,15 @@ def _plots(plots_dir: Path, prefix, stem, title, series: list[_Level], base_key)
     f1 = plots_dir / f"{stem}_median.png"
     fig.savefig(f1, dpi=110, bbox_inches="tight")
     plt.close(fig)
-    return [f"![median µs vs concurrency, each level's best config]({prefix}{f1.name})", ""]
+    out = [f"![median µs vs concurrency, each level's best config]({prefix}{f1.name})", ""]
+    if bench is not None:
+        b, pts = bench
+        out += [
+            f"FlashMLA in the plot: {md_code(b.name)} ({md(b.date or 'undated')}), ours and FlashMLA measured in one "
+            f"run at C={', '.join(map(str, sorted(pts)))}; the search's medians come from its own runs.",
+            "",
+        ]
+    return out
 
 
 def _heatmap_rows(rows: list[_Row], by_c, levels) -> list[tuple[str, str, bool]]:
@@ -548,19 +623,13 @@ def _ratio_ticks(lim: float) -> list[float]:
     return sorted(kept)
 
 
-def _heatmap(plots_dir: Path, prefix, stem, rows: list[_Row], by_c, levels, bands) -> list[str]:
-    """Lever × concurrency; colour = log ratio to the baseline on a diverging scale centred at 1,
-    white inside that level's noise band, grey where the lever did not run."""
-    import numpy as np
+SPARSE = 0.5  # a one-lever grid measured in fewer of its cells than this is drawn per parameter value instead
 
-    plt = _pyplot()
-    from matplotlib.colors import TwoSlopeNorm
 
-    plots_dir.mkdir(parents=True, exist_ok=True)
+def _lever_grid(rows: list[_Row], by_c, levels):
+    """Each lever alone (and the stand-ins of those that never ran alone): (labels, ratios, cell texts)."""
     shown_rows = _heatmap_rows(rows, by_c, levels)
-    if not shown_rows:
-        return []
-    ratio = np.full((len(shown_rows), len(levels)), np.nan)
+    ratio = [[math.nan] * len(levels) for _ in shown_rows]
     text = [["" for _ in levels] for _ in shown_rows]
     for i, (_, key, _) in enumerate(shown_rows):
         for j, c in enumerate(levels):
@@ -572,32 +641,89 @@ def _heatmap(plots_dir: Path, prefix, stem, rows: list[_Row], by_c, levels, band
             if t is not None and t.verdict != Verdict.OK:
                 text[i][j] = str(t.verdict)
             elif t is not None and (st := t.statistic(Phase.SCREEN) or t.statistic()) is not None:
-                ratio[i, j] = st.ratio
+                ratio[i][j] = st.ratio
                 text[i][j] = f"{st.ratio:.2f}"
+    return [(label, stand_in) for label, _, stand_in in shown_rows], ratio, text
+
+
+def _value_grid(by_c, levels, base_key):
+    """Each value of each parameter that varies: the best ok config with that value at each level (its ratio
+    to the baseline), so every cell holds a measurement wherever the level measured that value at all."""
+    base = KernelConfig.parse(base_key).as_dict() if base_key else {}
+    values = _values(by_c)
+    labels, ratio, text = [], [], []
+    for p in PARAM_NAMES:
+        if len(values[p]) < 2:
+            continue
+        for v in sorted(values[p]):
+            labels.append((plot_text(f"{p}={v}" + ("  (baseline's)" if base.get(p) == v else "")), False))
+            r_row, t_row = [], []
+            for c in levels:
+                ok = [t for t in by_c[c].values() if t.verdict == Verdict.OK and getattr(t, p) == v]
+                b = queries.best_of(ok) if ok else None
+                st = b.statistic() if b is not None else None
+                r_row.append(st.ratio if st is not None else math.nan)
+                t_row.append(f"{st.ratio:.2f}" if st is not None else "–")
+            ratio.append(r_row)
+            text.append(t_row)
+    return labels, ratio, text
+
+
+def _heatmap(plots_dir: Path, prefix, stem, title, rows: list[_Row], by_c, levels, bands, base_key) -> list[str]:
+    """Lever × concurrency; colour = log ratio to the baseline on a diverging scale centred at 1,
+    white inside that level's noise band, grey where nothing ran. Where the search measured the one-lever
+    grid in fewer than SPARSE of its cells (a strategy that does not try each lever alone), each row is a
+    parameter value instead, its cell the best measured config with that value: data, not stand-ins."""
+    import numpy as np
+
+    plt = _pyplot()
+    from matplotlib.colors import TwoSlopeNorm
+
+    labels, ratio_rows, text = _lever_grid(rows, by_c, levels) if rows else ([], [], [])
+    measured = sum(math.isfinite(x) for r in ratio_rows for x in r) / max(len(ratio_rows) * len(levels), 1)
+    per_value = measured < SPARSE
+    if per_value:
+        labels, ratio_rows, text = _value_grid(by_c, levels, base_key)
+    if not labels:
+        return []
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    ratio = np.array(ratio_rows, dtype=float)
     shown = np.log2(ratio)
     for j, c in enumerate(levels):
         inside = np.abs(ratio[:, j] - 1) <= bands[c]
         shown[inside, j] = 0.0
     lim = max(float(np.nanmax(np.abs(shown))) if np.isfinite(shown).any() else 0.0, 0.05)
     cmap = plt.get_cmap("RdBu_r").with_extremes(bad="0.85")
-    fig, ax = plt.subplots(figsize=(1.6 + 0.75 * len(levels) + 3.0, 1.4 + 0.38 * len(shown_rows)))
+    fig, ax = plt.subplots(figsize=(1.6 + 0.75 * len(levels) + 3.0, 1.4 + 0.38 * len(labels)))
     im = ax.imshow(
         np.ma.masked_invalid(shown), cmap=cmap, norm=TwoSlopeNorm(0.0, -lim, lim), aspect="auto", interpolation="none"
     )
-    for i in range(len(shown_rows)):
+    for i in range(len(labels)):
         for j in range(len(levels)):
             dark = np.isfinite(shown[i, j]) and abs(shown[i, j]) > 0.6 * lim
             ax.text(j, i, text[i][j], ha="center", va="center", fontsize=7, color="white" if dark else "black")
     ax.set_xticks(range(len(levels)), [f"C={c}" for c in levels])
-    ax.set_yticks(range(len(shown_rows)), [label for label, _, _ in shown_rows], fontsize=8)
-    for tick, (_, _, stand_in) in zip(ax.get_yticklabels(), shown_rows, strict=True):
+    ax.set_yticks(range(len(labels)), [label for label, _ in labels], fontsize=8)
+    for tick, (_, stand_in) in zip(ax.get_yticklabels(), labels, strict=True):
         if stand_in:
             tick.set_fontstyle("italic")
-    ax.set_title(
-        "each lever alone: time ratio vs baseline (< 1 faster; white = inside the noise band; grey = no ok trial)\n"
-        "italic rows: a lever never measured ok alone, shown by the nearest config that ran (it changes more)",
-        fontsize=8,
-    )
+    if per_value:
+        what = (
+            f"{title}: the best measured config with each parameter value, time ratio vs baseline\n"
+            "(< 1 faster; white = inside the noise band; grey = no ok trial with that value; "
+            f"the search measured {measured:.0%} of the one-lever grid, too little to show each lever alone)"
+        )
+    else:
+        what = (
+            f"{title}: each lever alone, time ratio vs baseline\n"
+            "(< 1 faster; white = inside the noise band; grey = no ok trial)"
+            + (
+                "; italic rows: a lever never measured ok alone, shown by the nearest config that ran"
+                if any(si for _, si in labels)
+                else ""
+            )
+        )
+    ax.set_title(what, fontsize=8)
     ticks = _ratio_ticks(lim)
     cb = fig.colorbar(im, ax=ax, ticks=[math.log2(t) for t in ticks], fraction=0.05, pad=0.02)
     cb.ax.set_yticklabels([f"{t:g}" for t in ticks])
@@ -605,4 +731,5 @@ def _heatmap(plots_dir: Path, prefix, stem, rows: list[_Row], by_c, levels, band
     f2 = plots_dir / f"{stem}_levers.png"
     fig.savefig(f2, dpi=110, bbox_inches="tight")
     plt.close(fig)
-    return [f"![lever × concurrency heatmap of time ratios]({prefix}{f2.name})", ""]
+    alt = "parameter value" if per_value else "lever"
+    return [f"![{alt} × concurrency heatmap of time ratios]({prefix}{f2.name})", ""]

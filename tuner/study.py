@@ -40,6 +40,7 @@ from tuner.heartbeat import Heartbeat
 from tuner.heartbeat import owner
 from tuner.measure import MeasurementProcess
 from tuner.noise import StudyNoise
+from tuner.output import us
 from tuner.progress import Progress
 from tuner.protocol import MeasureReply
 from tuner.protocol import MeasureRequest
@@ -203,7 +204,7 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
                 row = summary_row(s, self.study_id, self.plan.spec.name, self.plan.concurrency)
             row["strategy"] = self.strategy.name
             row["stopped"] = stopped or self.study.user_attrs.get("stopped") or "interrupted"
-            bar.close(f"best {row['best']} {row['median_us']} µs" if row["best"] != "-" else "no ok config")
+            bar.close(f"best {row['best']} {us(float(row['median_us']))}" if row["best"] != "-" else "no ok config")
             return row
 
     def _out_of_time(self) -> bool:

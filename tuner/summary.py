@@ -7,6 +7,8 @@ from sqlalchemy.orm import Session
 from db import queries
 from db.models import StudyModel
 from db.verdicts import Verdict
+from tuner.output import pct
+from tuner.output import us
 
 
 def summary_row(session: Session, study_id: int, workload: str, concurrency: int) -> dict:
@@ -20,7 +22,7 @@ def summary_row(session: Session, study_id: int, workload: str, concurrency: int
         "median_us": "-",
         "ratio vs baseline (95% CI)": "-",
         "verdict": "-",
-        "noise band": f"±{(study.noise_band or 0) * 100:.1f}%",
+        "noise band": pct(study.noise_band or 0),
         "ok": sum(t.verdict == Verdict.OK and t.statistic() is not None for t in trials),
         **tally,
     }
@@ -39,5 +41,5 @@ def summary_row(session: Session, study_id: int, workload: str, concurrency: int
 def postfix(best: tuple[str, float, float] | None, band: float) -> str:
     """``best (config, ratio, median µs)`` of the screening so far, and the band."""
     if best is None:
-        return f"band ±{band * 100:.1f}%"
-    return f"best {best[0]} {best[2]:.1f}µs ({best[1]:.3f}x), band ±{band * 100:.1f}%"
+        return f"band {pct(band)}"
+    return f"best {best[0]} {us(best[2])} ({best[1]:.3f}x), band {pct(band)}"

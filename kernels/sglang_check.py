@@ -1,0 +1,214 @@
+"""GPU check of the SGLang plugin's hook, without SGLang: the engine's call at its 15 CUDA-graph capture sizes.
+
+    python -m kernels.sglang_check [--out check.json] [--concurrency 1,2,4,8,16,24,...,96]
+
+At each batch size C, :func:`kernels.sglang_plugin.sglang_hook` is called with the keyword arguments SGLang's
+DeepSeek-V4 backend passes on sm_120: q ``[C, 1, 16, 512]`` bf16 (TP4), the window cache (top-k 128 of a
+128-token window) as a float8_e4m3fn view ``[pages, 256, 1, 584]`` of 256-token pages padded to 149 760 bytes, the
+compressed cache (top-k 512 of 8192 tokens) as ``[pages, 64, 1, 584]`` of pages padded to 37 440 bytes, ragged
+lengths left out (as SGLang passes them: ``topk_length`` None), and the per-head sink. The original function is a
+stub that fails: every call must be served by the kernel.
+
+Checked against the fp32 reference (the project's gate, ``kernels.reference.compare``) and against FlashMLA
+(``flash_mla``, legacy sm_90 path, heads padded to 64, on the same tokens re-paged into contiguous 64-token pages, as
+``kernels.bench_call`` calls it): relative error at most twice the gate's, as both are held to it. Timed like
+``kernels.bench_call`` (CUDA-graph replays over 4 rotating input sets): the hook, and the layer-call benchmark's
+own call (``kernels.flashmla_compat`` on the contiguous caches) at the same C, in the same process; ``ratio`` is
+hook / layer call. The first eager call warms the shape up (every config the table can pick); the check also
+counts the Triton compilations that happen after it (``late_compiles``, which must be 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from kernels import flashmla_compat
+from kernels import sglang_plugin
+from kernels import timing
+from kernels.reference import OUT_RTOL
+from kernels.reference import compare
+from kernels.reference import sparse_mla_decode_ref
+from kernels.workload import Workload
+from kernels.workload import make_batch
+
+HEADS, FLASHMLA_HEADS, SETS = 16, 64, 4
+WINDOW = Workload("fp8_model1", HEADS, 128, page_size=256, context=128)
+COMPRESSED = Workload("fp8_model1", HEADS, 512, page_size=64, context=8192)
+CAPTURE = ",".join(map(str, sglang_plugin.CAPTURE_SIZES))
+
+
+def repage(pages: torch.Tensor, page_size: int = 64) -> torch.Tensor:
+    """A contiguous fp8_model1 cache of large pages as pages of ``page_size`` tokens (same token indices)."""
+    n, big, bpt = pages.shape
+    k = big // page_size
+    flat = pages.reshape(n, big * bpt)
+    data = flat[:, : big * 576].reshape(n, k, page_size * 576)
+    scales = flat[:, big * 576 :].reshape(n, k, page_size * 8)
+    return torch.cat([data, scales], dim=2).reshape(n * k, page_size, bpt).contiguous()
+
+
+def _engine_kwargs(bt) -> dict:
+    return {
+        "q": bt.q,
+        "k_cache": sglang_plugin.engine_cache(bt.kv_cache),
+        "head_dim_v": 512,
+        "softmax_scale": 512**-0.5,
+        "indices": bt.indices,
+        "topk_length": None,
+        "attn_sink": bt.attn_sink,
+        "extra_k_cache": sglang_plugin.engine_cache(bt.extra_kv_cache),
+        "extra_indices_in_kvcache": bt.extra_indices,
+        "extra_topk_length": None,
+    }
+
+
+def _flashmla_args(bt, heads: int) -> tuple[tuple, dict]:
+    """``kernels.bench_call``'s FlashMLA-style arguments: contiguous 64-token pages, q and sink padded."""
+    q, sink = bt.q, bt.attn_sink
+    if heads > q.shape[2]:
+        pad = heads - q.shape[2]
+        q = torch.cat([q, q.new_zeros(*q.shape[:2], pad, q.shape[3])], dim=2)
+        sink = torch.cat([sink, sink.new_zeros(pad)])
+    k = repage(bt.kv_cache).unsqueeze(2).view(torch.float8_e4m3fn)
+    ek = bt.extra_kv_cache.unsqueeze(2).view(torch.float8_e4m3fn)
+    kw = {
+        "softmax_scale": 512**-0.5,
+        "is_fp8_kvcache": True,
+        "indices": bt.indices,
+        "attn_sink": sink,
+        "extra_k_cache": ek,
+        "extra_indices_in_kvcache": bt.extra_indices,
+    }
+    return (q, k, None, None, 512), kw
+
+
+def _left(**kwargs):
+    raise RuntimeError("the hook left an engine call to the original: the check expects every call served")
+
+
+class _Compiles:
+    """Counts Triton compilations (``triton.knobs.compilation.listener``) while armed."""
+
+    def __init__(self):
+        self.count, self.armed, self.supported = 0, False, False
+        try:
+            import triton.knobs as knobs
+
+            self._prev = knobs.compilation.listener
+            knobs.compilation.listener = self._on
+            self.supported = True
+        except (ImportError, AttributeError):
+            pass
+
+    def _on(self, **kw):
+        if self._prev is not None:
+            self._prev(**kw)
+        if self.armed:
+            self.count += 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--concurrency", default=CAPTURE)
+    ap.add_argument("--samples", type=int, default=10)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("kernels.sglang_check needs a CUDA GPU", file=sys.stderr)
+        return 2
+    try:
+        levels = [int(c) for c in args.concurrency.split(",")]
+        if not levels or min(levels) < 1:
+            raise ValueError
+    except ValueError:
+        print(f"--concurrency must be positive integers separated by commas, got {args.concurrency!r}", file=sys.stderr)
+        return 2
+    try:
+        import flash_mla
+    except ImportError:
+        flash_mla = None
+    compiles = _Compiles()
+    rows = []
+    warm_s = None
+    for C in levels:
+        sets = [
+            make_batch(WINDOW, C, device="cuda", seed=s, q_tokens=1, extra=COMPRESSED, with_sink=True)
+            for s in range(SETS)
+        ]
+        ref_out, ref_lse = sparse_mla_decode_ref(*sets[0].args(), **sets[0].kwargs(), sm_scale=512**-0.5)
+        engine = [_engine_kwargs(bt) for bt in sets]
+        row = {"C": C}
+        if warm_s is None:  # the first call of the shape warms it up: every config its table can pick
+            t0 = time.perf_counter()
+            sglang_plugin.sglang_hook(_left, **engine[0])
+            torch.cuda.synchronize()
+            warm_s = time.perf_counter() - t0
+
+        def step_hook(i, engine=engine):
+            return sglang_plugin.sglang_hook(_left, **engine[i])
+
+        compiles.armed = True
+        out, lse = step_hook(0)
+        torch.cuda.synchronize()
+        compiles.armed = False
+        ok, rel, _, why = compare(out, lse, ref_out, ref_lse)
+        row["hook_ok"], row["hook_rel_err"] = ok, round(rel, 5)
+        if flash_mla is not None:
+            a, kw = _flashmla_args(sets[0], FLASHMLA_HEADS)
+            fout, _ = flash_mla.flash_mla_with_kvcache(
+                *a, flash_mla.get_mla_metadata()[0], **kw, use_legacy=True, kv_format="V4"
+            )
+            fout = fout[:, :, :HEADS].float()
+            rel_f = ((out.float() - fout).norm() / fout.norm().clamp_min(1e-30)).item()
+            row["vs_flashmla_rel_err"] = round(rel_f, 5)
+            row["flashmla_ok"] = rel_f <= 2 * OUT_RTOL  # each within OUT_RTOL of the fp32 reference
+        compiles.armed = True
+        sample = timing.sampler(timing.capture(step_hook, SETS), SETS, 5.0)
+        compiles.armed = False
+        row["hook_us"] = statistics.median(sample()[0] for _ in range(args.samples))
+        layer = [_flashmla_args(bt, HEADS) for bt in sets]
+        meta = flashmla_compat.get_mla_metadata()[0]
+
+        def step_layer(i, layer=layer, meta=meta):
+            a, kw = layer[i]
+            return flashmla_compat.flash_mla_with_kvcache(*a, meta, **kw)
+
+        sample = timing.sampler(timing.capture(step_layer, SETS), SETS, 5.0)
+        row["layer_call_us"] = statistics.median(sample()[0] for _ in range(args.samples))
+        row["ratio"] = round(row["hook_us"] / row["layer_call_us"], 4)
+        if not ok:
+            row["why"] = why
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del sets, engine, layer
+        torch.cuda.empty_cache()
+    summary = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "flash_mla": flash_mla is not None,
+        "warm_up_s": round(warm_s or 0.0, 2),
+        "late_compiles": compiles.count if compiles.supported else None,
+        "ratio_median": round(statistics.median(r["ratio"] for r in rows), 4),
+        "ratio_max": max(r["ratio"] for r in rows),
+    }
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"env": summary, "rows": rows}, f, indent=1)
+    from tabulate import tabulate
+
+    print(tabulate(rows, headers="keys", floatfmt=".3f"))
+    print(json.dumps(summary))
+    good = all(r["hook_ok"] and r.get("flashmla_ok", True) for r in rows) and not compiles.count
+    return 0 if good else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

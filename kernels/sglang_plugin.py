@@ -1,0 +1,526 @@
+"""SGLang plugin: the tuned kernel behind SGLang's sm_120 sparse-MLA decode call, with no fork and no patch.
+
+SGLang (0.5.23) loads the entry points of group ``sglang.srt.plugins`` (``pyproject.toml`` declares
+``sparse_mla = "kernels.sglang_plugin:register"``). :func:`register` puts :func:`sglang_hook` AROUND
+``sglang.kernels.ops.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120``, the function DeepSeek-V4's
+attention backend calls on sm_120 with keyword arguments only. The hook serves a call whose shape, format and
+device the tables cover (see :func:`leave_reason`) with :func:`kernels.sparse_mla_decode` and the tuned config,
+and hands every other call, unchanged, to the original. Each distinct call shape is logged once (logger
+``sglang.srt.plugins.sparse_mla``, which goes to SGLang's log): served with which table, or left and why.
+
+- Off without uninstalling: ``SPARSE_MLA_SGLANG=0`` (also ``false``/``off``/``no``), read at load and at every
+  call; or leave ``sparse_mla`` out of SGLang's ``SGLANG_PLUGINS`` allow-list.
+- The cache is read in place: ``k_cache`` is SGLang's strided view ``[num_pages, page_size, 1, 584]`` (uint8 or
+  float8_e4m3fn) of pages padded to ``ceil(page_size * 584 / 576) * 576`` bytes; the kernel takes the page
+  stride ``k_cache.stride(0)`` as it is. Only indices that are not contiguous int32 are copied (a few kB).
+- CUDA graphs: the config of each ``B * s_q`` rows is resolved once, on the host, and cached, so a captured call
+  has a fixed split count; its outputs and split scratch are allocated at capture, in the graph's pool, and
+  replays allocate nothing. The hook itself runs no Python at replay.
+- Warm: the first call of a new shape outside graph capture (SGLang's warm-up forward passes) runs
+  :func:`warm_up_like`, which launches the kernel once at every row count the plugin serves for that shape, so
+  every config the tables can pick, and every binary it launches, is compiled and loaded before serving
+  (``SGLANG_CRASH_ON_TRITON_LOAD_AFTER_READY`` stays quiet). :func:`warm_up` does the same from shapes alone.
+
+The hook does not import SGLang: it can be called (and checked on a GPU, ``python -m kernels.sglang_check``)
+where SGLang is not installed. Only :func:`register` imports SGLang's ``HookRegistry``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import torch
+
+from kernels import decode
+from kernels.config import DEFAULT_CONFIG
+from kernels.config import KernelConfig
+from kernels.decode import INTERPRET
+from kernels.decode import device_name
+from kernels.kv_format import FORMATS
+from kernels.table import candidates
+from kernels.table import fit_config
+from kernels.table import load_table
+from kernels.table import lookup_config
+from kernels.table import nearest_shape
+from kernels.table import running_triton
+from kernels.table import search_dirs
+from kernels.table import sidecar_path
+from kernels.table import tuned_shapes
+
+TARGET = "sglang.kernels.ops.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120"
+PLUGIN_NAME = "sparse_mla"  # the entry point's name, as SGLANG_PLUGINS lists it
+ENV_SWITCH = "SPARSE_MLA_SGLANG"
+KV_FORMAT = "fp8_model1"  # DeepSeek-V4's cache (FlashMLA's "V4"); 584 bytes per token
+SERVED_HEADS = (8, 16, 32, 64, 128)  # local heads from TP16 to TP1
+MAX_Q_TOKENS = 8  # speculative decoding's verify step
+CAPTURE_SIZES = (1, 2, 4, 8, *range(16, 97, 8))  # SGLang's default CUDA-graph batch sizes up to 96 (15 sizes)
+KEYWORDS = frozenset(
+    {
+        "q",
+        "k_cache",
+        "head_dim_v",
+        "softmax_scale",
+        "indices",
+        "topk_length",
+        "attn_sink",
+        "extra_k_cache",
+        "extra_indices_in_kvcache",
+        "extra_topk_length",
+    }
+)
+_OFF = ("0", "false", "off", "no")
+_ON = ("", "1", "true", "on", "yes")
+_CACHE_DTYPES = (torch.uint8, torch.float8_e4m3fn)
+
+logger = logging.getLogger("sglang.srt.plugins.sparse_mla")
+
+
+def enabled() -> bool:
+    """Whether ``SPARSE_MLA_SGLANG`` lets the plugin serve (unset: yes). A value other than
+    0/false/off/no or 1/true/on/yes turns it off, with one warning saying what is allowed."""
+    value = os.environ.get(ENV_SWITCH, "").strip().lower()
+    if value in _ON:
+        return True
+    if value not in _OFF:
+        _log_once(
+            ("switch", value),
+            logging.WARNING,
+            "%s=%r is not one of 0/false/off/no or 1/true/on/yes; the sparse-MLA plugin stays off",
+            ENV_SWITCH,
+            os.environ.get(ENV_SWITCH),
+        )
+    return False
+
+
+def register() -> None:
+    """The entry point SGLang's ``load_plugins()`` calls: registers :func:`sglang_hook` AROUND :data:`TARGET`."""
+    if not enabled():
+        logger.info("sparse-MLA plugin: off (%s=%s); SGLang's own kernels serve", ENV_SWITCH, os.environ[ENV_SWITCH])
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry
+    from sglang.srt.plugins.hook_registry import HookType
+
+    HookRegistry.register(TARGET, sglang_hook, HookType.AROUND)
+    logger.info(
+        "sparse-MLA plugin: wraps %s. Serves %s caches (584 B/token, pages padded or not, uint8 or e4m3) with "
+        "q [B, s_q <= %d, H in %s, 512] bf16, head_dim_v 512, any top-k, on a GPU with an exported table for the "
+        "format (the nearest tuned heads/top-k when the shape has none; B * s_q up to its largest batch). Leaves "
+        "every other call to SGLang. Off: %s=0.",
+        TARGET,
+        KV_FORMAT,
+        MAX_Q_TOKENS,
+        list(SERVED_HEADS),
+        ENV_SWITCH,
+    )
+
+
+def sglang_hook(original_fn, *args, **kwargs):
+    """AROUND hook of ``flash_mla_with_kvcache_sm120(**kwargs)``: ``(out [B, s_q, H, 512] bf16, lse [B, H, s_q])``
+    from the tuned kernel for a covered call, else whatever ``original_fn`` returns."""
+    if args or not enabled():
+        return original_fn(*args, **kwargs)
+    try:
+        key = _signature(kwargs)
+    except Exception:  # an argument that is not what SGLang passes: not ours to judge
+        return original_fn(*args, **kwargs)
+    route = _ROUTES.get(key)
+    if route is None:
+        route = _route(key, kwargs)
+    if isinstance(route, str):
+        return original_fn(*args, **kwargs)
+    return _serve(route, kwargs)
+
+
+# --- which calls are served ----------------------------------------------------------------------------
+
+
+def _cache_sig(cache):
+    if not isinstance(cache, torch.Tensor):
+        return ("not a tensor", type(cache).__name__)
+    return (tuple(cache.shape), tuple(cache.stride()), cache.dtype, cache.device)
+
+
+def _tensor_sig(t):
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor):
+        return ("not a tensor", type(t).__name__)
+    return (tuple(t.shape), t.dtype, t.device)
+
+
+def _signature(kw: dict) -> tuple:
+    """What decides the route: every argument's shape, dtype, device (and the caches' strides)."""
+    q, idx, eidx = kw.get("q"), kw.get("indices"), kw.get("extra_indices_in_kvcache")
+    return (
+        tuple(sorted(kw)),
+        _tensor_sig(q),
+        q.stride(-1) if isinstance(q, torch.Tensor) and q.dim() else None,
+        _cache_sig(kw.get("k_cache")),
+        _tensor_sig(idx),
+        _tensor_sig(kw.get("topk_length")),
+        _tensor_sig(kw.get("attn_sink")),
+        None if kw.get("extra_k_cache") is None else _cache_sig(kw.get("extra_k_cache")),
+        _tensor_sig(eidx),
+        _tensor_sig(kw.get("extra_topk_length")),
+        kw.get("head_dim_v"),
+        type(kw.get("softmax_scale")).__name__,
+    )
+
+
+def _cache_problem(name: str, cache) -> str | None:
+    if not isinstance(cache, torch.Tensor) or cache.dim() != 4 or cache.shape[2] != 1:
+        return f"{name} is not [num_pages, page_size, 1, bytes]"
+    if cache.shape[3] != FORMATS[KV_FORMAT].bytes_per_token:
+        return f"{name} has {cache.shape[3]} bytes per token (served: 584, DeepSeek-V4's layout)"
+    if cache.dtype not in _CACHE_DTYPES:
+        return f"{name} is {cache.dtype} (served: uint8 or float8_e4m3fn bytes)"
+    pages, page_size = cache.shape[0], cache.shape[1]
+    if pages < 1 or page_size < 1:
+        return f"{name} is empty"
+    if cache.stride(1) != 584 or cache.stride(3) != 1:
+        return f"{name} has token strides {list(cache.stride())} (served: 584 bytes per token, in place)"
+    if pages > 1 and (cache.stride(0) < page_size * 584 or cache.stride(0) % 4):
+        return f"{name} has a page stride of {cache.stride(0)} bytes (served: >= page_size * 584, a multiple of 4)"
+    return None
+
+
+def _index_problem(name: str, idx, lead: tuple) -> str | None:
+    if not isinstance(idx, torch.Tensor) or idx.dim() != 3 or tuple(idx.shape[:2]) != lead or idx.shape[2] < 1:
+        return f"{name} is not [{lead[0]}, {lead[1]}, topk]"
+    if idx.dtype not in (torch.int32, torch.int64):
+        return f"{name} is {idx.dtype} (served: int32 or int64)"
+    return None
+
+
+def _length_problem(name: str, t, B: int) -> str | None:
+    if t is not None and (not isinstance(t, torch.Tensor) or tuple(t.shape) != (B,) or t.is_floating_point()):
+        return f"{name} is not an integer [{B}] tensor"
+    return None
+
+
+def leave_reason(kw: dict) -> str | None:
+    """Why a call goes to the original (None: the kernel serves it, subject to the device's tables)."""
+    unknown = sorted(set(kw) - KEYWORDS)
+    if unknown:
+        return f"unknown arguments {unknown}"
+    q = kw.get("q")
+    if not isinstance(q, torch.Tensor) or q.dim() != 4 or q.shape[-1] != 512 or q.dtype != torch.bfloat16:
+        return "q is not [B, s_q, H, 512] bf16"
+    if q.stride(-1) != 1:
+        return "q's last dimension is not contiguous"
+    B, s_q, H, _ = q.shape
+    if B < 1:
+        return "the batch is empty"
+    if not 1 <= s_q <= MAX_Q_TOKENS:
+        return f"q has {s_q} query tokens per request (served: 1 to {MAX_Q_TOKENS})"
+    if H not in SERVED_HEADS:
+        return f"q has {H} heads (served: {', '.join(map(str, SERVED_HEADS))})"
+    if kw.get("head_dim_v") != 512:
+        return f"head_dim_v is {kw.get('head_dim_v')!r} (served: 512)"
+    scale = kw.get("softmax_scale")
+    if scale is not None and not isinstance(scale, (int, float)):
+        return "softmax_scale is not a number"
+    problem = _cache_problem("k_cache", kw.get("k_cache")) or _index_problem("indices", kw.get("indices"), (B, s_q))
+    problem = problem or _length_problem("topk_length", kw.get("topk_length"), B)
+    if problem:
+        return problem
+    extra, eidx = kw.get("extra_k_cache"), kw.get("extra_indices_in_kvcache")
+    if (extra is None) != (eidx is None):
+        return "extra_k_cache and extra_indices_in_kvcache are not given together"
+    if extra is None and kw.get("extra_topk_length") is not None:
+        return "extra_topk_length without an extra cache"
+    if extra is not None:
+        problem = _cache_problem("extra_k_cache", extra) or _index_problem("extra_indices_in_kvcache", eidx, (B, s_q))
+        problem = problem or _length_problem("extra_topk_length", kw.get("extra_topk_length"), B)
+        if problem:
+            return problem
+    sink = kw.get("attn_sink")
+    if sink is not None and (
+        not isinstance(sink, torch.Tensor) or tuple(sink.shape) != (H,) or sink.dtype != torch.float32
+    ):
+        return f"attn_sink is not a [{H}] float32 tensor"
+    tensors = [kw.get(k) for k in KEYWORDS if isinstance(kw.get(k), torch.Tensor)]
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        return f"the tensors are on several devices ({sorted(map(str, devices))})"
+    device = q.device
+    if device.type == "cpu" and not INTERPRET:
+        return "tensors on the CPU without Triton's interpreter"
+    if device.type not in ("cpu", "cuda"):
+        return f"device {device.type} (served: CUDA GPUs)"
+    return None
+
+
+class _Route:
+    """A served shape class (any batch size): which table serves it, and the config of each row count,
+    resolved once."""
+
+    def __init__(self, device: torch.device, heads: int, topk: int, shape, max_rows):
+        self.device, self.heads, self.topk = device, heads, topk
+        self.shape = shape  # the tuned (heads, topk) whose table serves; None: the default config (interpreter)
+        self.max_rows = max_rows  # B * s_q served up to this (the table's largest batch); None: no limit
+        self.configs: dict[int, KernelConfig] = {}
+        self.warm = False
+
+    def config(self, rows: int) -> KernelConfig:
+        cfg = self.configs.get(rows)
+        if cfg is None:
+            if self.shape is None:
+                cfg = DEFAULT_CONFIG
+            else:
+                cfg = lookup_config(device_name(self.device), KV_FORMAT, *self.shape, rows)
+                if self.shape[1] > self.topk:
+                    cfg = fit_config(cfg, self.topk)
+            self.configs[rows] = cfg
+        return cfg
+
+    def serves(self, rows: int) -> bool:
+        return self.max_rows is None or rows <= self.max_rows
+
+
+_ROUTES: dict[tuple, _Route | str] = {}  # by the call's whole signature
+_CLASSES: dict[tuple, _Route | str] = {}  # by the signature less the batch size
+_SHAPES: dict[tuple, tuple | str | None] = {}  # (device, heads, topk) -> the tuned shape serving it
+_LOCK = threading.RLock()
+_logged: set = set()
+
+
+def _log_once(key, level, msg, *args) -> None:
+    if key not in _logged:
+        _logged.add(key)
+        logger.log(level, msg, *args)
+
+
+def _stamp(path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return (st.st_mtime_ns, st.st_size)
+
+
+def largest_batch(device: str, heads: int, topk: int) -> int:
+    """The largest batch key of the table ``lookup_config`` reads for this shape (0: none usable)."""
+    version = running_triton()
+    for d in search_dirs():
+        for c in candidates(d, device, KV_FORMAT, heads, topk, version):
+            stamp = _stamp(c.path)
+            if stamp is not None:
+                table = load_table(str(c.path), stamp, _stamp(sidecar_path(c.path)))
+                return max(table.configs, default=0)
+    return 0
+
+
+def _class_key(kw: dict) -> tuple:
+    """A call's signature less its batch size: the calls of one shape at every batch size share it."""
+    q, kc, idx = kw["q"], kw["k_cache"], kw["indices"]
+    extra, eidx = kw.get("extra_k_cache"), kw.get("extra_indices_in_kvcache")
+    geometry = None if extra is None else (tuple(extra.shape[1:]), extra.stride(0), extra.dtype, eidx.shape[-1])
+    flags = tuple(kw.get(k) is None for k in ("topk_length", "attn_sink", "extra_topk_length"))
+    return (q.device, tuple(q.shape[1:]), tuple(kc.shape[1:]), kc.stride(0), kc.dtype, idx.shape[-1], geometry, flags)
+
+
+def _table_for(device: torch.device, heads: int, topk: int) -> tuple[tuple[int, int], int] | str | None:
+    """The tuned shape whose table serves ``(heads, topk)`` on ``device`` and its largest batch; a reason when the
+    device has no usable table; None on the interpreter without a table (the default config serves)."""
+    key = (device, heads, topk)
+    found = _SHAPES.get(key)
+    if found is None and key not in _SHAPES:
+        name = device_name(device)
+        shape = nearest_shape(tuned_shapes(name, KV_FORMAT), heads, topk)
+        if shape is None:
+            found = None if device.type == "cpu" else f"no exported {KV_FORMAT} table for {name}"
+        else:
+            largest = largest_batch(name, *shape)
+            found = (shape, largest) if largest else f"the table heads={shape[0]}, topk={shape[1]} has no usable entry"
+        _SHAPES[key] = found
+    return found
+
+
+def _shape_class(kw: dict) -> _Route | str:
+    """The route of a call that :func:`leave_reason` accepted, shared by every batch size of its shape."""
+    key = _class_key(kw)
+    route = _CLASSES.get(key)
+    if route is None:
+        q = kw["q"]
+        heads, topk = q.shape[2], kw["indices"].shape[-1]
+        table = _table_for(q.device, heads, topk)
+        if isinstance(table, str):
+            route = table
+        elif table is None:  # Triton's interpreter (tests) without a table: every legal call, the default config
+            route = _Route(q.device, heads, topk, None, None)
+        else:
+            route = _Route(q.device, heads, topk, *table)
+        _CLASSES[key] = route
+    return route
+
+
+def _route(key: tuple, kw: dict) -> _Route | str:
+    with _LOCK:
+        route = _ROUTES.get(key)
+        if route is not None:
+            return route
+        q = kw.get("q")
+        route = leave_reason(kw) or _shape_class(kw)
+        if isinstance(route, _Route) and not route.serves(q.shape[0] * q.shape[1]):
+            h, k = route.shape
+            route = f"B * s_q above the largest batch ({route.max_rows}) of the table of heads={h}, topk={k}"
+        shape = list(q.shape[1:]) if isinstance(q, torch.Tensor) else type(q).__name__
+        if isinstance(route, _Route):
+            how = "the default config (interpreter)"
+            if route.shape is not None:
+                how = f"the table of heads={route.shape[0]}, topk={route.shape[1]}, B * s_q up to {route.max_rows}"
+            extra = kw.get("extra_k_cache")
+            _log_once(
+                ("serve", _class_key(kw)),
+                logging.INFO,
+                "sparse-MLA plugin serves q [B, %s], k_cache [..., %s] (page stride %d B)%s with %s",
+                ", ".join(map(str, shape)),
+                ", ".join(map(str, kw["k_cache"].shape[1:])),
+                kw["k_cache"].stride(0),
+                ""
+                if extra is None
+                else f" and extra_k_cache [..., {', '.join(map(str, extra.shape[1:]))}] "
+                f"(page stride {extra.stride(0)} B)",
+                how,
+            )
+        else:
+            _log_once(
+                ("leave", str(shape), route),
+                logging.INFO,
+                "sparse-MLA plugin leaves q [B, %s] to SGLang: %s",
+                ", ".join(map(str, shape)) if isinstance(shape, list) else shape,
+                route,
+            )
+        _ROUTES[key] = route
+        return route
+
+
+# --- serving -----------------------------------------------------------------------------------------
+
+
+def _pages(cache: torch.Tensor) -> torch.Tensor:
+    """``[num_pages, page_size, 1, 584]`` bytes -> the kernel's ``[num_pages, page_size, 584]`` uint8, a view."""
+    return cache.view(torch.uint8).squeeze(2)
+
+
+def _idx(t):
+    return t if t is None or (t.dtype == torch.int32 and t.is_contiguous()) else t.to(torch.int32).contiguous()
+
+
+def _serve(route: _Route, kw: dict, *, warming: bool = False):
+    q = kw["q"]
+    B, s_q = q.shape[0], q.shape[1]
+    rows = B * s_q
+    if not warming and not route.warm and q.device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
+        route.warm = True  # a first call under capture warms nothing (the launches would be captured)
+        warm_up_like(kw)
+    extra = kw.get("extra_k_cache")
+    extra_kw = {}
+    if extra is not None:
+        extra_kw = {
+            "extra_kv_cache": _pages(extra),
+            "extra_indices": _idx(kw["extra_indices_in_kvcache"]),
+            "extra_kv_format": KV_FORMAT,
+            "extra_topk_length": _idx(kw.get("extra_topk_length")),
+        }
+    scale = kw.get("softmax_scale")
+    return decode.sparse_mla_decode(
+        q,
+        _pages(kw["k_cache"]),
+        _idx(kw["indices"]),
+        kv_format=KV_FORMAT,
+        sm_scale=q.shape[-1] ** -0.5 if scale is None else float(scale),
+        topk_length=_idx(kw.get("topk_length")),
+        attn_sink=kw.get("attn_sink"),
+        config=route.config(rows),
+        **extra_kw,
+    )
+
+
+def warm_up_like(kw: dict, batch_sizes=None) -> list[tuple[int, KernelConfig]]:
+    """Launch the kernel once at every row count the plugin serves for the shape of ``kw`` (an engine call's
+    keyword arguments), on its caches (read only: every index is -1) with small fresh q, indices and outputs,
+    so that every config and binary the tables can pick is compiled and loaded. ``batch_sizes``: the requests
+    per call to warm (default: every one the route serves, up to the tables' largest batch, else
+    :data:`CAPTURE_SIZES`). Returns ``(rows, config)`` per launch."""
+    with _LOCK:
+        route = leave_reason(kw) or _shape_class(kw)
+    if isinstance(route, str):
+        return []
+    q = kw["q"]
+    s_q, H = q.shape[1], q.shape[2]
+    if batch_sizes is None:
+        batch_sizes = range(1, route.max_rows // s_q + 1) if route.max_rows else CAPTURE_SIZES
+    done = []
+    for b in batch_sizes:
+        if not route.serves(b * s_q):
+            continue
+        small = dict(kw)
+        small["q"] = q.new_zeros(b, s_q, H, q.shape[3])
+        small["indices"] = torch.full((b, s_q, kw["indices"].shape[-1]), -1, dtype=torch.int32, device=q.device)
+        for name in ("topk_length", "extra_topk_length"):
+            if kw.get(name) is not None:
+                small[name] = torch.ones(b, dtype=torch.int32, device=q.device)
+        if kw.get("extra_k_cache") is not None:
+            e = kw["extra_indices_in_kvcache"]
+            small["extra_indices_in_kvcache"] = torch.full(
+                (b, s_q, e.shape[-1]), -1, dtype=torch.int32, device=q.device
+            )
+        _serve(route, small, warming=True)
+        done.append((b * s_q, route.config(b * s_q)))
+    if q.device.type == "cuda":
+        torch.cuda.synchronize(q.device)
+    return done
+
+
+def page_bytes(page_size: int) -> int:
+    """SGLang's page of ``page_size`` DeepSeek-V4 tokens: ``ceil(page_size * 584 / 576) * 576`` bytes (padded)."""
+    return -(-page_size * 584 // 576) * 576
+
+
+def engine_cache(pages: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn) -> torch.Tensor:
+    """A copy of a contiguous ``[num_pages, page_size, 584]`` uint8 cache in SGLang's layout: padded pages, seen
+    through the strided view ``[num_pages, page_size, 1, 584]`` SGLang passes (for tests and checks; the hook
+    never copies a cache)."""
+    num_pages, page_size, bpt = pages.shape
+    stride = page_bytes(page_size)
+    buf = torch.zeros(num_pages, stride, dtype=torch.uint8, device=pages.device)
+    buf[:, : page_size * bpt] = pages.reshape(num_pages, page_size * bpt)
+    return buf.view(dtype).as_strided((num_pages, page_size, 1, bpt), (stride, bpt, bpt, 1))
+
+
+def warm_up(
+    *,
+    heads: int,
+    topk: int,
+    page_size: int = 256,
+    extra_topk: int | None = None,
+    extra_page_size: int = 64,
+    q_tokens: int = 1,
+    attn_sink: bool = True,
+    topk_length: bool = True,
+    batch_sizes=None,
+    device: str | torch.device = "cuda",
+) -> list[tuple[int, KernelConfig]]:
+    """:func:`warm_up_like` from shapes alone: SGLang's call of ``heads`` local heads, a window cache of
+    ``page_size``-token padded pages with ``topk`` indices and, with ``extra_topk``, a compressed cache of
+    ``extra_page_size``-token pages (two pages each; every index is -1)."""
+    device = torch.device(device)
+    cache = engine_cache(torch.zeros(2, page_size, 584, dtype=torch.uint8, device=device))
+    kw = {
+        "q": torch.zeros(1, q_tokens, heads, 512, dtype=torch.bfloat16, device=device),
+        "k_cache": cache,
+        "head_dim_v": 512,
+        "softmax_scale": 512**-0.5,
+        "indices": torch.full((1, q_tokens, topk), -1, dtype=torch.int32, device=device),
+        "topk_length": torch.ones(1, dtype=torch.int32, device=device) if topk_length else None,
+        "attn_sink": torch.zeros(heads, dtype=torch.float32, device=device) if attn_sink else None,
+    }
+    if extra_topk:
+        kw["extra_k_cache"] = engine_cache(torch.zeros(2, extra_page_size, 584, dtype=torch.uint8, device=device))
+        kw["extra_indices_in_kvcache"] = torch.full((1, q_tokens, extra_topk), -1, dtype=torch.int32, device=device)
+        kw["extra_topk_length"] = torch.ones(1, dtype=torch.int32, device=device) if topk_length else None
+    return warm_up_like(kw, batch_sizes)

@@ -1,0 +1,388 @@
+"""The SGLang plugin (kernels/sglang_plugin.py) against SGLang 0.5.23 itself, on CPU under Triton's interpreter.
+
+SGLang is not a dependency: CI installs it (``--no-deps``, with the small packages its plugin loader and
+``flash_mla_sm120`` import) in a side folder on ``PYTHONPATH`` (``.ci/run``). Without it the tests that need it
+are skipped; the shape rule and the padded-page kernel path are tested either way.
+"""
+
+import importlib.util
+import json
+import logging
+from importlib.metadata import entry_points
+
+import pytest
+import torch
+
+import kernels.decode as decode
+from kernels import sglang_plugin as plugin
+from kernels.config import KernelConfig
+from kernels.reference import sparse_mla_decode_ref
+from kernels.table import fit_config
+from kernels.table import nearest_shape
+from kernels.table import tuned_shapes
+from kernels.workload import Workload
+from kernels.workload import make_batch
+
+HAS_SGLANG = importlib.util.find_spec("sglang") is not None
+needs_sglang = pytest.mark.skipif(not HAS_SGLANG, reason="SGLang is not importable (.ci/run installs it aside)")
+SCALE = 512**-0.5
+
+
+@pytest.fixture
+def sglang_env(monkeypatch):
+    """SGLang's plugin loader and the module of the hooked call, reset before and restored after the test."""
+    from sglang.kernels.ops.attention import flash_mla_sm120 as mod
+    from sglang.srt import plugins
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    original = mod.flash_mla_with_kvcache_sm120
+    monkeypatch.setattr(mod, "flash_mla_with_kvcache_sm120", original)  # restored at teardown
+    monkeypatch.setattr(mod, "_sm120_default_backend", "torch")  # the original's CPU path: SGLang's torch reference
+    monkeypatch.setattr(plugins, "_plugins_loaded", False)
+    monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
+    monkeypatch.delenv(plugin.ENV_SWITCH, raising=False)
+    HookRegistry.reset()
+    yield mod, plugins, HookRegistry, original
+    HookRegistry.reset()
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """The kernel launches of the test, and what the kernel was handed as caches."""
+    seen = {"launches": [], "caches": []}
+    monkeypatch.setattr(decode, "LAUNCH_LISTENERS", [lambda name, cfg, grid: seen["launches"].append(name)])
+    real = decode.sparse_mla_decode
+
+    def spy(q, kv_cache, indices, **kw):
+        seen["caches"] += [kv_cache, kw.get("extra_kv_cache")]
+        return real(q, kv_cache, indices, **kw)
+
+    monkeypatch.setattr(decode, "sparse_mla_decode", spy)
+    return seen
+
+
+def engine_call(heads=16, q_tokens=2, batch=2, topk=64, extra_topk=64, seed=1, dtype=torch.float8_e4m3fn):
+    """SGLang's keyword arguments of one DeepSeek-V4 decode call: a window cache of 256-token pages and a
+    compressed cache of 64-token pages, both padded as SGLang allocates them, -1 indices, ragged lengths, a sink."""
+    window = Workload("fp8_model1", heads, topk, page_size=256, context=256)
+    compressed = Workload("fp8_model1", heads, extra_topk, page_size=64, context=256)
+    bt = make_batch(
+        window, batch, seed=seed, q_tokens=q_tokens, extra=compressed, with_sink=True, with_topk_length=True,
+        invalid_fraction=0.2,
+    )  # fmt: skip
+    kw = {
+        "q": bt.q,
+        "k_cache": plugin.engine_cache(bt.kv_cache, dtype),
+        "head_dim_v": 512,
+        "softmax_scale": SCALE,
+        "indices": bt.indices,
+        "topk_length": bt.topk_length,
+        "attn_sink": bt.attn_sink,
+        "extra_k_cache": plugin.engine_cache(bt.extra_kv_cache, dtype),
+        "extra_indices_in_kvcache": bt.extra_indices,
+        "extra_topk_length": bt.extra_topk_length,
+    }
+    return kw, bt
+
+
+def sglang_reference(mod, kw):
+    return mod._sm120_sparse_decode_fwd(
+        kw["q"], kw["k_cache"], kw["indices"], kw["topk_length"], kw["attn_sink"], kw["head_dim_v"],
+        kw["softmax_scale"], kw["extra_k_cache"], kw["extra_indices_in_kvcache"], kw["extra_topk_length"],
+    )  # fmt: skip
+
+
+# --- with SGLang ---------------------------------------------------------------------------------------
+
+
+@needs_sglang
+def test_load_plugins_discovers_the_entry_point_and_the_registry_applies_it(sglang_env):
+    mod, plugins, registry, original = sglang_env
+    names = {ep.name: ep.value for ep in entry_points(group=plugins.GENERAL_PLUGINS_GROUP)}
+    assert names.get(plugin.PLUGIN_NAME) == "kernels.sglang_plugin:register", (
+        "the package's entry point is not installed (pip install -e . after changing pyproject.toml)"
+    )
+    plugins.load_plugins()
+    wrapped = mod.flash_mla_with_kvcache_sm120
+    assert wrapped is not original and wrapped.__wrapped__ is original
+    assert [(t, h) for t, h, _ in registry._hooks[plugin.TARGET]] == [(plugin_hook_type(), plugin.sglang_hook)]
+    assert plugin.TARGET in registry._patched
+
+
+def plugin_hook_type():
+    from sglang.srt.plugins.hook_registry import HookType
+
+    return HookType.AROUND
+
+
+@needs_sglang
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.uint8])
+def test_engine_call_matches_sglang_reference_reading_the_cache_in_place(sglang_env, launches, dtype):
+    mod, plugins, _, _ = sglang_env
+    plugins.load_plugins()
+    kw, bt = engine_call(dtype=dtype)
+    kw["indices"][0, 1, :] = -1  # a query token of the window cache with no valid index
+    out, lse = mod.flash_mla_with_kvcache_sm120(**kw)
+    assert launches["launches"], "the kernel did not serve a covered call"
+    ref_out, _ = sglang_reference(mod, kw)
+    assert out.shape == ref_out.shape == (2, 2, 16, 512) and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref_out.float(), atol=2e-2, rtol=2e-2)
+    # our own fp32 reference on the contiguous caches agrees too, lse included
+    ours_ref, ours_lse = sparse_mla_decode_ref(*bt.args(), **bt.kwargs(), sm_scale=SCALE)
+    torch.testing.assert_close(out.float(), ours_ref.float(), atol=2e-2, rtol=2e-2)
+    assert lse.shape == (2, 16, 2)
+    # no copy: the kernel got views of SGLang's buffers, with their padded page strides
+    main, extra = launches["caches"][:2]
+    assert main.data_ptr() == kw["k_cache"].data_ptr() and main.stride(0) == plugin.page_bytes(256) == 149760
+    assert extra.data_ptr() == kw["extra_k_cache"].data_ptr() and extra.stride(0) == plugin.page_bytes(64) == 37440
+
+
+@needs_sglang
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"heads": 12},  # a head count engines do not use
+        {"q_tokens": 9},  # more query tokens than a verify step
+        {"head_dim_v": 448},
+        {"k_cache_bytes": 656},  # another cache layout
+    ],
+    ids=lambda c: next(iter(c)),
+)
+def test_uncovered_call_reaches_the_original(sglang_env, launches, change, caplog):
+    mod, plugins, _, _ = sglang_env
+    plugins.load_plugins()
+    kw, _ = engine_call(heads=change.get("heads", 16), q_tokens=change.get("q_tokens", 1), batch=1)
+    if "head_dim_v" in change:
+        kw["head_dim_v"] = change["head_dim_v"]
+    if "k_cache_bytes" in change:
+        kw["k_cache"] = torch.zeros(2, 64, 1, 656, dtype=torch.uint8)
+    seen = []
+
+    def original(**kwargs):
+        seen.append(kwargs)
+        return ("original", None)
+
+    with caplog.at_level(logging.INFO, logger=plugin.logger.name):
+        for _ in range(2):
+            assert plugin.sglang_hook(original, **kw) == ("original", None)
+    assert len(seen) == 2 and all(s.keys() == kw.keys() and all(s[k] is kw[k] for k in kw) for s in seen)
+    assert launches["launches"] == []
+    left = [r for r in caplog.records if "leaves" in r.getMessage()]
+    assert len(left) == 1, "the plugin says once which shape it leaves"
+
+
+@needs_sglang
+def test_uncovered_call_through_sglang_gives_sglangs_own_result(sglang_env, launches):
+    mod, plugins, _, original = sglang_env
+    plugins.load_plugins()
+    kw, _ = engine_call(heads=12, q_tokens=1, batch=1)
+    out = mod.flash_mla_with_kvcache_sm120(**kw)[0]
+    assert launches["launches"] == []
+    assert torch.equal(out, original(**kw)[0])
+
+
+@needs_sglang
+@pytest.mark.parametrize("value", ["0", "off"])
+def test_switched_off_changes_nothing(sglang_env, launches, monkeypatch, value):
+    mod, plugins, registry, original = sglang_env
+    monkeypatch.setenv(plugin.ENV_SWITCH, value)
+    plugins.load_plugins()
+    assert mod.flash_mla_with_kvcache_sm120 is original and not registry._hooks.get(plugin.TARGET)
+    kw, _ = engine_call(batch=1, q_tokens=1)
+    out = mod.flash_mla_with_kvcache_sm120(**kw)[0]
+    assert torch.equal(out, sglang_reference(mod, kw)[0])
+    # installed, then switched off: the hook hands every call to the original
+    calls = []
+    assert plugin.sglang_hook(lambda **k: calls.append(k) or "original", **kw) == "original"
+    assert calls and launches["launches"] == []
+
+
+@needs_sglang
+def test_allow_list_without_the_plugin_loads_nothing(sglang_env, monkeypatch):
+    mod, plugins, _, original = sglang_env
+    monkeypatch.setenv("SGLANG_PLUGINS", "some_other_plugin")
+    plugins.load_plugins()
+    assert mod.flash_mla_with_kvcache_sm120 is original
+
+
+# --- without SGLang: the hook alone, the shape rule, the padded pages ----------------------------------
+
+
+def test_hook_serves_without_sglang_installed(launches):
+    kw, bt = engine_call(heads=8, q_tokens=1, batch=2, topk=32, extra_topk=64)
+    out, _ = plugin.sglang_hook(lambda **k: pytest.fail("the original was called"), **kw)
+    ref, _ = sparse_mla_decode_ref(*bt.args(), **bt.kwargs(), sm_scale=SCALE)
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    assert launches["launches"]
+
+
+def test_positional_arguments_go_to_the_original():
+    assert plugin.sglang_hook(lambda *a, **k: ("original", a), 1, 2) == ("original", (1, 2))
+
+
+def test_a_bad_switch_value_turns_the_plugin_off_with_one_warning(monkeypatch, caplog):
+    monkeypatch.setenv(plugin.ENV_SWITCH, "maybe")
+    with caplog.at_level(logging.WARNING, logger=plugin.logger.name):
+        assert not plugin.enabled() and not plugin.enabled()
+    msgs = [r.getMessage() for r in caplog.records if plugin.ENV_SWITCH in r.getMessage()]
+    assert len(msgs) == 1 and "\n" not in msgs[0]
+
+
+def test_padded_pages_give_the_contiguous_result():
+    W = Workload("fp8_model1", 16, 48, page_size=64, context=192)
+    bt = make_batch(W, 2, seed=3, with_topk_length=True, invalid_fraction=0.1)
+    padded = plugin.engine_cache(bt.kv_cache, torch.uint8).squeeze(2)
+    assert not padded.is_contiguous() and padded.stride(0) == 37440
+    a = decode.sparse_mla_decode(bt.q, bt.kv_cache, bt.indices, kv_format="fp8_model1", topk_length=bt.topk_length)
+    b = decode.sparse_mla_decode(bt.q, padded, bt.indices, kv_format="fp8_model1", topk_length=bt.topk_length)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_a_page_stride_too_small_is_one_sentence():
+    buf = torch.zeros(2 * 64 * 584, dtype=torch.uint8)
+    bad = buf.as_strided((2, 64, 584), (64 * 584 - 8, 584, 1))
+    q = torch.zeros(1, 16, 512, dtype=torch.bfloat16)
+    idx = torch.zeros(1, 16, dtype=torch.int32)
+    with pytest.raises(ValueError, match="page stride") as e:
+        decode.sparse_mla_decode(q, bad, idx, kv_format="fp8_model1")
+    assert "\n" not in str(e.value)
+
+
+SHAPES = [(16, 128), (16, 512), (64, 512), (128, 2048)]
+
+
+@pytest.mark.parametrize(
+    ("heads", "topk", "want"),
+    [
+        (16, 512, (16, 512)),  # tuned: itself
+        (16, 256, (16, 128)),  # top-k rounds down
+        (16, 64, (16, 128)),  # nothing below: the smallest above
+        (8, 1152, (16, 512)),  # 8 heads: 16-head programs; top-k down
+        (32, 512, (64, 512)),  # 32 heads: the nearest of the 32-head programs
+        (64, 1152, (64, 512)),
+        (128, 4096, (128, 2048)),
+    ],
+)
+def test_nearest_shape_rule(heads, topk, want):
+    assert nearest_shape(SHAPES, heads, topk) == want
+    assert nearest_shape([], heads, topk) is None
+
+
+def test_nearest_shape_with_only_smaller_programs_takes_the_largest():
+    assert nearest_shape([(8, 128), (16, 512)], 64, 512) == (16, 512)
+
+
+@pytest.mark.parametrize("topk", [1, 16, 17, 64, 100, 128, 512])
+def test_fit_config_keeps_the_tile_within_the_width(topk):
+    cfg = KernelConfig(BLOCK_T=128, num_warps=8, num_stages=1, TARGET_CTAS=512)
+    fitted = fit_config(cfg, topk)
+    assert fitted.BLOCK_T <= max(16, topk * 2) and fitted.BLOCK_T <= cfg.BLOCK_T
+    assert fitted.replace(BLOCK_T=cfg.BLOCK_T) == cfg  # only the tile changes
+    assert fit_config(fitted, topk) == fitted
+
+
+def test_tuned_shapes_reads_the_names_of_this_devices_tables(tmp_path, monkeypatch):
+    entry = {"BLOCK_T": 32, "num_warps": 4, "num_stages": 1, "TARGET_CTAS": 256}
+    sub = tmp_path / "triton_3_6_0"
+    sub.mkdir()
+    for folder, name in [
+        (tmp_path, "kv_format=fp8_model1,heads=8,topk=128,device_name=NVIDIA_H200.json"),
+        (sub, "kv_format=fp8_model1,heads=64,topk=512,device_name=NVIDIA_H200.json"),
+        (tmp_path, "kv_format=fp8_v32,heads=16,topk=2048,device_name=NVIDIA_H200.json"),
+        (tmp_path, "kv_format=fp8_model1,heads=32,topk=512,device_name=NVIDIA_B200.json"),
+    ]:
+        (folder / name).write_text(json.dumps({"1": entry}))
+    monkeypatch.setenv("SPARSE_MLA_CONFIG_DIR", str(tmp_path))
+    shapes = tuned_shapes("NVIDIA H200", "fp8_model1")
+    assert {(8, 128), (64, 512)} <= set(shapes)
+    assert (16, 2048) not in shapes and (32, 512) not in shapes
+    assert tuned_shapes("NVIDIA H200", "fp8_model1", config_dir=tmp_path) == [(8, 128), (64, 512)]
+    assert plugin.largest_batch("NVIDIA H200", 8, 128) == 1
+
+
+def test_export_writes_the_tables_of_named_shapes(tmp_path):
+    import os
+    import shutil
+
+    from db.store import Store
+    from tests.conftest import tuner_in_process as tuner
+
+    db = tmp_path / "h200.db"
+    shutil.copy(os.path.join(os.path.dirname(__file__), "..", "results", "h200.db"), db)
+    url = f"sqlite:///{db}"
+    Store(url, upgrade=True)
+    everything, named = tmp_path / "all", tmp_path / "named"
+    assert tuner("export", "--db", url, "--out", str(everything)).returncode == 0
+    proc = tuner(
+        "export", "--db", url, "--out", str(named), "--shape", "16x512", "--shape", "8x128", "--shape", "64X1152"
+    )
+    assert proc.returncode == 0, proc.stderr
+
+    def name(kv, heads, topk):
+        return f"kv_format={kv},heads={heads},topk={topk},device_name=NVIDIA_H200.json"
+
+    tuned = {(int(p.name.split(",")[1][6:]), int(p.name.split(",")[2][5:])) for p in everything.glob("*fp8_model1*")}
+    for heads, topk in [(16, 512), (8, 128), (64, 1152)]:
+        src = nearest_shape(tuned, heads, topk)
+        got = json.loads((named / name("fp8_model1", heads, topk)).read_text())
+        assert got == json.loads((everything / name("fp8_model1", *src)).read_text())
+        prov = json.loads((named / name("fp8_model1", heads, topk).replace(".json", ".provenance.json")).read_text())
+        assert prov["workload"] == {"kv_format": "fp8_model1", "heads": src[0], "topk": src[1]}  # what was measured
+    assert not (named / name("fp8_model1", 16, 128)).exists()  # only the named shapes
+    bad = tuner("export", "--db", url, "--out", str(tmp_path / "bad"), "--shape", "sixteen")
+    assert bad.returncode == 2 and "HEADSxTOPK" in bad.stderr and bad.stderr.strip().count("\n") == 0
+
+
+def test_warm_up_launches_every_row_count_asked(launches):
+    done = plugin.warm_up(heads=16, topk=16, extra_topk=64, q_tokens=2, batch_sizes=[1, 3], device="cpu")
+    assert [rows for rows, _ in done] == [2, 6]
+    assert all(isinstance(cfg, KernelConfig) for _, cfg in done)
+    assert len(launches["launches"]) >= 2
+    # the caches it warms on are SGLang's padded layout
+    assert all(c is None or c.stride(0) in (plugin.page_bytes(256), plugin.page_bytes(64)) for c in launches["caches"])
+
+
+@pytest.fixture
+def fresh_plugin(monkeypatch):
+    """The plugin's per-shape decisions forgotten (they are cached for the process)."""
+    for name in ("_ROUTES", "_CLASSES", "_SHAPES"):
+        monkeypatch.setattr(plugin, name, {})
+    monkeypatch.setattr(plugin, "_logged", set())
+
+
+def test_a_covered_shape_runs_the_nearest_tables_config_and_larger_batches_go_back(
+    tmp_path, monkeypatch, fresh_plugin, caplog
+):
+    tuned = {"1": {"BLOCK_T": 128, "num_warps": 4, "num_stages": 1, "TARGET_CTAS": 3}}
+    tuned["4"] = {"BLOCK_T": 16, "num_warps": 2, "num_stages": 1, "TARGET_CTAS": 5}
+    table = tmp_path / "kv_format=fp8_model1,heads=16,topk=512,device_name=cpu-interpreter.json"
+    table.write_text(json.dumps(tuned))
+    monkeypatch.setenv("SPARSE_MLA_CONFIG_DIR", str(tmp_path))
+    used = []
+    monkeypatch.setattr(decode, "LAUNCH_LISTENERS", [lambda name, cfg, grid: used.append((name, cfg))])
+    kw, bt = engine_call(heads=8, q_tokens=1, batch=2, topk=64, extra_topk=64)  # no table of its own
+    with caplog.at_level(logging.INFO, logger=plugin.logger.name):
+        out, _ = plugin.sglang_hook(lambda **k: pytest.fail("the original was called"), **kw)
+    want = fit_config(KernelConfig.from_dict(tuned["1"]), 64)  # nearest batch key to 2; tile fitted to 64 tokens
+    assert want.BLOCK_T == 64 and {cfg for _, cfg in used} == {want}
+    ref, _ = sparse_mla_decode_ref(*bt.args(), **bt.kwargs(), sm_scale=SCALE)
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    assert any("heads=16, topk=512" in r.getMessage() for r in caplog.records)
+    used.clear()
+    big, _ = engine_call(heads=8, q_tokens=1, batch=5, topk=64, extra_topk=64)  # 5 rows: past the table's 4
+    assert plugin.sglang_hook(lambda **k: "original", **big) == "original" and not used
+
+
+def test_warm_up_compiles_every_config_the_table_can_pick(tmp_path, monkeypatch, fresh_plugin):
+    tuned = {
+        "1": {"BLOCK_T": 16, "num_warps": 4, "num_stages": 1, "TARGET_CTAS": 2},
+        "4": {"BLOCK_T": 32, "num_warps": 2, "num_stages": 1, "TARGET_CTAS": 8},
+    }
+    name = "kv_format=fp8_model1,heads=16,topk=32,device_name=cpu-interpreter.json"
+    (tmp_path / name).write_text(json.dumps(tuned))
+    monkeypatch.setenv("SPARSE_MLA_CONFIG_DIR", str(tmp_path))
+    used = set()
+    monkeypatch.setattr(decode, "LAUNCH_LISTENERS", [lambda n, cfg, grid: used.add(cfg)])
+    done = plugin.warm_up(heads=16, topk=32, extra_topk=64, q_tokens=2, device="cpu")  # every batch the table serves
+    assert [rows for rows, _ in done] == [2, 4]  # B = 1, 2 with 2 query tokens; B = 3 is past the table's 4 rows
+    assert {cfg for _, cfg in done} == {KernelConfig.from_dict(e) for e in tuned.values()} == used
