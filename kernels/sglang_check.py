@@ -14,7 +14,9 @@ Checked against the fp32 reference (the project's gate, ``kernels.reference.comp
 ``kernels.bench_call`` calls it): relative error at most twice the gate's, as both are held to it. Timed like
 ``kernels.bench_call`` (CUDA-graph replays over 4 rotating input sets): the hook, and the layer-call benchmark's
 own call (``kernels.flashmla_compat`` on the contiguous caches) at the same C, in the same process; ``ratio`` is
-hook / layer call. The first eager call warms the shape up (every config the table can pick); the check also
+hook / layer call. ``direct_us`` is the kernel call the hook makes (same engine tensors, same config) without the
+hook, so ``hook_vs_direct`` is what the wrapper costs; ``ratio`` also carries the engine's layout (256-token window
+pages, padded) against the benchmark's contiguous 64-token pages. The first eager call warms the shape up (every config the table can pick); the check also
 counts the Triton compilations that happen after it (``late_compiles``, which must be 0).
 """
 
@@ -172,6 +174,14 @@ def main(argv: list[str] | None = None) -> int:
         sample = timing.sampler(timing.capture(step_hook, SETS), SETS, 5.0)
         compiles.armed = False
         row["hook_us"] = statistics.median(sample()[0] for _ in range(args.samples))
+        route = sglang_plugin._ROUTES.get(sglang_plugin._signature(engine[0]))
+
+        def step_direct(i, engine=engine, route=route):  # the kernel call the hook makes, without the hook
+            return sglang_plugin._serve(route, engine[i])
+
+        sample = timing.sampler(timing.capture(step_direct, SETS), SETS, 5.0)
+        row["direct_us"] = statistics.median(sample()[0] for _ in range(args.samples))
+        row["hook_vs_direct"] = round(row["hook_us"] / row["direct_us"], 4)
         layer = [_flashmla_args(bt, HEADS) for bt in sets]
         meta = flashmla_compat.get_mla_metadata()[0]
 
@@ -198,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         "late_compiles": compiles.count if compiles.supported else None,
         "ratio_median": round(statistics.median(r["ratio"] for r in rows), 4),
         "ratio_max": max(r["ratio"] for r in rows),
+        "hook_vs_direct_median": round(statistics.median(r["hook_vs_direct"] for r in rows), 4),
+        "hook_vs_direct_max": max(r["hook_vs_direct"] for r in rows),
     }
     if args.out:
         with open(args.out, "w") as f:
