@@ -49,7 +49,8 @@ con.execute('INSERT OR IGNORE INTO tuner_feasibility SELECT * FROM src.tuner_fea
     esac; done ;;
   call)
     levels=1,2,4,8,16,24,32,40,48,56,64,72,80,88,96
-    step call_tests 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_flashmla_gpu.py
+    step call_tests 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_flashmla_gpu.py \
+      tests/test_gpu.py::test_full_size_layer_call_matches_reference
     step bench_call $(( $(left) / 2 )) python3 -m kernels.bench_call --concurrency $levels --samples 5 \
       --also single-table --out "$OUT/bench_call_h200.json"
     step bench_single "$(left)" python3 -m kernels.bench --formats fp8_model1,fp8_v32 --configs table \

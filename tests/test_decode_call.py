@@ -387,3 +387,22 @@ def test_one_launch_split_geometry_counts_both_caches():
     a, b = cfg.replace(TARGET_CTAS=3 * 16), cfg.replace(TARGET_CTAS=6 * 16)
     assert launch_identity(a, 16, 40, 16) == launch_identity(b, 16, 40, 16)
     assert launch_identity(a, 16, 40, 16, 40) != launch_identity(b, 16, 40, 16, 40)
+
+
+@pytest.mark.parametrize("padded", ["both", "main"])
+def test_padded_pages_in_the_one_launch_give_the_contiguous_result(padded, device):
+    """SGLang's padded fp8_model1 pages: both caches padded alike walk one loop, a padded main cache beside a
+    contiguous extra one (other page strides) a loop each; either way the contiguous caches' result, exactly."""
+    from kernels.sglang_plugin import engine_cache
+
+    bt = _one_launch_batch("fp8_model1", 2, device, x_page=64, with_sink=True, with_topk_length=True)
+    cfg = KernelConfig.parse("T16-w4-s1-c4-p1")  # 3 splits of 2 tiles: the middle one in both caches
+    want = sparse_mla_decode(*bt.args(), **bt.kwargs(), config=cfg)
+    kw = bt.kwargs()
+    main = engine_cache(bt.kv_cache, torch.uint8).squeeze(2)
+    if padded == "both":
+        kw["extra_kv_cache"] = engine_cache(bt.extra_kv_cache, torch.uint8).squeeze(2)
+    got = sparse_mla_decode(bt.q, main, bt.indices, **{k: v for k, v in kw.items() if k != "kv_format"},
+                            kv_format="fp8_model1", config=cfg)  # fmt: skip
+    assert not main.is_contiguous()
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

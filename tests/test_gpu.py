@@ -24,6 +24,21 @@ def test_full_size_matches_reference(fmt, topk, batch):
     assert ok, reason
 
 
+@pytest.mark.parametrize("batch, q_tokens", [(1, 1), (24, 2), (96, 1)])
+def test_full_size_layer_call_matches_reference(batch, q_tokens):
+    """The V4 layer call (window + compressed cache + sink, one split launch) with the exported table, at full size;
+    FlashMLA's output is compared in tests/test_flashmla_gpu.py where it imports."""
+    window = Workload("fp8_model1", 16, 128, 64, 128)
+    compressed = Workload("fp8_model1", 16, 512, 64, 8192)
+    bt = make_batch(
+        window, batch, device="cuda", seed=5, invalid_fraction=0.05, q_tokens=q_tokens, extra=compressed,
+        with_sink=True, with_topk_length=True,
+    )  # fmt: skip
+    out, lse = sparse_mla_decode(*bt.args(), **bt.kwargs())
+    ok, rel, lse_err, reason = compare(out, lse, *sparse_mla_decode_ref(*bt.args(), **bt.kwargs()))
+    assert ok, reason
+
+
 def test_config_none_uses_the_exported_table_on_this_gpu(monkeypatch):
     monkeypatch.delenv("SPARSE_MLA_CONFIG_DIR", raising=False)  # the package's own tables
     name = device_name(torch.device("cuda"))
