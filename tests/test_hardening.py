@@ -517,3 +517,74 @@ def test_a_fine_timeout_and_concurrency_are_accepted():
 
     assert Seconds().convert("0.5", None, None) == 0.5 and Seconds().convert("3600", None, None) == 3600.0
     assert _levels("1, 96") == [1, 96] and _levels(str(2**63 - 1)) == [2**63 - 1]
+
+
+# --- YAML aliases: a bounded prefix of any value, a bounded expansion -------------------------------
+
+
+def _bomb(levels: int = 9) -> str:
+    """A "billion laughs" of under 1 kB: each anchor a list of nine aliases of the one before (9**levels values)."""
+    lines = ['  l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, levels):
+        lines.append(f"  l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]")
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("where", ["sampler.name", "measurement.screen_rounds"])
+def test_a_yaml_alias_bomb_is_one_sentence_at_once(tmp_path, where):
+    top, key = where.split(".")
+    text = "x-anchors:\n" + _bomb() + "\n" + GOOD
+    if top == "sampler":
+        text = text.replace("sampler: {name: grid, seed: 0}", "sampler: {name: *l8, seed: 0}")
+    else:
+        text = text.replace("rounds: 5,", "rounds: 5, screen_rounds: *l8,")
+    assert len(text.encode()) < len(GOOD) + 1024
+    path = tmp_path / "bomb.yaml"
+    path.write_text(text)
+    # in a subprocess with an address-space limit far below what rendering the value would take
+    script = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+        "from tuner.space import load_space\n"
+        "from tuner.errors import SpaceError\n"
+        "try:\n"
+        "    load_space(sys.argv[1])\n"
+        "except SpaceError as e:\n"
+        "    print(e)\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": root},
+    )
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    msg = proc.stdout.strip()
+    assert len(msg.splitlines()) == 1 and len(msg) < 400, msg
+    assert "expands to more than" in msg and "aliases" in msg
+
+
+def test_a_small_alias_is_still_allowed_and_messages_show_a_bounded_prefix(tmp_path):
+    from tuner.space import _show
+    from tuner.space import load_space
+
+    path = tmp_path / "alias.yaml"
+    path.write_text(GOOD.replace("num_warps: [4]", "num_warps: &w [4]").replace("num_warps: 4,", "num_warps: 4,"))
+    assert load_space(str(path)).parameters["num_warps"] == [4]
+    shared = ["x" * 1000]
+    for _ in range(40):  # 2**40 strings when written out
+        shared = [shared, shared]
+    shown = _show(shared)
+    assert len(shown) <= 60 and shown.startswith("[[")
+    assert len(_show("y" * 10**7, 80)) <= 80
+
+
+def test_a_level_beyond_what_a_table_holds_is_one_sentence(tmp_path):
+    from kernels.table import MAX_BATCH
+
+    path = tmp_path / "big.yaml"
+    path.write_text(GOOD.replace("concurrency: [1, 4]", f"concurrency: [1, {2**31 - 1}]"))
+    result = CliRunner().invoke(cli, ["check", str(path), "--db", f"sqlite:///{tmp_path / 'x.db'}"])
+    _one_sentence(result, f"<= {MAX_BATCH}")

@@ -536,7 +536,7 @@ def search(
     else:
         click.echo(render(rows, fmt, _search_brief))
     if opts.interrupted:
-        sys.exit(130)  # Ctrl-C: every finished trial is recorded; re-running resumes
+        sys.exit(128 + (opts.stop_signal or 2))  # Ctrl-C 130, SIGTERM 143: every finished trial is recorded
 
 
 def _first_configs(text: str | None, space) -> list:
