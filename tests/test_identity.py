@@ -54,3 +54,61 @@ def test_a_code_edit_changes_the_kernel_hash():
     # a constant in the code
     assert "0" in text
     assert _hash_with(text.replace(" 1)", " 2)", 1)) != base
+
+
+# --- the space: a comment keeps its studies, a changed baseline is refused --------------------------
+
+
+def _replay(tmp_path, space_text, db):
+    import subprocess
+    import sys
+
+    from tests.recorded import make_recorded
+
+    recorded = tmp_path / "recorded.db"
+    if not recorded.exists():
+        make_recorded(recorded)
+    space = tmp_path / "small.yaml"
+    space.write_text(space_text)
+    root = Path(__file__).resolve().parent.parent
+    cmd = [sys.executable, "-m", "tuner", "search", str(space), "-q", "--backend", "replay"]
+    cmd += ["--replay-db", f"sqlite:///{recorded}", "--db", f"sqlite:///{db}", "--concurrency", "1"]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=600)
+
+
+def test_the_space_identity_ignores_comments_and_formatting():
+    from tests.recorded import SMALL_SPACE
+    from tuner.space import identity
+
+    base = identity(SMALL_SPACE)
+    assert identity("# tuned on the H200\n" + SMALL_SPACE.replace("\n", "  # note\n", 3)) == base
+    assert identity(SMALL_SPACE.replace("BLOCK_T: [16, 32]", "BLOCK_T:\n    - 16\n    - 32")) == base
+    assert identity(SMALL_SPACE.replace("BLOCK_T: [16, 32]", "BLOCK_T: [16, 64]")) != base
+
+
+def test_a_commented_space_resumes_and_a_changed_baseline_is_one_sentence(tmp_path):
+    import sqlite3
+
+    from tests.recorded import SMALL_SPACE
+
+    db = tmp_path / "r.db"
+    first = _replay(tmp_path, SMALL_SPACE, db)
+    assert first.returncode == 0, first.stderr
+    commented = "# a comment added after the first run\n" + SMALL_SPACE.replace("concurrency:", "# levels\nconcurrency:")
+    again = _replay(tmp_path, commented, db)
+    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr
+    con = sqlite3.connect(db)
+    assert con.execute("SELECT COUNT(*) FROM tuner_studies").fetchone() == (1,)
+    # a real change that keeps the baseline (one more TARGET_CTAS choice) goes on in the same study
+    wider = SMALL_SPACE.replace("TARGET_CTAS: [128, 256]", "TARGET_CTAS: [128, 256, 512]")
+    more = _replay(tmp_path, wider, db)
+    assert more.returncode == 0 and "Traceback" not in more.stderr, more.stderr
+    assert con.execute("SELECT COUNT(*) FROM tuner_studies").fetchone() == (1,)
+    before = con.execute("SELECT COUNT(*) FROM tuner_trials").fetchone()
+    moved = SMALL_SPACE.replace("baseline: {BLOCK_T: 16, num_warps: 4, num_stages: 2,", "baseline: {BLOCK_T: 32, num_warps: 4, num_stages: 1,")
+    assert moved != SMALL_SPACE
+    refused = _replay(tmp_path, moved, db)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "baseline" in lines[0] and "T16-w4-s2-c256" in lines[0], lines
+    assert con.execute("SELECT COUNT(*) FROM tuner_trials").fetchone() == before  # nothing measured, nothing lost

@@ -137,11 +137,23 @@ class SearchSpace:
         it (and the studies it names); any changed value changes it (:func:`identity`)."""
         return identity(self.text)
 
-    def resume_problem(self, stored_text: str, study: str) -> str | None:
+    def resume_problem(self, stored_text: str, study: str, stored_workload: dict | None = None,
+                       workload: WorkloadSpec | None = None) -> str | None:
         """Why an existing study made from the space ``stored_text`` cannot go on with this space, or None.
 
         Its values are ratios to the baseline's median, so a changed baseline would mix two references in one
-        study; any other change (comments, choices, measurement) leaves what was measured valid."""
+        study, and a workload's changed shape (``stored_workload``: its row's fields, against ``workload``)
+        would mix two problems; any other change (comments, choices, measurement) leaves what was measured valid."""
+        if stored_workload is not None and workload is not None:
+            now = workload.fields()
+            changed = [k for k in now if k in stored_workload and stored_workload[k] != now[k]]
+            if changed:
+                k = changed[0]
+                return (
+                    f"{self.path}: workload {_show(workload.name, 80)}: its {k} is {_show(now[k], 80)}, but the study "
+                    f"{_show(study, 120)} in this database measured it with {k} {_show(stored_workload[k], 80)}; "
+                    "give the changed workload a new `name`"
+                )
         try:
             before = _stored_baseline(stored_text)
         except Exception:  # noqa: BLE001 - a stored text this version cannot read says nothing against going on
