@@ -588,3 +588,40 @@ def test_a_level_beyond_what_a_table_holds_is_one_sentence(tmp_path):
     path.write_text(GOOD.replace("concurrency: [1, 4]", f"concurrency: [1, {2**31 - 1}]"))
     result = CliRunner().invoke(cli, ["check", str(path), "--db", f"sqlite:///{tmp_path / 'x.db'}"])
     _one_sentence(result, f"<= {MAX_BATCH}")
+
+
+# --- priors of an older kernel ----------------------------------------------------------------------
+
+
+def test_an_older_kernels_record_with_an_unknown_parameter_is_no_prior(tmp_path):
+    """A record of another kernel whose config names a parameter this version does not know is skipped as a
+    prior; the search of the current kernel runs (no ValueError traceback)."""
+    import sqlite3
+
+    from kernels.config import kernel_source_hash
+    from tests.recorded import SMALL_SPACE
+    from tests.recorded import make_recorded
+
+    recorded, space, db = make_recorded(tmp_path / "recorded.db"), tmp_path / "small.yaml", tmp_path / "r.db"
+    space.write_text(SMALL_SPACE)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cmd = [sys.executable, "-m", "tuner", "search", str(space), "-q", "--backend", "replay", "--concurrency", "1"]
+    cmd += ["--replay-db", f"sqlite:///{recorded}", "--db", f"sqlite:///{db}"]
+    first = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=600)
+    assert first.returncode == 0, first.stderr
+    old, current = "0ld0ld0ld0ld", kernel_source_hash()
+    con = sqlite3.connect(db)
+    with con:  # what was measured becomes an older kernel's, one of its best configs with an unknown parameter
+        con.execute("UPDATE tuner_kernels SET source_hash = ?", (old,))
+        con.execute("UPDATE tuner_studies SET name = replace(name, ?, ?)", (current, old))
+        (best,) = con.execute(
+            "SELECT t.id FROM tuner_trials t JOIN tuner_statistics s ON s.trial_id = t.id "
+            "WHERE t.verdict = 'ok' ORDER BY s.ratio LIMIT 1"
+        ).fetchone()
+        con.execute("UPDATE tuner_trials SET config_key = config_key || '-x1' WHERE id = ?", (best,))
+    con.close()
+    again = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=600)
+    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr
+    con = sqlite3.connect(db)
+    kernels = con.execute("SELECT COUNT(DISTINCT kernel_id) FROM tuner_trials").fetchone()
+    assert kernels == (2,)  # the current kernel measured the level
