@@ -625,3 +625,147 @@ def test_an_older_kernels_record_with_an_unknown_parameter_is_no_prior(tmp_path)
     con = sqlite3.connect(db)
     kernels = con.execute("SELECT COUNT(DISTINCT kernel_id) FROM tuner_trials").fetchone()
     assert kernels == (2,)  # the current kernel measured the level
+
+
+# --- FIFOs, directories and links: one safe opener for every path ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def h200_copy(tmp_path_factory):
+    """A copy of the committed H200 results at the current schema (the original is never written)."""
+    from db.store import Store
+
+    path = tmp_path_factory.mktemp("h200") / "h200.db"
+    shutil.copy(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "h200.db"), path)
+    Store(f"sqlite:///{path}", upgrade=True)
+    return f"sqlite:///{path}"
+
+
+def _tuner(*args, cwd=None, timeout=120):
+    """The executable in a subprocess with a time limit: a hang fails the test instead of stalling it."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root}
+    env.pop("SPARSE_MLA_CONFIG_DIR", None)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "tuner", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"`tuner {' '.join(args)}` hung")
+    return _Proc(proc)
+
+
+@pytest.mark.parametrize("what", ["fifo", "directory"])
+@pytest.mark.parametrize(
+    "cmd",
+    [["db", "upgrade"], ["best", "--concurrency", "1"], ["trials"], ["export"], ["report"]],
+    ids=lambda c: "-".join(c[:2]),
+)
+def test_a_database_that_is_a_fifo_or_a_directory_is_one_sentence(tmp_path, cmd, what):
+    path = tmp_path / "x.db"
+    os.mkfifo(path) if what == "fifo" else path.mkdir()
+    result = _tuner(*cmd, "--db", f"sqlite:///{path}", cwd=tmp_path)
+    _one_sentence(result, "FIFO" if what == "fifo" else "directory")
+    assert "disk I/O error" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "url, fragment",
+    [
+        ("sqlite:///{tmp}/fifo.db", "is a FIFO"),
+        ("sqlite:///{tmp}", "is a directory"),
+        ("sqlite:///{tmp}/none.db", "no database at"),
+        ("postgresql://host:99999/db", "port"),
+        ("postgresql://host:port/db", "is not a database URL"),
+        ("mysql://host/db", "unsupported database URL scheme"),
+        ("sqlite+aiosqlite:///{tmp}/x.db", "aiosqlite"),  # refused as async, or named as a package to install
+        ("postgresql+asyncpg://host/db", "asyncpg"),
+    ],
+    ids=["fifo", "directory", "missing", "bad-port", "port-word", "mysql", "aiosqlite", "asyncpg"],
+)
+@pytest.mark.parametrize("option", ["--db", "--replay-db"])
+def test_db_and_replay_db_share_one_url_check(tmp_path, url, fragment, option, h200_copy):
+    os.mkfifo(tmp_path / "fifo.db")
+    url = url.format(tmp=tmp_path)
+    if option == "--db" and "none.db" in url:
+        pytest.skip("a search creates its --db")
+    out = f"sqlite:///{tmp_path / 'out.db'}"
+    args = ["search", os.path.abspath(SMOKE), "--backend", "replay", "-q"]
+    args += ["--db", url, "--replay-db", h200_copy] if option == "--db" else ["--db", out, "--replay-db", url]
+    result = _tuner(*args, cwd=tmp_path)
+    _one_sentence(result, fragment)
+    assert not (tmp_path / "out.db").exists()  # nothing is created
+
+
+def test_export_refuses_a_fifo_or_a_link_at_a_tables_name_and_writes_nothing_outside(tmp_path, h200_copy):
+    out = tmp_path / "out"
+    first = _tuner("export", "--db", h200_copy, "--out", str(out), cwd=tmp_path)
+    assert first.exit_code == 0, first.stderr
+    tables = sorted(p for p in out.iterdir() if not p.name.endswith(".provenance.json"))
+    assert tables
+    # a link planted at a table's name, pointing outside --out: refused, the file outside untouched
+    outside = tmp_path / "precious.txt"
+    outside.write_text("keep me")
+    tables[0].unlink()
+    tables[0].symlink_to(outside)
+    result = _tuner("export", "--db", h200_copy, "--out", str(out), cwd=tmp_path)
+    _one_sentence(result, "symbolic link")
+    assert outside.read_text() == "keep me" and tables[0].is_symlink()
+    # a FIFO there: refused at once, never opened
+    tables[0].unlink()
+    os.mkfifo(tables[0])
+    _one_sentence(_tuner("export", "--db", h200_copy, "--out", str(out), cwd=tmp_path), "FIFO")
+    # an SGLang version folder that is a link out of --out
+    sg = tmp_path / "sg"
+    sg.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    first_sg = _tuner("export", "--db", h200_copy, "--out", str(tmp_path / "probe"), "--format", "sglang")
+    assert first_sg.exit_code == 0, first_sg.stderr
+    for sub in (tmp_path / "probe").iterdir():
+        (sg / sub.name).symlink_to(elsewhere, target_is_directory=True)
+    _one_sentence(_tuner("export", "--db", h200_copy, "--out", str(sg), "--format", "sglang"), "leads outside")
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_rewritten_table_is_replaced_at_once_and_leaves_no_temporary_file(tmp_path, h200_copy):
+    out = tmp_path / "out"
+    for _ in range(2):
+        result = _tuner("export", "--db", h200_copy, "--out", str(out), cwd=tmp_path)
+        assert result.exit_code == 0, result.stderr
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+    import json
+
+    for p in out.iterdir():
+        json.loads(p.read_text())  # whole files only
+
+
+@pytest.mark.parametrize("what", ["fifo", "directory", "link"])
+@pytest.mark.parametrize("cmd", [["export", "--format", "triton", "--out"], ["report", "-o"]], ids=["triton", "report"])
+def test_a_single_output_file_that_is_a_fifo_directory_or_link_is_one_sentence(tmp_path, h200_copy, cmd, what):
+    target = tmp_path / "target.out"
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep me")
+    if what == "fifo":
+        os.mkfifo(target)
+    elif what == "directory":
+        target.mkdir()
+    else:
+        target.symlink_to(outside)
+    result = _tuner(*cmd, str(target), "--db", h200_copy, cwd=tmp_path)
+    _one_sentence(result, {"fifo": "FIFO", "directory": "directory", "link": "symbolic link"}[what])
+    assert outside.read_text() == "keep me"
+
+
+def test_export_without_out_never_writes_into_the_package(tmp_path, h200_copy):
+    import kernels.table as kt
+
+    before = sorted(p.name for p in kt.CONFIG_DIR.iterdir())
+    stamps = {p.name: p.stat().st_mtime_ns for p in kt.CONFIG_DIR.iterdir()}
+    result = _tuner("export", "--db", h200_copy, cwd=tmp_path)
+    assert result.exit_code == 0, result.stderr
+    written = [line for line in result.stdout.splitlines() if line.strip()]
+    assert written and all(os.path.abspath(os.path.join(tmp_path, w)).startswith(str(tmp_path)) for w in written)
+    assert (tmp_path / "tuned_configs").is_dir()
+    assert sorted(p.name for p in kt.CONFIG_DIR.iterdir()) == before
+    assert {p.name: p.stat().st_mtime_ns for p in kt.CONFIG_DIR.iterdir()} == stamps
