@@ -641,18 +641,58 @@ def h200_copy(tmp_path_factory):
     return f"sqlite:///{path}"
 
 
-def _tuner(*args, cwd=None, timeout=120):
-    """The executable in a subprocess with a time limit: a hang fails the test instead of stalling it."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": root}
-    env.pop("SPARSE_MLA_CONFIG_DIR", None)
+def _run_main(args):
+    """``tuner ARGS`` as the executable runs it (tuner.cli.main: usage errors too are one line), in this process."""
+    from tuner.cli import main
+
+    runner = CliRunner()
+    old_argv = sys.argv
+    sys.argv = ["tuner", *args]
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "tuner", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env
-        )
-    except subprocess.TimeoutExpired:
+        with runner.isolation() as streams:
+            try:
+                main()
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            out, err = streams[0].getvalue().decode(), streams[1].getvalue().decode()
+    finally:
+        sys.argv = old_argv
+
+    class Result:
+        exit_code, stdout, stderr, exception = code, out, err, None
+
+    return Result()
+
+
+def _tuner(*args, cwd=None, timeout=120):
+    """The command line in this process, with a time limit (SIGALRM): a hang fails the test instead of stalling it."""
+    import signal
+
+    class Hung(Exception):
+        pass
+
+    def _alarm(signum, frame):
+        raise Hung
+
+    old_cwd, old_env = os.getcwd(), os.environ.pop("SPARSE_MLA_CONFIG_DIR", None)
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(timeout)
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        result = _run_main(list(args))
+    except Hung:
         pytest.fail(f"`tuner {' '.join(args)}` hung")
-    return _Proc(proc)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+        os.chdir(old_cwd)
+        if old_env is not None:
+            os.environ["SPARSE_MLA_CONFIG_DIR"] = old_env
+    if isinstance(result.exception, Hung):
+        pytest.fail(f"`tuner {' '.join(args)}` hung")
+    return result
 
 
 @pytest.mark.parametrize("what", ["fifo", "directory"])
@@ -698,11 +738,17 @@ def test_db_and_replay_db_share_one_url_check(tmp_path, url, fragment, option, h
 
 
 def test_export_refuses_a_fifo_or_a_link_at_a_tables_name_and_writes_nothing_outside(tmp_path, h200_copy):
+    import json
+
     out = tmp_path / "out"
     first = _tuner("export", "--db", h200_copy, "--out", str(out), cwd=tmp_path)
     assert first.exit_code == 0, first.stderr
     tables = sorted(p for p in out.iterdir() if not p.name.endswith(".provenance.json"))
     assert tables
+    again = _tuner("export", "--db", h200_copy, "--out", str(out), cwd=tmp_path)  # replaced whole, at once
+    assert again.exit_code == 0, again.stderr
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left
+    assert all(json.loads(p.read_text()) for p in out.iterdir())  # whole files only
     # a link planted at a table's name, pointing outside --out: refused, the file outside untouched
     outside = tmp_path / "precious.txt"
     outside.write_text("keep me")
@@ -726,18 +772,6 @@ def test_export_refuses_a_fifo_or_a_link_at_a_tables_name_and_writes_nothing_out
         (sg / sub.name).symlink_to(elsewhere, target_is_directory=True)
     _one_sentence(_tuner("export", "--db", h200_copy, "--out", str(sg), "--format", "sglang"), "leads outside")
     assert list(elsewhere.iterdir()) == []
-
-
-def test_a_rewritten_table_is_replaced_at_once_and_leaves_no_temporary_file(tmp_path, h200_copy):
-    out = tmp_path / "out"
-    for _ in range(2):
-        result = _tuner("export", "--db", h200_copy, "--out", str(out), cwd=tmp_path)
-        assert result.exit_code == 0, result.stderr
-    assert not [p for p in out.iterdir() if p.name.startswith(".")]
-    import json
-
-    for p in out.iterdir():
-        json.loads(p.read_text())  # whole files only
 
 
 @pytest.mark.parametrize("what", ["fifo", "directory", "link"])
