@@ -803,3 +803,86 @@ def test_export_without_out_never_writes_into_the_package(tmp_path, h200_copy):
     assert (tmp_path / "tuned_configs").is_dir()
     assert sorted(p.name for p in kt.CONFIG_DIR.iterdir()) == before
     assert {p.name: p.stat().st_mtime_ns for p in kt.CONFIG_DIR.iterdir()} == stamps
+
+
+# --- SIGTERM is Ctrl-C -------------------------------------------------------------------------------
+
+
+def test_sigterm_asks_the_search_to_stop_as_ctrl_c_does():
+    import signal
+
+    from tuner.search import Stop
+
+    before = signal.getsignal(signal.SIGTERM)
+    with Stop() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)  # handled at once, in this thread: the test process lives on
+        assert stop.requested and stop.signalled and stop.signum == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_sigterm_stops_a_search_after_the_running_trial(tmp_path, h200_copy):
+    """`kill PID` of a running search: it finishes the trial it is measuring, records it, leaves no Optuna trial
+    RUNNING and exits 143 (128 + SIGTERM), as Ctrl-C gives 130."""
+    import signal
+    import sqlite3
+    import time
+
+    db = tmp_path / "t.db"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cmd = [sys.executable, "-m", "tuner", "search", "search_spaces/v4_flash_tp4.yaml", "-q", "--backend", "replay"]
+    cmd += ["--replay-db", h200_copy, "--replay-queue", "database", "--db", f"sqlite:///{db}"]
+    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": root})  # fmt: skip
+
+    def trials():
+        try:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+                return con.execute("SELECT COUNT(*) FROM tuner_trials").fetchone()[0]
+        except sqlite3.Error:
+            return 0
+
+    deadline = time.monotonic() + 600  # guards against a hang only; a loaded machine is slow, never wrong
+    while time.monotonic() < deadline and trials() < 1 and proc.poll() is None:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 143, err[-2000:]
+    assert "SIGTERM: stopping after the current trial" in err and "Traceback" not in err
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT COUNT(*) FROM trials WHERE state = 'RUNNING'").fetchone() == (0,)
+        assert con.execute("SELECT COUNT(*) FROM tuner_trials").fetchone()[0] >= 1
+
+
+# --- a table holds what a space allows; one bad entry costs only itself ------------------------------
+
+
+def test_one_bad_entry_is_skipped_with_one_warning_and_the_rest_is_used(tmp_path):
+    import json
+    import warnings
+
+    import kernels.table as kt
+
+    entry = {"BLOCK_T": 32, "num_warps": 4, "num_stages": 1, "TARGET_CTAS": 7}
+    name = kt.table_name("dev X", "fp8_v32", 16, 64)
+    doc = {"1": entry, "8": {**entry, "TARGET_CTAS": 11}, str(2**31 - 1): entry, "16": {**entry, "BLOCK_T": 17}}
+    (tmp_path / name).write_text(json.dumps(doc))
+    kt._warned.clear()
+    kt.load_table.cache_clear()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        picks = {b: kt.lookup_config("dev X", "fp8_v32", 16, 64, b, config_dir=tmp_path) for b in (1, 8, 16, 10**6)}
+    w = [x for x in w if issubclass(x.category, kt.TableWarning)]
+    assert len(w) == 1, [str(x.message) for x in w]
+    assert "2 bad entries are skipped" in str(w[0].message) and str(2**31 - 1) in str(w[0].message)
+    assert picks[1].TARGET_CTAS == 7 and picks[8].TARGET_CTAS == 11
+    assert picks[16].TARGET_CTAS == 11 and picks[10**6].TARGET_CTAS == 11  # the nearest usable key
+
+
+def test_the_largest_level_a_space_allows_is_a_key_the_loader_takes():
+    import kernels.table as kt
+    from tuner.space import MAX_CONCURRENCY
+
+    entry = {"BLOCK_T": 32, "num_warps": 4, "num_stages": 1, "TARGET_CTAS": 7}
+    assert list(kt.parse_table({str(MAX_CONCURRENCY): entry})) == [MAX_CONCURRENCY]
+    with pytest.raises(ValueError):
+        kt.parse_table({str(MAX_CONCURRENCY + 1): entry})
