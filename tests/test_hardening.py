@@ -886,3 +886,55 @@ def test_the_largest_level_a_space_allows_is_a_key_the_loader_takes():
     assert list(kt.parse_table({str(MAX_CONCURRENCY): entry})) == [MAX_CONCURRENCY]
     with pytest.raises(ValueError):
         kt.parse_table({str(MAX_CONCURRENCY + 1): entry})
+
+
+# --- two searches on one database agree with Optuna --------------------------------------------------
+
+
+def test_two_replay_searches_on_one_database_agree_with_optuna_about_the_best(tmp_path):
+    """Two searches at once, sharing each study's queue: every value Optuna holds in a study is on one scale
+    (the study's one reference, the baseline as its baseline trial recorded it), so Optuna's best trial is
+    the config `tuner best` names, at every level."""
+    import json
+    import sqlite3
+    import statistics
+
+    import optuna
+
+    from tests.recorded import SMALL_SPACE
+    from tests.recorded import make_recorded
+
+    recorded, space, db = make_recorded(tmp_path / "recorded.db"), tmp_path / "small.yaml", tmp_path / "two.db"
+    space.write_text(SMALL_SPACE.replace("rounds: 10,", "rounds: 10, screen_rounds: 3,"))
+    url = f"sqlite:///{db}"
+    argv = ["search", str(space), "-q", "--backend", "replay", "--replay-db", f"sqlite:///{recorded}"]
+    argv += ["--replay-queue", "database", "--db", url]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [sys.executable, os.path.join(root, "tests", "many_searches.py")],
+        input=json.dumps({"argv": argv, "n": 2}), capture_output=True, text=True, cwd=root, timeout=1800,
+    )  # fmt: skip  # the limit only guards against a hang
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = json.loads(proc.stdout.splitlines()[-1])
+    assert [r["rc"] for r in runs] == [0, 0], [r["stderr"][-2000:] for r in runs]
+    con = sqlite3.connect(db)
+    names = optuna.study.get_all_study_names(storage=url)
+    assert len(names) == 2
+    for name in names:
+        study = optuna.load_study(study_name=name, storage=url)
+        ref = study.user_attrs["reference_us"]
+        base = [b for (b,) in con.execute(
+            "SELECT x.baseline_us FROM tuner_samples x JOIN tuner_trials t ON t.id = x.trial_id "
+            "WHERE t.is_baseline AND t.optuna_study = ? AND x.phase = 'screen'", (name,))]  # fmt: skip
+        assert ref == pytest.approx(statistics.median(base), rel=1e-9)  # the baseline as its own trial measured it
+        complete = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+        for t in complete:  # one scale: every value is its ratio times the study's one reference
+            assert t.value == pytest.approx(t.user_attrs["ratio"] * ref, rel=1e-9), (name, t.number)
+        (c,) = con.execute("SELECT DISTINCT concurrency FROM tuner_trials WHERE optuna_study = ?", (name,)).fetchone()
+        best = _run_main(["best", "--db", url, "--concurrency", str(c), "-f", "json"])
+        assert best.exit_code == 0, best.stderr
+        (row,) = json.loads(best.stdout)
+        (key,) = con.execute(
+            "SELECT config_key FROM tuner_trials WHERE id = ?", (study.best_trial.user_attrs["tuner_trial_id"],)
+        ).fetchone()
+        assert key == row["config"] or key in (row.get("tied_with") or ""), (name, key, row)
