@@ -938,3 +938,9 @@ def test_two_replay_searches_on_one_database_agree_with_optuna_about_the_best(tm
             "SELECT config_key FROM tuner_trials WHERE id = ?", (study.best_trial.user_attrs["tuner_trial_id"],)
         ).fetchone()
         assert key == row["config"] or key in (row.get("tied_with") or ""), (name, key, row)
+
+
+def test_a_space_file_that_is_a_fifo_is_one_sentence(tmp_path):
+    path = tmp_path / "space.yaml"
+    os.mkfifo(path)
+    _one_sentence(_tuner("check", str(path), "--db", f"sqlite:///{tmp_path / 'x.db'}"), "is a FIFO")

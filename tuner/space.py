@@ -22,6 +22,9 @@ from pathlib import Path
 
 import yaml
 
+from db.paths import PathError
+from db.paths import read_bytes
+from db.paths import regular_or_missing
 from kernels.config import PARAM_NAMES
 from kernels.config import PARAMS
 from kernels.config import KernelConfig
@@ -451,12 +454,12 @@ _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _constru
 
 
 def _read(path: str):
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise SpaceError(f"{path}: cannot read the search space ({e.strerror})") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise SpaceError(f"{path}: is {len(data)} bytes; a search space may have at most {MAX_FILE_BYTES}")
+    try:  # a regular file only, read without blocking (a FIFO or a directory is one sentence, never a wait)
+        if regular_or_missing(path, "search space") is None:
+            raise SpaceError(f"{path}: cannot read the search space (no such file)")
+        data = read_bytes(path, MAX_FILE_BYTES, "search space")
+    except PathError as e:
+        raise SpaceError(f"{path}: cannot read the search space: {e}") from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
