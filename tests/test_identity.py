@@ -94,7 +94,9 @@ def test_a_commented_space_resumes_and_a_changed_baseline_is_one_sentence(tmp_pa
     db = tmp_path / "r.db"
     first = _replay(tmp_path, SMALL_SPACE, db)
     assert first.returncode == 0, first.stderr
-    commented = "# a comment added after the first run\n" + SMALL_SPACE.replace("concurrency:", "# levels\nconcurrency:")
+    commented = "# a comment added after the first run\n" + SMALL_SPACE.replace(
+        "concurrency:", "# levels\nconcurrency:"
+    )
     again = _replay(tmp_path, commented, db)
     assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr
     con = sqlite3.connect(db)
@@ -105,7 +107,9 @@ def test_a_commented_space_resumes_and_a_changed_baseline_is_one_sentence(tmp_pa
     assert more.returncode == 0 and "Traceback" not in more.stderr, more.stderr
     assert con.execute("SELECT COUNT(*) FROM tuner_studies").fetchone() == (1,)
     before = con.execute("SELECT COUNT(*) FROM tuner_trials").fetchone()
-    moved = SMALL_SPACE.replace("baseline: {BLOCK_T: 16, num_warps: 4, num_stages: 2,", "baseline: {BLOCK_T: 32, num_warps: 4, num_stages: 1,")
+    moved = SMALL_SPACE.replace(
+        "baseline: {BLOCK_T: 16, num_warps: 4, num_stages: 2,", "baseline: {BLOCK_T: 32, num_warps: 4, num_stages: 1,"
+    )
     assert moved != SMALL_SPACE
     refused = _replay(tmp_path, moved, db)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr

@@ -81,6 +81,8 @@ def write_file(path: Path, text: str, root: Path | None = None) -> None:
         write_atomic(path, text, root)
     except PathError as e:
         raise TunerError(str(e)) from None
+
+
 __all__ = ["FORMATS", "export_tables", "triton_folder", "triton_module", "winners"]
 
 

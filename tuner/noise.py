@@ -103,9 +103,7 @@ class StudyNoise:
     def _recorded_baseline_us(self) -> tuple[bool, float | None]:
         """(whether this study's baseline trial is recorded, its baseline median in µs when it is ok)."""
         with self.store.session() as s:
-            t = s.scalar(
-                select(TrialModel).filter_by(study_id=self.study_id, config_key=str(self.plan.space.baseline))
-            )
+            t = s.scalar(select(TrialModel).filter_by(study_id=self.study_id, config_key=str(self.plan.space.baseline)))
             if t is None:
                 return False, None
             st = t.statistic(Phase.SCREEN) if t.verdict == Verdict.OK else None

@@ -140,8 +140,9 @@ class SearchSpace:
         it (and the studies it names); any changed value changes it (:func:`identity`)."""
         return identity(self.text)
 
-    def resume_problem(self, stored_text: str, study: str, stored_workload: dict | None = None,
-                       workload: WorkloadSpec | None = None) -> str | None:
+    def resume_problem(
+        self, stored_text: str, study: str, stored_workload: dict | None = None, workload: WorkloadSpec | None = None
+    ) -> str | None:
         """Why an existing study made from the space ``stored_text`` cannot go on with this space, or None.
 
         Its values are ratios to the baseline's median, so a changed baseline would mix two references in one
