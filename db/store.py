@@ -13,6 +13,7 @@ import errno
 import os
 import re
 import sqlite3
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +38,9 @@ from db.errors import QUOTE_MAX
 from db.errors import DatabaseError
 from db.errors import DatabaseGoneError
 from db.errors import quote
+from db.paths import PathError
+from db.paths import kind
+from db.paths import regular_or_missing
 
 VERSION_TABLE = "tuner_alembic_version"
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -161,17 +165,33 @@ def head_revision() -> str:
     return ScriptDirectory.from_config(alembic_config(DEFAULT_URL)).get_current_head()
 
 
-def _check_url(url: str, create: bool) -> None:
+def check_url(url: str, create: bool, option: str = "--db") -> None:
+    """The one check of a database URL, shared by ``--db`` and ``--replay-db`` (``option`` names it): parsable,
+    sqlite or postgresql, a port in 1..65535, a synchronous driver, and for SQLite a file path whose file (when
+    there) is a regular SQLite file; DatabaseError in one sentence otherwise. Opens nothing that could block."""
     shown = redact_url(url)
     try:
         u = make_url(url)
-    except ArgumentError:
+        port = u.port
+    except (ArgumentError, ValueError):
         raise DatabaseError(
-            f"{quote(shown)} is not a database URL; use e.g. sqlite:///tuner.db or postgresql+psycopg://host/db"
+            f"{option} {quote(shown)} is not a database URL; use e.g. sqlite:///tuner.db or postgresql+psycopg://host/db"
         ) from None
     if u.get_backend_name() not in SCHEMES:
         raise DatabaseError(
-            f"unsupported database URL scheme {u.drivername!r} in {quote(shown)}; allowed: sqlite, postgresql"
+            f"{option}: unsupported database URL scheme {u.drivername!r} in {quote(shown)}; allowed: sqlite, postgresql"
+        )
+    if port is not None and not 1 <= port <= 65535:
+        raise DatabaseError(f"{option} {quote(shown)} has the port {port}; a port is a number from 1 to 65535")
+    try:  # the driver first: a missing one is named with its package, as opening would name it
+        dialect = u.get_dialect()
+        dialect.import_dbapi()
+    except (ModuleNotFoundError, NoSuchModuleError) as e:
+        raise _missing_driver(url, e) from None
+    if getattr(dialect, "is_async", False):
+        raise DatabaseError(
+            f"{option} {quote(shown)} uses the async driver {u.get_driver_name()!r}; "
+            "use a synchronous one such as sqlite:/// or postgresql+psycopg://"
         )
     if u.get_backend_name() == "sqlite":
         if not u.database or u.database == ":memory:" or u.database.startswith("file:"):
@@ -185,6 +205,9 @@ def _check_url(url: str, create: bool) -> None:
             raise DatabaseError(f"cannot use the database file {quote(path)}: {e.strerror}") from None
 
 
+_check_url = check_url
+
+
 def _shown_path(path) -> str:
     """A path as a message shows it: whole when it is of a sane length, else cut (see :func:`quote`)."""
     text = str(path)
@@ -194,14 +217,12 @@ def _shown_path(path) -> str:
 def _check_sqlite_path(path: Path, create: bool) -> None:
     """The file checks of a sqlite:/// URL; OSError from the file system passes through."""
     shown = _shown_path(path)
-    if path.is_dir():
-        raise DatabaseError(f"{shown} is a directory, not a database file")
-    if path.exists():
-        try:
-            with open(path, "rb") as f:
-                head = f.read(16)
-        except OSError as e:
-            raise DatabaseError(f"cannot read {shown}: {e.strerror}") from None
+    try:  # a FIFO, a device or a directory is refused before anything opens it (a FIFO would block)
+        st = regular_or_missing(path, "database file")
+        head = _head(path) if st is not None else None
+    except PathError as e:
+        raise DatabaseError(str(e)) from None
+    if st is not None:
         # what was read decides, not a later size: another process may be creating the file right now
         # (its first bytes are SQLite's header, or a part of it, or nothing yet)
         if not b"SQLite format 3\x00".startswith(head):
@@ -220,6 +241,21 @@ def _check_sqlite_path(path: Path, create: bool) -> None:
             raise DatabaseError(f"cannot create {shown}: directory {_shown_path(parent)} does not exist")
         if not os.access(parent, os.W_OK):
             raise DatabaseError(f"cannot create {shown}: directory {_shown_path(parent)} is not writable")
+
+
+def _head(path: Path, n: int = 16) -> bytes:
+    """The first ``n`` bytes of a regular file, opened without blocking; PathError for anything else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except OSError as e:
+        raise PathError(f"cannot read {_shown_path(path)}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PathError(f"{_shown_path(path)} is {kind(st.st_mode)}, not a regular file; the database must be one")
+        return os.read(fd, n)
+    finally:
+        os.close(fd)
 
 
 def _missing_driver(url: str, e: Exception) -> DatabaseError:

@@ -368,19 +368,71 @@ def launch_identity(config: KernelConfig, heads: int, topk: int, batch: int, ext
 
 # Every source file a launch depends on: a change to any of them marks old results and tables stale.
 KERNEL_FILES = ("decode.py", "kv_format.py", "config.py")
+# The identity's scheme: bumped when what is hashed changes, so that two schemes never give one hash.
+_IDENTITY_SCHEME = b"ast-1"
 
 
 def kernel_source_hash() -> str:
-    """Short hash of the kernel's sources (the kernel, the KV formats and this declaration)."""
+    """Short hash of the kernel's sources (the kernel, the KV formats and this declaration), as the compiler
+    sees them: the parsed code without comments, docstrings and formatting (:func:`source_identity`). A
+    comment, a docstring or a re-wrapped line keeps tables, calibrations and priors valid; a code change does not."""
     return _SOURCE_HASH
 
 
-def _hash_sources() -> str:
-    h = hashlib.sha256()
-    here = Path(__file__).parent
-    for name in KERNEL_FILES:
-        h.update(name.encode() + b"\0" + (here / name).read_bytes())
+def source_identity(text: str) -> str:
+    """What of one Python source a launch depends on, as text: its syntax tree with docstrings removed,
+    written field by field (no line numbers, no expression contexts, no empty fields), so that it stays
+    the same across formatting, comments and the Python versions' ways of printing a tree."""
+    import ast
+
+    tree = ast.parse(text)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]
+    out: list[str] = []
+
+    def put(x) -> None:
+        if isinstance(x, ast.AST):
+            out.append(type(x).__name__ + "(")
+            for name in x._fields:
+                value = getattr(x, name, None)
+                if name in ("ctx", "type_comment", "kind") or value is None or value == []:
+                    continue
+                out.append(name + "=")
+                put(value)
+                out.append(",")
+            out.append(")")
+        elif isinstance(x, list):
+            out.append("[")
+            for item in x:
+                put(item)
+                out.append(",")
+            out.append("]")
+        else:
+            out.append(type(x).__name__ + ":" + repr(x))
+
+    put(tree)
+    return "".join(out)
+
+
+def sources_hash(texts: dict[str, str]) -> str:
+    """Short hash of named sources' :func:`source_identity` (name -> source text)."""
+    h = hashlib.sha256(_IDENTITY_SCHEME)
+    for name, text in texts.items():
+        h.update(b"\0" + name.encode() + b"\0" + source_identity(text).encode())
     return h.hexdigest()[:12]
+
+
+def _hash_sources() -> str:
+    here = Path(__file__).parent
+    return sources_hash({name: (here / name).read_text(encoding="utf-8") for name in KERNEL_FILES})
 
 
 _SOURCE_HASH = _hash_sources()

@@ -31,9 +31,11 @@ keeps the first: an engine reading the same file picks the same entry. (Under CU
 does not arise: the engine pads B to a captured size, and the tables have a key per captured size.)
 
 Failures never raise: a missing table, or a file that is not valid (not a regular file, too large, not
-JSON, not a mapping of positive-integer strings to parameter mappings, a parameter unknown, missing or
-outside its bounds, a sidecar verdict that is not ``ok``), gives :data:`kernels.config.DEFAULT_CONFIG` and
-one :class:`TableWarning` per file (or per name looked for) saying what was looked for and what is wrong.
+JSON, not a mapping of batch keys to parameter mappings, no usable entry, a sidecar verdict that is not
+``ok``), gives :data:`kernels.config.DEFAULT_CONFIG` and one :class:`TableWarning` per file (or per name
+looked for) saying what was looked for and what is wrong. One bad entry (a key that is not a batch size of at
+most :data:`MAX_BATCH`, a parameter unknown, missing or outside its bounds) is skipped with one warning for
+the file; the other entries are used.
 A file is read and validated once per modification time.
 """
 
@@ -67,6 +69,7 @@ MAX_TABLE_BYTES = 1 << 20  # a table of every batch size is a few kB; its sideca
 # correctness gate and was timed); kernels/ does not import db/, so the word is spelled here.
 ACCEPTED_VERDICTS = frozenset({"ok"})
 REQUIRED = tuple(p.name for p in PARAMS if p.always_in_key)  # as KernelConfig.parse requires them
+MAX_BATCH = 999_999_999  # the largest batch key a table holds (nine digits); the search space bounds levels by it
 _BATCH_KEY = re.compile(r"[1-9][0-9]{0,8}")
 _VERSION_FOLDER = re.compile(r"triton_([0-9]+(?:_[0-9]+)*)")
 
@@ -302,8 +305,13 @@ def load_table(path: str, stamp, sidecar_stamp) -> Table:
         configs = parse_table(doc)
     except ValueError as e:
         return Table(problem=str(e))
+    skipped = tuple(getattr(configs, "skipped", ()))
+    configs = dict(configs)
+    if skipped:
+        shown = "; ".join(skipped[:3]) + (f"; and {len(skipped) - 3} more" if len(skipped) > 3 else "")
+        skipped = (f"{len(skipped)} bad {'entry is' if len(skipped) == 1 else 'entries are'} skipped ({shown})",)
     if sidecar_stamp is None:
-        return Table(configs, triton=version)
+        return Table(configs, notes=skipped, triton=version)
     side = sidecar_path(Path(path))
     try:
         side_doc = _read_json(side)
@@ -313,7 +321,7 @@ def load_table(path: str, stamp, sidecar_stamp) -> Table:
     if not accepted:
         return Table(problem=f"no entry has an accepted verdict ({sorted(ACCEPTED_VERDICTS)}) in {side.name}")
     tuned = side_doc.get("triton")
-    return Table(accepted, notes=tuple(notes), triton=version or (tuned if isinstance(tuned, str) else None))
+    return Table(accepted, notes=skipped + tuple(notes), triton=version or (tuned if isinstance(tuned, str) else None))
 
 
 def read_regular(path: Path, limit: int = MAX_TABLE_BYTES) -> bytes:
@@ -374,26 +382,47 @@ def _read_json(path: Path):
         raise ValueError(f"not valid JSON ({str(e)[:200]})") from None
 
 
-def parse_table(doc) -> dict[int, KernelConfig]:
-    """``{"<batch>": {param: int}}`` -> ``{batch: KernelConfig}``; ValueError saying what is wrong."""
+class Entries(dict):
+    """A table's usable entries (``{batch: KernelConfig}``) and, in :attr:`skipped`, why each other one is not."""
+
+    skipped: tuple[str, ...] = ()
+
+
+def parse_table(doc) -> Entries:
+    """``{"<batch>": {param: int}}`` -> ``{batch: KernelConfig}``.
+
+    One bad entry (a key that is not a batch size, a parameter unknown, missing or out of its bounds) is
+    skipped and said in :attr:`Entries.skipped`, the rest of the table stays usable; ValueError saying what
+    is wrong when the whole file is (not a mapping, no entries, no usable entry)."""
     if not isinstance(doc, dict):
         raise ValueError(f'the top level must be an object {{"<batch>": {{...}}}}, got {_kind(doc)}')
     if not doc:
         raise ValueError("it has no entries")
-    out = {}
+    out, skipped = Entries(), []
     for key, entry in doc.items():
-        if not _BATCH_KEY.fullmatch(key):
-            raise ValueError(f"key {_cut(key)} is not a batch size (a positive integer string)")
-        if not isinstance(entry, dict):
-            raise ValueError(f"entry {key!r} must be an object of parameters, got {_kind(entry)}")
-        missing = [p for p in REQUIRED if p not in entry]
-        if missing:
-            raise ValueError(f"entry {key!r} lacks {missing}")
         try:
-            out[int(key)] = KernelConfig.from_dict(entry)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"entry {key!r}: {str(e)[:300]}") from None
+            out[int(key)] = _entry(key, entry)
+        except ValueError as e:
+            skipped.append(str(e))
+    if not out:
+        more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
+        raise ValueError(f"no usable entry: {skipped[0]}{more}")
+    out.skipped = tuple(skipped)
     return out
+
+
+def _entry(key, entry) -> KernelConfig:
+    if not _BATCH_KEY.fullmatch(key):
+        raise ValueError(f"key {_cut(key)} is not a batch size (a positive integer string of at most 9 digits)")
+    if not isinstance(entry, dict):
+        raise ValueError(f"entry {key!r} must be an object of parameters, got {_kind(entry)}")
+    missing = [p for p in REQUIRED if p not in entry]
+    if missing:
+        raise ValueError(f"entry {key!r} lacks {missing}")
+    try:
+        return KernelConfig.from_dict(entry)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"entry {key!r}: {str(e)[:300]}") from None
 
 
 def _cut(value, limit: int = 100) -> str:

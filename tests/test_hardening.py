@@ -517,3 +517,430 @@ def test_a_fine_timeout_and_concurrency_are_accepted():
 
     assert Seconds().convert("0.5", None, None) == 0.5 and Seconds().convert("3600", None, None) == 3600.0
     assert _levels("1, 96") == [1, 96] and _levels(str(2**63 - 1)) == [2**63 - 1]
+
+
+# --- YAML aliases: a bounded prefix of any value, a bounded expansion -------------------------------
+
+
+def _bomb(levels: int = 9) -> str:
+    """A "billion laughs" of under 1 kB: each anchor a list of nine aliases of the one before (9**levels values)."""
+    lines = ['  l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, levels):
+        lines.append(f"  l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]")
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("where", ["sampler.name", "measurement.screen_rounds"])
+def test_a_yaml_alias_bomb_is_one_sentence_at_once(tmp_path, where):
+    top, key = where.split(".")
+    text = "x-anchors:\n" + _bomb() + "\n" + GOOD
+    if top == "sampler":
+        text = text.replace("sampler: {name: grid, seed: 0}", "sampler: {name: *l8, seed: 0}")
+    else:
+        text = text.replace("rounds: 5,", "rounds: 5, screen_rounds: *l8,")
+    assert len(text.encode()) < len(GOOD) + 1024
+    path = tmp_path / "bomb.yaml"
+    path.write_text(text)
+    # in a subprocess with an address-space limit far below what rendering the value would take
+    script = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+        "from tuner.space import load_space\n"
+        "from tuner.errors import SpaceError\n"
+        "try:\n"
+        "    load_space(sys.argv[1])\n"
+        "except SpaceError as e:\n"
+        "    print(e)\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": root},
+    )
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    msg = proc.stdout.strip()
+    assert len(msg.splitlines()) == 1 and len(msg) < 400, msg
+    assert "expands to more than" in msg and "aliases" in msg
+
+
+def test_a_small_alias_is_still_allowed_and_messages_show_a_bounded_prefix(tmp_path):
+    from tuner.space import _show
+    from tuner.space import load_space
+
+    path = tmp_path / "alias.yaml"
+    path.write_text(GOOD.replace("num_warps: [4]", "num_warps: &w [4]").replace("num_warps: 4,", "num_warps: 4,"))
+    assert load_space(str(path)).parameters["num_warps"] == [4]
+    shared = ["x" * 1000]
+    for _ in range(40):  # 2**40 strings when written out
+        shared = [shared, shared]
+    shown = _show(shared)
+    assert len(shown) <= 60 and shown.startswith("[[")
+    assert len(_show("y" * 10**7, 80)) <= 80
+
+
+def test_a_level_beyond_what_a_table_holds_is_one_sentence(tmp_path):
+    from kernels.table import MAX_BATCH
+
+    path = tmp_path / "big.yaml"
+    path.write_text(GOOD.replace("concurrency: [1, 4]", f"concurrency: [1, {2**31 - 1}]"))
+    result = CliRunner().invoke(cli, ["check", str(path), "--db", f"sqlite:///{tmp_path / 'x.db'}"])
+    _one_sentence(result, f"<= {MAX_BATCH}")
+
+
+# --- priors of an older kernel ----------------------------------------------------------------------
+
+
+def test_an_older_kernels_record_with_an_unknown_parameter_is_no_prior(tmp_path):
+    """A record of another kernel whose config names a parameter this version does not know is skipped as a
+    prior; the search of the current kernel runs (no ValueError traceback)."""
+    import sqlite3
+
+    from kernels.config import kernel_source_hash
+    from tests.recorded import SMALL_SPACE
+    from tests.recorded import make_recorded
+
+    recorded, space, db = make_recorded(tmp_path / "recorded.db"), tmp_path / "small.yaml", tmp_path / "r.db"
+    space.write_text(SMALL_SPACE)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cmd = [sys.executable, "-m", "tuner", "search", str(space), "-q", "--backend", "replay", "--concurrency", "1"]
+    cmd += ["--replay-db", f"sqlite:///{recorded}", "--db", f"sqlite:///{db}"]
+    first = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=600)
+    assert first.returncode == 0, first.stderr
+    old, current = "0ld0ld0ld0ld", kernel_source_hash()
+    con = sqlite3.connect(db)
+    with con:  # what was measured becomes an older kernel's, one of its best configs with an unknown parameter
+        con.execute("UPDATE tuner_kernels SET source_hash = ?", (old,))
+        con.execute("UPDATE tuner_studies SET name = replace(name, ?, ?)", (current, old))
+        (best,) = con.execute(
+            "SELECT t.id FROM tuner_trials t JOIN tuner_statistics s ON s.trial_id = t.id "
+            "WHERE t.verdict = 'ok' ORDER BY s.ratio LIMIT 1"
+        ).fetchone()
+        con.execute("UPDATE tuner_trials SET config_key = config_key || '-x1' WHERE id = ?", (best,))
+    con.close()
+    again = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=600)
+    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr
+    con = sqlite3.connect(db)
+    kernels = con.execute("SELECT COUNT(DISTINCT kernel_id) FROM tuner_trials").fetchone()
+    assert kernels == (2,)  # the current kernel measured the level
+
+
+# --- FIFOs, directories and links: one safe opener for every path ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def h200_copy(tmp_path_factory):
+    """A copy of the committed H200 results at the current schema (the original is never written)."""
+    from db.store import Store
+
+    path = tmp_path_factory.mktemp("h200") / "h200.db"
+    shutil.copy(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "h200.db"), path)
+    Store(f"sqlite:///{path}", upgrade=True)
+    return f"sqlite:///{path}"
+
+
+def _run_main(args):
+    """``tuner ARGS`` as the executable runs it (tuner.cli.main: usage errors too are one line), in this process."""
+    from tuner.cli import main
+
+    runner = CliRunner()
+    old_argv = sys.argv
+    sys.argv = ["tuner", *args]
+    try:
+        with runner.isolation() as streams:
+            try:
+                main()
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            out, err = streams[0].getvalue().decode(), streams[1].getvalue().decode()
+    finally:
+        sys.argv = old_argv
+
+    class Result:
+        exit_code, stdout, stderr, exception = code, out, err, None
+
+    return Result()
+
+
+def _tuner(*args, cwd=None, timeout=120):
+    """The command line in this process, with a time limit (SIGALRM): a hang fails the test instead of stalling it."""
+    import signal
+
+    class Hung(Exception):
+        pass
+
+    def _alarm(signum, frame):
+        raise Hung
+
+    old_cwd, old_env = os.getcwd(), os.environ.pop("SPARSE_MLA_CONFIG_DIR", None)
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(timeout)
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        result = _run_main(list(args))
+    except Hung:
+        pytest.fail(f"`tuner {' '.join(args)}` hung")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+        os.chdir(old_cwd)
+        if old_env is not None:
+            os.environ["SPARSE_MLA_CONFIG_DIR"] = old_env
+    if isinstance(result.exception, Hung):
+        pytest.fail(f"`tuner {' '.join(args)}` hung")
+    return result
+
+
+@pytest.mark.parametrize("what", ["fifo", "directory"])
+@pytest.mark.parametrize(
+    "cmd",
+    [["db", "upgrade"], ["best", "--concurrency", "1"], ["trials"], ["export"], ["report"]],
+    ids=lambda c: "-".join(c[:2]),
+)
+def test_a_database_that_is_a_fifo_or_a_directory_is_one_sentence(tmp_path, cmd, what):
+    path = tmp_path / "x.db"
+    os.mkfifo(path) if what == "fifo" else path.mkdir()
+    result = _tuner(*cmd, "--db", f"sqlite:///{path}", cwd=tmp_path)
+    _one_sentence(result, "FIFO" if what == "fifo" else "directory")
+    assert "disk I/O error" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "url, fragment",
+    [
+        ("sqlite:///{tmp}/fifo.db", "is a FIFO"),
+        ("sqlite:///{tmp}", "is a directory"),
+        ("sqlite:///{tmp}/none.db", "no database at"),
+        ("postgresql://host:99999/db", "port"),
+        ("postgresql://host:port/db", "is not a database URL"),
+        ("mysql://host/db", "unsupported database URL scheme"),
+        ("sqlite+aiosqlite:///{tmp}/x.db", "aiosqlite"),  # refused as async, or named as a package to install
+        ("postgresql+asyncpg://host/db", "asyncpg"),
+    ],
+    ids=["fifo", "directory", "missing", "bad-port", "port-word", "mysql", "aiosqlite", "asyncpg"],
+)
+@pytest.mark.parametrize("option", ["--db", "--replay-db"])
+def test_db_and_replay_db_share_one_url_check(tmp_path, url, fragment, option, h200_copy):
+    os.mkfifo(tmp_path / "fifo.db")
+    url = url.format(tmp=tmp_path)
+    if option == "--db" and "none.db" in url:
+        pytest.skip("a search creates its --db")
+    out = f"sqlite:///{tmp_path / 'out.db'}"
+    args = ["search", os.path.abspath(SMOKE), "--backend", "replay", "-q"]
+    args += ["--db", url, "--replay-db", h200_copy] if option == "--db" else ["--db", out, "--replay-db", url]
+    result = _tuner(*args, cwd=tmp_path)
+    _one_sentence(result, fragment)
+    assert not (tmp_path / "out.db").exists()  # nothing is created
+
+
+def test_export_refuses_a_fifo_or_a_link_at_a_tables_name_and_writes_nothing_outside(tmp_path, h200_copy):
+    import json
+
+    out = tmp_path / "out"
+    first = _tuner("export", "--db", h200_copy, "--out", str(out), cwd=tmp_path)
+    assert first.exit_code == 0, first.stderr
+    tables = sorted(p for p in out.iterdir() if not p.name.endswith(".provenance.json"))
+    assert tables
+    again = _tuner("export", "--db", h200_copy, "--out", str(out), cwd=tmp_path)  # replaced whole, at once
+    assert again.exit_code == 0, again.stderr
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left
+    assert all(json.loads(p.read_text()) for p in out.iterdir())  # whole files only
+    # a link planted at a table's name, pointing outside --out: refused, the file outside untouched
+    outside = tmp_path / "precious.txt"
+    outside.write_text("keep me")
+    tables[0].unlink()
+    tables[0].symlink_to(outside)
+    result = _tuner("export", "--db", h200_copy, "--out", str(out), cwd=tmp_path)
+    _one_sentence(result, "symbolic link")
+    assert outside.read_text() == "keep me" and tables[0].is_symlink()
+    # a FIFO there: refused at once, never opened
+    tables[0].unlink()
+    os.mkfifo(tables[0])
+    _one_sentence(_tuner("export", "--db", h200_copy, "--out", str(out), cwd=tmp_path), "FIFO")
+    # an SGLang version folder that is a link out of --out
+    sg = tmp_path / "sg"
+    sg.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    first_sg = _tuner("export", "--db", h200_copy, "--out", str(tmp_path / "probe"), "--format", "sglang")
+    assert first_sg.exit_code == 0, first_sg.stderr
+    for sub in (tmp_path / "probe").iterdir():
+        (sg / sub.name).symlink_to(elsewhere, target_is_directory=True)
+    _one_sentence(_tuner("export", "--db", h200_copy, "--out", str(sg), "--format", "sglang"), "leads outside")
+    assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.parametrize("what", ["fifo", "directory", "link"])
+@pytest.mark.parametrize("cmd", [["export", "--format", "triton", "--out"], ["report", "-o"]], ids=["triton", "report"])
+def test_a_single_output_file_that_is_a_fifo_directory_or_link_is_one_sentence(tmp_path, h200_copy, cmd, what):
+    target = tmp_path / "target.out"
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep me")
+    if what == "fifo":
+        os.mkfifo(target)
+    elif what == "directory":
+        target.mkdir()
+    else:
+        target.symlink_to(outside)
+    result = _tuner(*cmd, str(target), "--db", h200_copy, cwd=tmp_path)
+    _one_sentence(result, {"fifo": "FIFO", "directory": "directory", "link": "symbolic link"}[what])
+    assert outside.read_text() == "keep me"
+
+
+def test_export_without_out_never_writes_into_the_package(tmp_path, h200_copy):
+    import kernels.table as kt
+
+    before = sorted(p.name for p in kt.CONFIG_DIR.iterdir())
+    stamps = {p.name: p.stat().st_mtime_ns for p in kt.CONFIG_DIR.iterdir()}
+    result = _tuner("export", "--db", h200_copy, cwd=tmp_path)
+    assert result.exit_code == 0, result.stderr
+    written = [line for line in result.stdout.splitlines() if line.strip()]
+    assert written and all(os.path.abspath(os.path.join(tmp_path, w)).startswith(str(tmp_path)) for w in written)
+    assert (tmp_path / "tuned_configs").is_dir()
+    assert sorted(p.name for p in kt.CONFIG_DIR.iterdir()) == before
+    assert {p.name: p.stat().st_mtime_ns for p in kt.CONFIG_DIR.iterdir()} == stamps
+
+
+# --- SIGTERM is Ctrl-C -------------------------------------------------------------------------------
+
+
+def test_sigterm_asks_the_search_to_stop_as_ctrl_c_does():
+    import signal
+
+    from tuner.search import Stop
+
+    before = signal.getsignal(signal.SIGTERM)
+    with Stop() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)  # handled at once, in this thread: the test process lives on
+        assert stop.requested and stop.signalled and stop.signum == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_sigterm_stops_a_search_after_the_running_trial(tmp_path, h200_copy):
+    """`kill PID` of a running search: it finishes the trial it is measuring, records it, leaves no Optuna trial
+    RUNNING and exits 143 (128 + SIGTERM), as Ctrl-C gives 130."""
+    import signal
+    import sqlite3
+    import time
+
+    db = tmp_path / "t.db"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cmd = [sys.executable, "-m", "tuner", "search", "search_spaces/v4_flash_tp4.yaml", "-q", "--backend", "replay"]
+    cmd += ["--replay-db", h200_copy, "--replay-queue", "database", "--db", f"sqlite:///{db}"]
+    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": root})  # fmt: skip
+
+    def trials():
+        try:
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+                return con.execute("SELECT COUNT(*) FROM tuner_trials").fetchone()[0]
+        except sqlite3.Error:
+            return 0
+
+    deadline = time.monotonic() + 600  # guards against a hang only; a loaded machine is slow, never wrong
+    while time.monotonic() < deadline and trials() < 1 and proc.poll() is None:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 143, err[-2000:]
+    assert "SIGTERM: stopping after the current trial" in err and "Traceback" not in err
+    with sqlite3.connect(db) as con:
+        assert con.execute("SELECT COUNT(*) FROM trials WHERE state = 'RUNNING'").fetchone() == (0,)
+        assert con.execute("SELECT COUNT(*) FROM tuner_trials").fetchone()[0] >= 1
+
+
+# --- a table holds what a space allows; one bad entry costs only itself ------------------------------
+
+
+def test_one_bad_entry_is_skipped_with_one_warning_and_the_rest_is_used(tmp_path):
+    import json
+    import warnings
+
+    import kernels.table as kt
+
+    entry = {"BLOCK_T": 32, "num_warps": 4, "num_stages": 1, "TARGET_CTAS": 7}
+    name = kt.table_name("dev X", "fp8_v32", 16, 64)
+    doc = {"1": entry, "8": {**entry, "TARGET_CTAS": 11}, str(2**31 - 1): entry, "16": {**entry, "BLOCK_T": 17}}
+    (tmp_path / name).write_text(json.dumps(doc))
+    kt._warned.clear()
+    kt.load_table.cache_clear()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        picks = {b: kt.lookup_config("dev X", "fp8_v32", 16, 64, b, config_dir=tmp_path) for b in (1, 8, 16, 10**6)}
+    w = [x for x in w if issubclass(x.category, kt.TableWarning)]
+    assert len(w) == 1, [str(x.message) for x in w]
+    assert "2 bad entries are skipped" in str(w[0].message) and str(2**31 - 1) in str(w[0].message)
+    assert picks[1].TARGET_CTAS == 7 and picks[8].TARGET_CTAS == 11
+    assert picks[16].TARGET_CTAS == 11 and picks[10**6].TARGET_CTAS == 11  # the nearest usable key
+
+
+def test_the_largest_level_a_space_allows_is_a_key_the_loader_takes():
+    import kernels.table as kt
+    from tuner.space import MAX_CONCURRENCY
+
+    entry = {"BLOCK_T": 32, "num_warps": 4, "num_stages": 1, "TARGET_CTAS": 7}
+    assert list(kt.parse_table({str(MAX_CONCURRENCY): entry})) == [MAX_CONCURRENCY]
+    with pytest.raises(ValueError):
+        kt.parse_table({str(MAX_CONCURRENCY + 1): entry})
+
+
+# --- two searches on one database agree with Optuna --------------------------------------------------
+
+
+def test_two_replay_searches_on_one_database_agree_with_optuna_about_the_best(tmp_path):
+    """Two searches at once, sharing each study's queue: every value Optuna holds in a study is on one scale
+    (the study's one reference, the baseline as its baseline trial recorded it), so Optuna's best trial is
+    the config `tuner best` names, at every level."""
+    import json
+    import sqlite3
+    import statistics
+
+    import optuna
+
+    from tests.recorded import SMALL_SPACE
+    from tests.recorded import make_recorded
+
+    recorded, space, db = make_recorded(tmp_path / "recorded.db"), tmp_path / "small.yaml", tmp_path / "two.db"
+    space.write_text(SMALL_SPACE.replace("rounds: 10,", "rounds: 10, screen_rounds: 3,"))
+    url = f"sqlite:///{db}"
+    argv = ["search", str(space), "-q", "--backend", "replay", "--replay-db", f"sqlite:///{recorded}"]
+    argv += ["--replay-queue", "database", "--db", url]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [sys.executable, os.path.join(root, "tests", "many_searches.py")],
+        input=json.dumps({"argv": argv, "n": 2}), capture_output=True, text=True, cwd=root, timeout=1800,
+    )  # fmt: skip  # the limit only guards against a hang
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = json.loads(proc.stdout.splitlines()[-1])
+    assert [r["rc"] for r in runs] == [0, 0], [r["stderr"][-2000:] for r in runs]
+    con = sqlite3.connect(db)
+    names = optuna.study.get_all_study_names(storage=url)
+    assert len(names) == 2
+    for name in names:
+        study = optuna.load_study(study_name=name, storage=url)
+        ref = study.user_attrs["reference_us"]
+        base = [b for (b,) in con.execute(
+            "SELECT x.baseline_us FROM tuner_samples x JOIN tuner_trials t ON t.id = x.trial_id "
+            "WHERE t.is_baseline AND t.optuna_study = ? AND x.phase = 'screen'", (name,))]  # fmt: skip
+        assert ref == pytest.approx(statistics.median(base), rel=1e-9)  # the baseline as its own trial measured it
+        complete = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+        for t in complete:  # one scale: every value is its ratio times the study's one reference
+            assert t.value == pytest.approx(t.user_attrs["ratio"] * ref, rel=1e-9), (name, t.number)
+        (c,) = con.execute("SELECT DISTINCT concurrency FROM tuner_trials WHERE optuna_study = ?", (name,)).fetchone()
+        best = _run_main(["best", "--db", url, "--concurrency", str(c), "-f", "json"])
+        assert best.exit_code == 0, best.stderr
+        (row,) = json.loads(best.stdout)
+        (key,) = con.execute(
+            "SELECT config_key FROM tuner_trials WHERE id = ?", (study.best_trial.user_attrs["tuner_trial_id"],)
+        ).fetchone()
+        assert key == row["config"] or key in (row.get("tied_with") or ""), (name, key, row)
+
+
+def test_a_space_file_that_is_a_fifo_is_one_sentence(tmp_path):
+    path = tmp_path / "space.yaml"
+    os.mkfifo(path)
+    _one_sentence(_tuner("check", str(path), "--db", f"sqlite:///{tmp_path / 'x.db'}"), "is a FIFO")

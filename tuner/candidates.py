@@ -23,6 +23,15 @@ MODES = ("PREFETCH",)  # parameters whose values are modes, not a scale (kernels
 LAUNCHED = {Verdict.OK, Verdict.WRONG, Verdict.CRASHED, Verdict.TIMEOUT, Verdict.MISSING}  # measured, for the budget
 
 
+def _known_config(key: str) -> KernelConfig | None:
+    """A stored config key as this version's config; None when it names a parameter or value this version does
+    not know (a record of an older or newer kernel): such a record cannot be a prior here."""
+    try:
+        return KernelConfig.parse(key)
+    except (TypeError, ValueError):
+        return None
+
+
 class LevelView:
     """Mixed into :class:`tuner.study.StudyRun` (which holds plan, store, study, opts and the ids)."""
 
@@ -42,8 +51,9 @@ class LevelView:
                 device=info["gpu_name"],
                 backend=self.opts.backend,
             )
-        best = [KernelConfig.parse(k) for k in ranked[:5]]
-        variants = new_value_variants(best, [KernelConfig.parse(k) for k in ranked], plan.space.parameters)
+        known = [c for c in map(_known_config, ranked) if c is not None]  # another version's parameter: skipped
+        best = known[:5]
+        variants = new_value_variants(best, known, plan.space.parameters)
         return [
             c
             for c in dict.fromkeys([*self.opts.first, *best, *variants])

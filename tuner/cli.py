@@ -7,6 +7,7 @@ import math
 import os
 import re
 import sys
+from pathlib import Path
 
 import click
 
@@ -508,6 +509,10 @@ def search(
     first_configs = _first_configs(first, space)
     if (replay_db or replay_kernel or replay_queue != "memory") and backend != "replay":
         raise TunerError("--replay-db, --replay-kernel and --replay-queue need --backend replay")
+    if replay_db:  # checked as --db is, before anything is created
+        from db.store import check_url
+
+        check_url(replay_db, create=False, option="--replay-db")
     _check_workers(workers, _backend(backend))
     store = Store(db_url)
     opts = Options(
@@ -536,7 +541,7 @@ def search(
     else:
         click.echo(render(rows, fmt, _search_brief))
     if opts.interrupted:
-        sys.exit(130)  # Ctrl-C: every finished trial is recorded; re-running resumes
+        sys.exit(128 + (opts.stop_signal or 2))  # Ctrl-C 130, SIGTERM 143: every finished trial is recorded
 
 
 def _first_configs(text: str | None, space) -> list:
@@ -828,7 +833,7 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
     "out_dir",
     type=click.Path(),
     default=None,
-    help="engine/sglang: directory for the tables (default: kernels/configs/ of the package); "
+    help="engine/sglang: directory for the tables (default: $SPARSE_MLA_CONFIG_DIR when set, else ./tuned_configs); "
     "triton: the .py file to write (default stdout).",
 )
 @click.option(
@@ -871,15 +876,17 @@ def export(out_dir, export_format, backend, record, shapes, db_url):
     if export_format == "triton" and shapes:
         raise TunerError("--shape applies to the engine and sglang formats, not to --format triton")
     if export_format == "triton":
+        if out_dir is not None:
+            from tuner.export import check_output
+
+            check_output(Path(out_dir))
         text = triton_module(store, backend)
         if out_dir is None:
             click.echo(text, nl=False)
             return
-        try:
-            with open(out_dir, "w") as f:
-                f.write(text)
-        except OSError as e:
-            raise TunerError(f"cannot write {out_dir}: {e.strerror}") from None
+        from tuner.export import write_file
+
+        write_file(Path(out_dir), text)  # atomically, a regular file only (never a FIFO, never through a link)
         click.echo(out_dir)
         return
     try:
@@ -912,6 +919,10 @@ def report(output, plots_dir, bench_files, db_url):
     from tuner.report import load_bench
     from tuner.report import render_report
 
+    if output:  # a FIFO, a directory or a link where the report should go: one sentence before any work
+        from tuner.export import check_output
+
+        check_output(Path(output))
     prefix = ""
     if plots_dir and output:
         prefix = os.path.relpath(plots_dir, os.path.dirname(os.path.abspath(output)) or ".") + "/"
@@ -921,11 +932,9 @@ def report(output, plots_dir, bench_files, db_url):
     except OSError as e:
         raise TunerError(f"cannot write {e.filename or plots_dir}: {e.strerror}") from None
     if output:
-        try:
-            with open(output, "w") as f:
-                f.write(text)
-        except OSError as e:
-            raise TunerError(f"cannot write {output}: {e.strerror}") from None
+        from tuner.export import write_file
+
+        write_file(Path(output), text)  # atomically, a regular file only (never a FIFO, never through a link)
         click.echo(f"wrote {output}", err=True)
     else:
         click.echo(text)

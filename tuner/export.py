@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -37,12 +38,16 @@ from sqlalchemy.orm import Session
 from db import queries
 from db.models import ExportModel
 from db.models import TrialModel
+from db.paths import PathError
+from db.paths import check_target
+from db.paths import folder as safe_folder
+from db.paths import write_atomic
 from db.store import Store
 from db.store import redact_url
 from db.verdicts import Verdict
 from kernels.config import PARAMS
 from kernels.config import Role
-from kernels.table import CONFIG_DIR
+from kernels.table import ENV_DIR
 from kernels.table import device_slug
 from kernels.table import nearest_shape
 from kernels.table import raw_slug
@@ -53,6 +58,31 @@ from kernels.table import version_tuple
 from tuner.errors import TunerError
 
 FORMATS = ("engine", "sglang", "triton")
+DEFAULT_OUT = "tuned_configs"  # in the working directory: an export never writes into the installed package
+
+
+def default_out_dir() -> Path:
+    """Where tables go without ``--out``: ``$SPARSE_MLA_CONFIG_DIR`` when set (the kernel reads it first), else
+    ``./tuned_configs``; never the package's own ``kernels/configs/``."""
+    return Path(os.environ.get(ENV_DIR) or DEFAULT_OUT)
+
+
+def check_output(path: Path) -> None:
+    """TunerError unless ``path`` can be written as a file: nothing there, or a regular file (not a link)."""
+    try:
+        check_target(path)
+    except PathError as e:
+        raise TunerError(str(e)) from None
+
+
+def write_file(path: Path, text: str, root: Path | None = None) -> None:
+    """``text`` written atomically to the regular file ``path`` (never through a link, never out of ``root``)."""
+    try:
+        write_atomic(path, text, root)
+    except PathError as e:
+        raise TunerError(str(e)) from None
+
+
 __all__ = ["FORMATS", "export_tables", "triton_folder", "triton_module", "winners"]
 
 
@@ -194,7 +224,11 @@ def export_tables(
     """
     if fmt not in ("engine", "sglang"):
         raise TunerError(f"export format must be engine or sglang here, got {fmt!r}")
-    out_dir = Path(out_dir or CONFIG_DIR)
+    out_dir = Path(out_dir) if out_dir is not None else default_out_dir()
+    try:
+        safe_folder(out_dir)  # the folder the user chose (a link to a folder is theirs to choose)
+    except PathError as e:
+        raise TunerError(str(e)) from None
     source = redact_url(store.url)
     date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     written = []
@@ -205,9 +239,9 @@ def export_tables(
         for (sub, name), by_c in found.items():
             folder = out_dir / sub if sub else out_dir
             try:
-                folder.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise TunerError(f"cannot write to {folder}: {e.strerror}") from None
+                safe_folder(folder, root=out_dir)  # a triton_<version>/ inside it: never a link out of it
+            except PathError as e:
+                raise TunerError(str(e)) from None
             first = next(iter(by_c.values()))
             w = first.workload
             table = {str(c): t.config().as_dict() for c, t in by_c.items()}
@@ -227,11 +261,8 @@ def export_tables(
             text = json.dumps(table, indent=1) + "\n"
             side = sidecar_path(path)
             side_text = json.dumps(provenance, indent=1) + "\n"
-            try:
-                path.write_text(text)
-                side.write_text(side_text)
-            except OSError as e:
-                raise TunerError(f"cannot write {path}: {e.strerror}") from None
+            write_file(path, text, root=out_dir)
+            write_file(side, side_text, root=out_dir)
             if record:
                 content = json.dumps({"format": fmt, "table": table, "provenance": provenance})
                 s.add(

@@ -255,6 +255,7 @@ def main() -> int:
     # Ctrl-C in the terminal reaches the whole process group: the parent finishes the running trial
     # and stops; this process must not die under it (it exits when the parent closes its stdin).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # so too a SIGTERM to the group (the parent kills with SIGKILL)
     proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not corrupt the protocol
     runner = Runner()

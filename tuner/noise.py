@@ -8,11 +8,16 @@ scale of Optuna's values, ``reference_us``: the baseline's median in this study'
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
+from sqlalchemy import select
 
 from db import queries
 from db import record
+from db.models import TrialModel
+from db.verdicts import Phase
+from db.verdicts import Verdict
 from tuner import calibrate
 from tuner import stats
 from tuner.recorder import measurement_seed
@@ -64,10 +69,42 @@ class StudyNoise:
 
     def reference(self) -> float:
         """The one scale of Optuna's values in this study, fixed when the first value is told and kept across
-        resumes and GPUs (so Optuna orders trials as the ratios do): the baseline's median in this study's own
-        baseline trial, which is queued first; this kernel's A/A median if another trial is told before it."""
-        if self.reference_us is None:
-            ref = self._baseline_us or self._aa_us
-            shared_write(lambda: self.study.set_user_attr("reference_us", ref))
-            self.reference_us = ref
-        return self.reference_us
+        resumes, GPUs and processes (so Optuna orders trials as the ratios do): the baseline's median in this
+        study's own baseline trial, which is queued first.
+
+        Every process that shares the study must use the same number, or Optuna's best is not the tuner's
+        (two processes each holding the scale they computed gave two scales in one study). So the number is
+        read where all of them see it: the value already stored with the study, else the baseline trial as
+        the database recorded it. A process that has a value to tell before the baseline is recorded (a
+        screening trial ends before the baseline's full rounds) waits for it, at most one trial's time limit;
+        only when the baseline cannot give it (not feasible, not ok, never recorded) does this kernel's A/A
+        median stand in."""
+        if self.reference_us is not None:
+            return self.reference_us
+        base = self.plan.space.baseline
+        verdict = self.plan.verdicts.get(base)
+        wait_s = self.plan.space.measurement["trial_timeout_s"] if verdict is not None and verdict.feasible else 0
+        deadline = time.monotonic() + wait_s
+        while True:
+            stored = self.storage.get_study_user_attrs(self.optuna_study_id).get("reference_us")
+            if stored:
+                self.reference_us = float(stored)
+                return self.reference_us
+            recorded, ref = self._recorded_baseline_us()
+            if ref is None and (recorded or self._baseline_us or time.monotonic() >= deadline):
+                ref = self._baseline_us or self._aa_us  # the baseline cannot give it: the A/A stands in
+            if ref is not None:
+                break
+            time.sleep(0.1)
+        shared_write(lambda: self.study.set_user_attr("reference_us", ref))
+        self.reference_us = ref
+        return ref
+
+    def _recorded_baseline_us(self) -> tuple[bool, float | None]:
+        """(whether this study's baseline trial is recorded, its baseline median in µs when it is ok)."""
+        with self.store.session() as s:
+            t = s.scalar(select(TrialModel).filter_by(study_id=self.study_id, config_key=str(self.plan.space.baseline)))
+            if t is None:
+                return False, None
+            st = t.statistic(Phase.SCREEN) if t.verdict == Verdict.OK else None
+            return True, (float(st.baseline_median_us) if st is not None else None)

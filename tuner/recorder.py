@@ -28,6 +28,7 @@ from db.verdicts import Verdict
 from kernels.config import KernelConfig
 from kernels.config import kernel_source_hash
 from tuner import stats
+from tuner.errors import SpaceError
 from tuner.heartbeat import OWNER_ATTR
 from tuner.heartbeat import owner
 from tuner.heartbeat import owner_alive
@@ -261,7 +262,7 @@ class StudyRecords:
             if self.opts.remeasure:  # a fresh study beside the old ones: nothing measured before is lost
                 n_old = s.query(StudyModel).filter(StudyModel.name.like(base + "%")).count()
                 self.name = f"{base}#r{n_old + 1}" if n_old else base
-            row = get_or_create(
+            row = s.query(StudyModel).filter_by(name=self.name).one_or_none() or get_or_create(
                 s,
                 StudyModel,
                 name=self.name,
@@ -272,6 +273,12 @@ class StudyRecords:
                 concurrency=plan.concurrency,
                 backend=self.opts.backend,
             )
+            row = row or s.query(StudyModel).filter_by(name=self.name).one()  # another process made it meanwhile
+            if row.space_id != srow.id or row.workload_id != wrow.id:  # the space file changed: go on unless it may not
+                old_wl = {c.name: getattr(row.workload, c.name) for c in row.workload.__table__.columns}
+                problem = plan.space.resume_problem(row.space.text, self.name, old_wl, plan.spec)
+                if problem:
+                    raise SpaceError(problem)
             self.study_id, self.kernel_id, self.workload_id, self._env_id = row.id, kernel.id, wrow.id, env.id
             return set(queries.done_keys(s, row.id))
 

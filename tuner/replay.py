@@ -32,6 +32,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
+from db.store import check_url
 from db.verdicts import Verdict
 from kernels.config import KernelConfig
 from kernels.workload import Workload
@@ -59,6 +60,7 @@ class _Recorded:
 
 
 def _engine(url: str):
+    check_url(url, create=False, option="--replay-db")  # as --db is checked: one sentence, and never a FIFO opened
     u = make_url(url)
     if u.get_backend_name() == "sqlite":
         path = u.database

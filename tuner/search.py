@@ -52,28 +52,35 @@ class Options:
     replay_kernel: str | None = None  # whose samples the replay backend draws (default: the newest kernel)
     replay_queue: str = "memory"  # where the replay backend keeps Optuna's queue: memory | database
     seed: int = 0  # seeds the strategy and the replay backend's draws
-    interrupted: bool = False  # set by run_search: Ctrl-C stopped it (the CLI then exits with 130)
+    interrupted: bool = False  # set by run_search: Ctrl-C or SIGTERM stopped it (the CLI then exits 128 + signal)
+    stop_signal: int = 0  # set by run_search: which signal (SIGINT 2: exit 130; SIGTERM 15: exit 143)
 
 
 class Stop:
-    """Ctrl-C: finish the running trial, then stop (a second Ctrl-C aborts at once)."""
+    """Ctrl-C or SIGTERM: finish the running trial, then stop (a second one aborts at once)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
         self.requested = False
-        self.signalled = False  # Ctrl-C, as opposed to a worker's error asking the others to stop
+        self.signalled = False  # a signal, as opposed to a worker's error asking the others to stop
+        self.signum = 0  # the first signal that asked (the CLI exits with 128 + it)
 
     def __enter__(self):
-        self._old = signal.signal(signal.SIGINT, self._handler)
+        self._old = {s: signal.signal(s, self._handler) for s in self.SIGNALS}
         return self
 
     def _handler(self, signum, frame):
         if self.requested:
             raise KeyboardInterrupt
         self.requested = self.signalled = True
-        click.echo("\ninterrupt: stopping after the current trial (Ctrl-C again to abort now)", err=True)
+        self.signum = signum
+        what = "interrupt" if signum == signal.SIGINT else signal.Signals(signum).name
+        click.echo(f"\n{what}: stopping after the current trial (Ctrl-C again to abort now)", err=True)
 
     def __exit__(self, *exc):
-        signal.signal(signal.SIGINT, self._old)
+        for s, old in self._old.items():
+            signal.signal(s, old)
         return False
 
 
@@ -155,7 +162,7 @@ def run_search(space: SearchSpace, store, opts: Options) -> list[dict]:
                     plan = StudyPlan(space, spec, wl, conc, verdicts, sampler)
                     run = StudyRun(plan, store, storage, processes, opts, stop, t_start, progress, strategy)
                     summary.append(run.run())
-            opts.interrupted = stop.signalled
+            opts.interrupted, opts.stop_signal = stop.signalled, stop.signum
     finally:
         for p in processes:
             p.close()

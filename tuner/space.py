@@ -15,17 +15,22 @@ import itertools
 import json
 import math
 import re
+import reprlib
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
 
 import yaml
 
+from db.paths import PathError
+from db.paths import read_bytes
+from db.paths import regular_or_missing
 from kernels.config import PARAM_NAMES
 from kernels.config import PARAMS
 from kernels.config import KernelConfig
 from kernels.kv_format import FORMATS
 from kernels.kv_format import get_format
+from kernels.table import MAX_BATCH
 from kernels.workload import Workload
 from tuner import strategies
 from tuner.errors import SpaceError
@@ -33,6 +38,8 @@ from tuner.errors import SpaceError
 MAX_CONFIGS = 100_000  # the grid is expanded and every config is compile-checked
 MAX_FILE_BYTES = 1_000_000
 MAX_INT = 2**31 - 1  # every integer of a space must fit the kernel launch's and the database's int32
+MAX_CONCURRENCY = MAX_BATCH  # a level's batch size must be a key an exported table can hold (kernels.table)
+MAX_NODES = 100_000  # values a space file may expand to, YAML aliases counted as often as they are used
 MAX_NAME = 64
 MAX_CONSTRAINT = 500  # characters of one constraint expression
 MAX_POWER = 16  # the largest exponent a constraint's `**` may use (a constant)
@@ -129,7 +136,39 @@ class SearchSpace:
 
     @property
     def text_hash(self) -> str:
-        return hashlib.sha256(self.text.encode()).hexdigest()[:12]
+        """The space's identity: a hash of what the file parses to, so a comment or a re-wrapped line keeps
+        it (and the studies it names); any changed value changes it (:func:`identity`)."""
+        return identity(self.text)
+
+    def resume_problem(
+        self, stored_text: str, study: str, stored_workload: dict | None = None, workload: WorkloadSpec | None = None
+    ) -> str | None:
+        """Why an existing study made from the space ``stored_text`` cannot go on with this space, or None.
+
+        Its values are ratios to the baseline's median, so a changed baseline would mix two references in one
+        study, and a workload's changed shape (``stored_workload``: its row's fields, against ``workload``)
+        would mix two problems; any other change (comments, choices, measurement) leaves what was measured valid."""
+        if stored_workload is not None and workload is not None:
+            now = workload.fields()
+            changed = [k for k in now if k in stored_workload and stored_workload[k] != now[k]]
+            if changed:
+                k = changed[0]
+                return (
+                    f"{self.path}: workload {_show(workload.name, 80)}: its {k} is {_show(now[k], 80)}, but the study "
+                    f"{_show(study, 120)} in this database measured it with {k} {_show(stored_workload[k], 80)}; "
+                    "give the changed workload a new `name`"
+                )
+        try:
+            before = _stored_baseline(stored_text)
+        except Exception:  # noqa: BLE001 - a stored text this version cannot read says nothing against going on
+            return None
+        if before is not None and before != self.baseline:
+            return (
+                f"{self.path}: `baseline`: is {self.baseline}, but the study {_show(study, 120)} in this database "
+                f"was measured against the baseline {before}; put the baseline back, or give the space a new `name` "
+                "to start new studies"
+            )
+        return None
 
     @property
     def limit_bytes(self) -> int:
@@ -159,13 +198,34 @@ class SearchSpace:
         return list(self._configs)
 
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 200, 200
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 8
+_REPR.maxlong = 60
+
+
 def _show(v, limit: int = 60) -> str:
-    """``repr(v)`` on one line, shortened: messages stay one readable sentence."""
+    """``repr(v)`` on one line, shortened: messages stay one readable sentence. Only a bounded prefix is ever
+    rendered (a few levels, a few items each), so a huge or deeply shared value costs no time or memory."""
     try:
-        text = repr(v)
+        text = _REPR.repr(v)
     except Exception:  # noqa: BLE001 - a value that cannot be shown is still named by its type
         text = f"<{type(v).__name__}>"
+    text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def identity(text: str) -> str:
+    """A space file's identity: the hash of its parsed YAML (comments, key order and formatting ignored)."""
+    doc = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    canonical = json.dumps(doc, sort_keys=True, default=repr, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def _stored_baseline(text: str) -> KernelConfig | None:
+    doc = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    given = doc.get("baseline") if isinstance(doc, dict) else None
+    return KernelConfig.from_dict(given) if isinstance(given, dict) else None
 
 
 def _key(k) -> str:
@@ -334,7 +394,41 @@ def _constraint(path, key, expr):
 
 
 class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a mapping key that appears twice (PyYAML keeps the last silently)."""
+    """PyYAML's safe loader, refusing a mapping key that appears twice (PyYAML keeps the last silently) and a
+    document that expands to more than :data:`MAX_NODES` values (aliases counted at every use: an "alias bomb"
+    of a few lines stands for billions of values, which no message or check may walk)."""
+
+    def get_single_node(self):
+        node = super().get_single_node()
+        if node is not None:
+            _check_expansion(node)
+        return node
+
+
+def _check_expansion(root) -> None:
+    """Count the values ``root`` expands to, each node once (memoized), refusing more than MAX_NODES or a cycle."""
+    size: dict[int, int] = {}
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if id(node) in size and not done:
+            if size[id(node)] < 0:
+                raise SpaceError(f"line {node.start_mark.line + 1}: a YAML alias refers to itself")
+            continue
+        children = node.value if isinstance(node, yaml.SequenceNode) else []
+        if isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        if not done:
+            size[id(node)] = -1  # in progress
+            stack.append((node, True))
+            stack += [(c, False) for c in children]
+            continue
+        size[id(node)] = min(1 + sum(size[id(c)] for c in children), MAX_NODES + 1)
+        if size[id(node)] > MAX_NODES:
+            raise SpaceError(
+                f"line {node.start_mark.line + 1}: the file expands to more than {MAX_NODES} values "
+                "(YAML anchors and aliases repeat what they refer to); write the space out plainly"
+            )
 
 
 def _construct_mapping(loader, node, deep=False):
@@ -361,12 +455,12 @@ _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _constru
 
 
 def _read(path: str):
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise SpaceError(f"{path}: cannot read the search space ({e.strerror})") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise SpaceError(f"{path}: is {len(data)} bytes; a search space may have at most {MAX_FILE_BYTES}")
+    try:  # a regular file only, read without blocking (a FIFO or a directory is one sentence, never a wait)
+        if regular_or_missing(path, "search space") is None:
+            raise SpaceError(f"{path}: cannot read the search space (no such file)")
+        data = read_bytes(path, MAX_FILE_BYTES, "search space")
+    except PathError as e:
+        raise SpaceError(f"{path}: cannot read the search space: {e}") from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -491,7 +585,7 @@ def _workloads(path: str, wls) -> list[WorkloadSpec]:
 def _concurrency(path: str, conc) -> list[int]:
     if not isinstance(conc, list) or not conc:
         raise _err(path, "concurrency", f"must be a non-empty list of positive integers, got {_show(conc)}")
-    concurrency = [_pos_int(path, f"concurrency[{i}]", c) for i, c in enumerate(conc)]
+    concurrency = [_pos_int(path, f"concurrency[{i}]", c, maximum=MAX_CONCURRENCY) for i, c in enumerate(conc)]
     if len(set(concurrency)) != len(concurrency):
         raise _err(path, "concurrency", f"has duplicates: {_show(concurrency)}")
     return concurrency
