@@ -64,6 +64,12 @@ def done_keys(session: Session, study_id: int) -> set[str]:
     return set(session.scalars(select(TrialModel.config_key).where(TrialModel.study_id == study_id)))
 
 
+def done_verdicts(session: Session, study_id: int) -> dict[str, Verdict]:
+    """Every recorded config key of a study with its verdict (cheap: two columns)."""
+    rows = session.execute(select(TrialModel.config_key, TrialModel.verdict).where(TrialModel.study_id == study_id))
+    return {k: Verdict(v) for k, v in rows}
+
+
 def _trial_query(concurrency=None, space=None, workload=None, device=None, backend=None, verdict=None):
     q = (
         select(TrialModel)

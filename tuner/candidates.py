@@ -61,12 +61,16 @@ class LevelView:
         """Every measurement of this space and workload at other levels: this kernel on this device (source
         None), and earlier records (source: kernel hash and device) as the strategy's priors."""
         device = self.processes[0].info["gpu_name"]
+        order = self.plan.space.concurrency
+        here = order.index(self.plan.concurrency) if self.plan.concurrency in order else len(order)
         rows = []
         with self.store.session() as s:
             for t in queries.trials(s, space=self.plan.space.name, workload=self.plan.spec.name):
                 if t.study_id == self.study_id or t.verdict not in LAUNCHED or t.backend != self.opts.backend:
                     continue
                 own = t.kernel_id == self.kernel_id and t.environment.gpu_name == device
+                if own and not (t.concurrency in order and order.index(t.concurrency) < here):
+                    continue  # this search's own levels after this one (a resume, another --concurrency run)
                 st = t.statistic()
                 y = math.log(st.ratio) if t.verdict == Verdict.OK and st is not None else None
                 if t.verdict == Verdict.MISSING or (not own and y is None):
@@ -141,6 +145,10 @@ class LevelView:
         if n and len(level.measured) >= n:
             return f"--n-trials {n} reached, {len(level.measured)} of {len(level.candidates)} launches measured"
         if self.stop.requested:
+            return None
+        if self.more:  # reopened by a larger --n-trials: measured up to it
+            if len(level.measured) >= len(level.candidates):
+                return f"every launch measured, {len(level.measured)} of {len(level.candidates)}"
             return None
         own = [(c, cfg, y) for c, cfg, y in ((self.plan.concurrency, cfg, y) for cfg, y in level.measured.items())]
         self.strategy.history(self.history + [(c, cfg, y, None) for c, cfg, y in own])

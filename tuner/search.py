@@ -45,6 +45,7 @@ class Options:
     timeout_s: float | None = None
     concurrency: list[int] | None = None
     remeasure: bool = False
+    redo: bool = False  # search finished levels again (default: a finished level shows its stored row)
     quiet: bool = False
     workers: int | None = None  # measurement processes
     replay_db: str | None = None  # the replay backend's source database

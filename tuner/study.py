@@ -141,16 +141,45 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
         self.dists = optuna_distributions(plan.space)
         self.recorder = StudyRecorder(self)
         self.band = plan.space.measurement.get("min_effect", stats.DEFAULT_MIN_EFFECT)
+        self.more = False  # a finished level reopened by a larger --n-trials: measured up to it, no stop rule
 
     # --- opening -------------------------------------------------------------------------------
 
-    def _open_study(self, done: set[str]) -> None:
-        """The Optuna study, with the baseline and the configs measured first queued (once per launch)."""
+    def _load_study(self) -> None:
+        """The Optuna study (created if new)."""
         sampler = self.strategy.sampler(self.plan.space.sampler.get("seed", 0) + getattr(self.opts, "seed", 0))
         self.study = optuna.create_study(
             study_name=self.name, storage=self.storage, direction="minimize", load_if_exists=True, sampler=sampler
         )
         self.optuna_study_id = self.storage.get_study_id_from_name(self.name)
+
+    def _finished(self) -> str | None:
+        """Why the level stopped, when an earlier run finished it and this run does not ask for more: not
+        ``--redo``, and no ``--n-trials`` above both the launches it measured and the cap it finished under.
+        A level asked for more is reopened (its ``stopped`` attribute cleared, so an interrupted continuation
+        resumes as any interrupted level does); with a larger ``--n-trials`` it measures up to that many
+        launches, the strategy's stop rule set aside."""
+        attrs = self.study.user_attrs
+        stopped = attrs.get("stopped")
+        if not stopped:
+            return None
+        n, cap = self.opts.n_trials, attrs.get("n_trials")
+        more = bool(n and n > self._n_launched() and (cap is None or n > cap))
+        if not (getattr(self.opts, "redo", False) or more):
+            return stopped
+        self.more = more and not getattr(self.opts, "redo", False)
+        shared_write(lambda: self.study.set_user_attr("stopped", None))
+        return None
+
+    def _n_launched(self) -> int:
+        """The distinct launches this study has measured (whatever came of them)."""
+        rep = self.plan.representatives()
+        with self.store.session() as s:
+            rows = queries.done_verdicts(s, self.study_id)
+        return len({rep[k] for k, v in rows.items() if k in rep and v in LAUNCHED})
+
+    def _open_study(self, done: set[str]) -> None:
+        """The Optuna study, with the baseline and the configs measured first queued (once per launch)."""
         self._describe_study()
         optuna.storages.fail_stale_trials(self.study)
         self._settle_running_trials()  # a trial of a process that ended is failed and queued again
@@ -173,9 +202,13 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
     def run(self) -> dict:
         """Measure until the strategy stops the level, then the finalists; returns the study's summary row."""
         done = self._open_rows()
+        self._load_study()
+        name = f"{self.plan.spec.name} C={self.plan.concurrency}"
+        finished = self._finished()
+        if finished is not None:
+            return self._finished_row(name, finished)
         self._open_study(done)
         total = len(self.queue_order)
-        name = f"{self.plan.spec.name} C={self.plan.concurrency}"
         with self.ui.study(name, total=total, initial=min(self.n_measured, total)) as bar:
             self.bar = bar
             self.progress = _Progress(bar, told_min=self._told_min())
@@ -197,6 +230,7 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
                 self.recorder.infeasible(self._done_keys())
                 self.recorder.duplicates()
                 self.recorder.finalists(self.processes[0])
+                shared_write(lambda: self.study.set_user_attr("n_trials", self.opts.n_trials))
                 shared_write(lambda: self.study.set_user_attr("stopped", stopped))
             self.recorder.decide()
             with self.store.session() as s:
@@ -205,6 +239,17 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
             row["stopped"] = stopped or self.study.user_attrs.get("stopped") or "interrupted"
             bar.close(f"best {row['best']} {row['median_us']} µs" if row["best"] != "-" else "no ok config")
             return row
+
+    def _finished_row(self, name: str, stopped: str) -> dict:
+        """A level an earlier run finished: its stored summary row; nothing is measured."""
+        with self.ui.study(name, total=0) as bar:
+            bar.phase(f"finished earlier ({stopped}); --redo searches it again")
+            with self.store.session() as s:
+                row = summary_row(s, self.study_id, self.plan.spec.name, self.plan.concurrency)
+            row["strategy"] = self.study.user_attrs.get("strategy", self.strategy.name)
+            row["stopped"] = stopped
+            bar.close(f"best {row['best']} {row['median_us']} µs" if row["best"] != "-" else "no ok config")
+        return row
 
     def _out_of_time(self) -> bool:
         return bool(self.opts.timeout_s and time.monotonic() - self.t_start > self.opts.timeout_s)
