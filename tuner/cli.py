@@ -492,6 +492,7 @@ def search(
     from tuner.search import Options
     from tuner.search import run_search
     from tuner.space import load_space
+    from tuner.summary import time_lines
 
     space = load_space(space_file)
     levels = _levels(concurrency)
@@ -524,6 +525,7 @@ def search(
         stopped = [f"{r['workload']} C={r['C']}: {r['stopped']}" for r in rows]
         click.echo(render(rows, fmt, _search_brief))
         click.echo("why each level stopped:\n  " + "\n  ".join(stopped))
+        click.echo("where the time went (s):\n  " + "\n  ".join(time_lines(rows)))
     else:
         click.echo(render(rows, fmt, _search_brief))
     if opts.interrupted:

@@ -34,6 +34,8 @@ from tuner import strategies
 from tuner.candidates import LAUNCHED
 from tuner.candidates import LevelView
 from tuner.candidates import new_value_variants  # noqa: F401 - part of this module's interface
+from tuner.clock import Clock
+from tuner.clock import TimedStore
 from tuner.feasibility import Feasibility
 from tuner.heartbeat import OWNER_ATTR
 from tuner.heartbeat import Heartbeat
@@ -128,7 +130,8 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
         ui=None,
         strategy: strategies.Strategy | None = None,
     ):
-        self.plan, self.store, self.storage, self.processes = plan, store, storage, processes
+        self.clock = Clock()  # where this level's time goes (compile, GPU, model, database, other)
+        self.plan, self.store, self.storage, self.processes = plan, TimedStore(store, self.clock), storage, processes
         self.ui = ui or Progress(quiet=True, total_studies=1)  # tuner.progress: what the user sees
         self.strategy = strategy or strategies.make(plan.sampler, getattr(opts, "seed", 0))
         self.reference_us: float | None = None  # this study's baseline median; Optuna's value = ratio x this
@@ -201,13 +204,22 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
 
     def run(self) -> dict:
         """Measure until the strategy stops the level, then the finalists; returns the study's summary row."""
-        done = self._open_rows()
-        self._load_study()
+        t0 = time.perf_counter()
+        row = self._run()
+        row.update(self.clock.split(time.perf_counter() - t0))
+        return row
+
+    def _run(self) -> dict:
+        with self.clock.section("database"):
+            done = self._open_rows()
+            self._load_study()
         name = f"{self.plan.spec.name} C={self.plan.concurrency}"
-        finished = self._finished()
+        with self.clock.section("database"):
+            finished = self._finished()
         if finished is not None:
             return self._finished_row(name, finished)
-        self._open_study(done)
+        with self.clock.section("database"):
+            self._open_study(done)
         total = len(self.queue_order)
         with self.ui.study(name, total=total, initial=min(self.n_measured, total)) as bar:
             self.bar = bar
@@ -226,15 +238,16 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
             if self.progress.error is not None:
                 raise self.progress.error
             stopped = self.progress.stopped
-            if stopped and not self.stop.requested:  # recorded without launching anything
-                self.recorder.infeasible(self._done_keys())
-                self.recorder.duplicates()
-                self.recorder.finalists(self.processes[0])
-                shared_write(lambda: self.study.set_user_attr("n_trials", self.opts.n_trials))
-                shared_write(lambda: self.study.set_user_attr("stopped", stopped))
-            self.recorder.decide()
-            with self.store.session() as s:
-                row = summary_row(s, self.study_id, self.plan.spec.name, self.plan.concurrency)
+            with self.clock.section("database"):
+                if stopped and not self.stop.requested:  # recorded without launching anything
+                    self.recorder.infeasible(self._done_keys())
+                    self.recorder.duplicates()
+                    self.recorder.finalists(self.processes[0])
+                    shared_write(lambda: self.study.set_user_attr("n_trials", self.opts.n_trials))
+                    shared_write(lambda: self.study.set_user_attr("stopped", stopped))
+                self.recorder.decide()
+                with self.store.session() as s:
+                    row = summary_row(s, self.study_id, self.plan.spec.name, self.plan.concurrency)
             row["strategy"] = self.strategy.name
             row["stopped"] = stopped or self.study.user_attrs.get("stopped") or "interrupted"
             bar.close(f"best {row['best']} {row['median_us']} µs" if row["best"] != "-" else "no ok config")
@@ -264,7 +277,8 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
                     if self.stop.requested or pg.stopped or self._out_of_time():
                         return
                     try:
-                        trial = self._next_trial()
+                        with self.clock.section("database"):
+                            trial = self._next_trial()
                     except optuna.exceptions.UpdateFinishedTrialError:
                         trial = None  # another process finished the trial this one was pruning: nothing lost
                 if trial is None:
@@ -286,7 +300,8 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
         optuna.storages.fail_stale_trials(study)  # a dead host's trial is failed and re-queued (heartbeat)
         if not study.get_trials(deepcopy=False, states=(WAITING,)):
             level = self._level()
-            why = self._why_stop(level)
+            with self.clock.section("model"):
+                why = self._why_stop(level)
             if why is not None:
                 # done when nothing of this level is still queued or running anywhere: a trial already recorded
                 # may still be running its finalist rounds elsewhere, or be a dead process's, to be retried
@@ -294,7 +309,8 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
                     pg.stopped = why
                 return None
             if not self.strategy.asks:
-                proposals = self.strategy.propose(level, 1)
+                with self.clock.section("model"):
+                    proposals = self.strategy.propose(level, 1)
                 if not proposals:
                     return None  # the rest is running elsewhere
                 for cfg in proposals:
@@ -338,7 +354,8 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
             recorded = self.recorder.trial(
                 proc, env_id, cfg, reply, band, trial.number, time.monotonic() - t0, key, original
             )
-            self._tell(proc, trial, cfg, reply, recorded, band)
+            with self.clock.section("database"):
+                self._tell(proc, trial, cfg, reply, recorded, band)
         except optuna.exceptions.UpdateFinishedTrialError:
             # this host's beats stalled past the grace and another host failed and re-queued the trial;
             # the tuner's tables hold the result, and the re-queued copy finds it recorded
@@ -440,7 +457,8 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
             return MeasureReply(Verdict.INFEASIBLE, feas.reason)
         seed = measurement_seed(getattr(self.opts, "seed", 0), cfg, f"{self.plan.concurrency}/{phase}")
         req = self.plan.request(cfg, seed, rounds, check)
-        return proc.measure(req, timeout_s=self.plan.space.measurement["trial_timeout_s"])
+        with self.clock.section("gpu"):
+            return proc.measure(req, timeout_s=self.plan.space.measurement["trial_timeout_s"])
 
     # --- noise and the reference ---------------------------------------------------------------
 
