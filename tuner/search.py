@@ -152,12 +152,16 @@ def run_search(space: SearchSpace, store, opts: Options) -> list[dict]:
                     took = time.monotonic() - t1
                     progress.message(f"{spec.name}: compiled {len(feasible)} feasible configs in {took:.0f} s")
                 compile_s = time.perf_counter() - t0  # counted in this workload's first level's row
+                shares: list[float] = []  # the share of launches each finished level measured (the ETA's guess)
                 for conc in levels:
                     if stop.requested or (opts.timeout_s and time.monotonic() - t_start > opts.timeout_s):
                         break
                     plan = StudyPlan(space, spec, wl, conc, verdicts, sampler)
                     run = StudyRun(plan, store, storage, processes, opts, stop, t_start, progress, strategy)
+                    run.expected_share = sum(shares) / len(shares) if shares else None
                     row = run.run()
+                    if row.get("stopped") and getattr(run, "queue_order", None) and row["stopped"] != "interrupted":
+                        shares.append(run.n_measured / len(run.queue_order))
                     row["compile_s"] = round(row.get("compile_s", 0.0) + compile_s, 3)
                     row["wall_s"] = round(row.get("wall_s", 0.0) + compile_s, 3)
                     compile_s = 0.0

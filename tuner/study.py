@@ -58,6 +58,7 @@ from tuner.space import WorkloadSpec
 from tuner.summary import postfix
 from tuner.summary import summary_row
 
+EXPECTED_SHARE = 0.2  # a model strategy's share of a level's launches before any level finished (bench_search)
 PROMOTE = 1 / 3  # successive halving's share of screened launches that get the rest of the screening rounds
 WAITING, RUNNING, COMPLETE, PRUNED = (
     optuna.trial.TrialState.WAITING,
@@ -144,6 +145,7 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
         self.dists = optuna_distributions(plan.space)
         self.recorder = StudyRecorder(self)
         self.band = plan.space.measurement.get("min_effect", stats.DEFAULT_MIN_EFFECT)
+        self.expected_share: float | None = None  # the share of launches measured at this search's finished levels
         self.more = False  # a finished level reopened by a larger --n-trials: measured up to it, no stop rule
 
     # --- opening -------------------------------------------------------------------------------
@@ -220,7 +222,7 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
             return self._finished_row(name, finished)
         with self.clock.section("database"):
             self._open_study(done)
-        total = len(self.queue_order)
+        total = self._expected()
         with self.ui.study(name, total=total, initial=min(self.n_measured, total)) as bar:
             self.bar = bar
             self.progress = _Progress(bar, told_min=self._told_min())
@@ -263,6 +265,22 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
             row["stopped"] = stopped
             bar.close(f"best {row['best']} {row['median_us']} µs" if row["best"] != "-" else "no ok config")
         return row
+
+    def _expected(self, done: int | None = None) -> int:
+        """The launches this level is expected to measure, for the progress line's count and time left: the
+        strategy's share of the candidates (``expected_share``, or the share measured at the levels this search
+        finished, or :data:`EXPECTED_SHARE`; all of them for the grid), within ``--n-trials``; always more
+        than ``done``, while candidates are left."""
+        n = len(self.queue_order)
+        share = getattr(self.strategy, "expected_share", None) or self.expected_share
+        if share is None:
+            share = 1.0 if self.strategy.name == "grid" else EXPECTED_SHARE
+        want = math.ceil(share * n)
+        cap = self.opts.n_trials or self.plan.space.sampler.get("n_trials")
+        if cap:
+            want = min(want, cap)
+        done = self.n_measured if done is None else done
+        return min(n, max(want, done + 1))
 
     def _out_of_time(self) -> bool:
         return bool(self.opts.timeout_s and time.monotonic() - self.t_start > self.opts.timeout_s)
@@ -404,7 +422,7 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
                 pg.n_new += 1
                 if stat and (pg.best is None or stat.ratio < pg.best[1]):
                     pg.best = (str(cfg), stat.ratio, stat.median_us)
-                pg.bar.advance(1, postfix=postfix(pg.best, band))
+                pg.bar.advance(1, postfix=postfix(pg.best, band), total=self._expected(pg.bar.done + 1))
         trial.set_user_attr("tuner_trial_id", trial_id)
         trial.set_user_attr("verdict", reply.verdict.value)
         if reply.verdict != Verdict.OK:
