@@ -85,14 +85,7 @@ class LevelView:
     def _level(self) -> strategies.Level:
         """The level as the strategy sees it: candidates, what is measured (log ratios) and what is pending."""
         rep = self.plan.representatives()
-        with self.store.session() as s:
-            recorded = queries.done_configs(s, self.study_id)
-            measured: dict[KernelConfig, float | None] = {}
-            for key, t in recorded.items():  # every launch tried, whatever came of it (a duplicate: its original)
-                if key not in rep or t.verdict == Verdict.DUPLICATE:
-                    continue
-                st = t.statistic()
-                measured[rep[key]] = math.log(st.ratio) if t.verdict == Verdict.OK and st is not None else None
+        measured = self._refresh()
         pending = {
             rep[k]
             for t in self.study.get_trials(deepcopy=False, states=(WAITING, RUNNING))
@@ -110,6 +103,24 @@ class LevelView:
             self._neighbours,
             lambda cfg: rep.get(str(cfg)),
         )
+
+    def _refresh(self) -> dict[KernelConfig, float | None]:
+        """The level's measurements (log ratios, None for a launch that gave no ratio), kept in memory and
+        brought up to date with what was recorded since the last look, by this process or another."""
+        state = self.__dict__.setdefault("_state", {"measured": {}, "trial": 0, "stat": 0})
+        rep = self.plan.representatives()
+        with self.store.session() as s:
+            rows = queries.done_since(s, self.study_id, state["trial"], state["stat"])
+            for t in rows:  # every launch tried, whatever came of it (a duplicate: its original)
+                state["trial"] = max(state["trial"], t.id)
+                state["stat"] = max([state["stat"], *(st.id for st in t.statistics)])
+                if t.config_key not in rep or t.verdict == Verdict.DUPLICATE:
+                    continue
+                st = t.statistic()
+                y = math.log(st.ratio) if t.verdict == Verdict.OK and st is not None else None
+                state["measured"][t.config_key] = (rep[t.config_key], y)
+        # in the order of the recorded config keys, as the study's unique index on them returns its rows
+        return {cfg: y for _, (cfg, y) in sorted(state["measured"].items())}
 
     def _make_neighbours(self) -> dict[KernelConfig, list[KernelConfig]]:
         """Each candidate's neighbours: the launches one step away in one parameter's values (a step that

@@ -13,6 +13,7 @@ finalists are re-measured.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import threading
@@ -84,14 +85,22 @@ class StudyPlan:
         base = self.space.baseline
         return [base] + [c for c in self.verdicts if c != base]
 
-    def launches(self) -> dict[str, list[KernelConfig]]:
-        """Feasible configs grouped by launch identity, in :meth:`order`; the first of a group is measured,
-        the others launch exactly the same kernels on the same grid and are recorded as its duplicates."""
+    @functools.cached_property  # a plan is immutable; its launch keys take ~40 ms to compute
+    def _launches(self) -> dict[str, list[KernelConfig]]:
         groups: dict[str, list[KernelConfig]] = {}
         for cfg in self.order():
             if self.verdicts[cfg].feasible:
                 groups.setdefault(launch_key(cfg, self.workload, self.concurrency), []).append(cfg)
         return groups
+
+    @functools.cached_property
+    def _representatives(self) -> dict[str, KernelConfig]:
+        return {str(c): group[0] for group in self._launches.values() for c in group}
+
+    def launches(self) -> dict[str, list[KernelConfig]]:
+        """Feasible configs grouped by launch identity, in :meth:`order`; the first of a group is measured,
+        the others launch exactly the same kernels on the same grid and are recorded as its duplicates."""
+        return {k: list(v) for k, v in self._launches.items()}
 
     def to_measure(self) -> list[KernelConfig]:
         """One config per distinct launch (the baseline's group is represented by the baseline)."""
@@ -99,7 +108,7 @@ class StudyPlan:
 
     def representatives(self) -> dict[str, KernelConfig]:
         """Every feasible config's key -> the config that stands for its launch."""
-        return {str(c): group[0] for group in self.launches().values() for c in group}
+        return self._representatives
 
     def request(self, cfg: KernelConfig, seed: int, rounds: int, check: bool) -> MeasureRequest:
         return MeasureRequest(self.workload, self.concurrency, cfg, self.space.baseline, rounds, seed, check)
