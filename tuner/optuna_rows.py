@@ -110,3 +110,22 @@ def _cached(storage, study_id: int, trial_id: int, number: int) -> FrozenTrial |
     info = getattr(storage, "_studies", {}).get(study_id)
     trials = getattr(info, "trials", None)
     return trials.get(number) if isinstance(trials, dict) else None
+
+
+def set_attrs(trial: optuna.Trial, attrs: dict) -> None:
+    """A running trial's user attributes, all in one transaction (``Trial.set_user_attr`` commits each)."""
+    storage = trial.study._storage
+    rdb = _backend(storage)
+    if not isinstance(rdb, optuna.storages.RDBStorage) or len(attrs) < 2:
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
+        return
+    trial_id = trial._trial_id
+    with _create_scoped_session(rdb.scoped_session) as session:
+        row = om.TrialModel.find_or_raise_by_id(trial_id, session, for_update=True)
+        rdb.check_trial_is_updatable(trial_id, row.state)
+        for k, v in attrs.items():
+            rdb._set_trial_attr_without_commit(session, om.TrialUserAttributeModel, trial_id, k, v)
+    cached = _cached(storage, trial.study._study_id, trial_id, trial.number)
+    if cached is not None:
+        cached.user_attrs = {**cached.user_attrs, **attrs}

@@ -30,6 +30,7 @@ from kernels.config import PARAM_NAMES
 from kernels.config import KernelConfig
 from kernels.config import launch_identity
 from kernels.workload import Workload
+from tuner import optuna_rows
 from tuner import stats
 from tuner import strategies
 from tuner.candidates import LAUNCHED
@@ -432,12 +433,12 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
                 if stat and (pg.best is None or stat.ratio < pg.best[1]):
                     pg.best = (str(cfg), stat.ratio, stat.median_us)
                 pg.bar.advance(1, postfix=postfix(pg.best, band), total=self._expected(pg.bar.done + 1))
-        trial.set_user_attr("tuner_trial_id", trial_id)
-        trial.set_user_attr("verdict", reply.verdict.value)
+        attrs = {"tuner_trial_id": trial_id, "verdict": reply.verdict.value}
         if reply.verdict != Verdict.OK:
-            trial.set_user_attr("reason", reply.reason[:500] or reply.verdict.value)
+            optuna_rows.set_attrs(trial, {**attrs, "reason": reply.reason[:500] or reply.verdict.value})
             self.study.tell(trial, state=PRUNED)
             return
+        optuna_rows.set_attrs(trial, attrs)
         if cfg == self.plan.space.baseline:
             self._baseline_us = baseline_median(reply.samples)
         self._tell_ok(proc, trial, cfg, stat, self._record_finalist(proc, trial_id, cfg, stat, band))
@@ -445,8 +446,7 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
     def _tell_ok(self, proc, trial, cfg: KernelConfig, stat, final) -> None:
         """Optuna is told an ok trial's value: its finalist estimate if it has one, else its screening one."""
         pg = self.progress
-        for k, v in ok_attrs(stat, final).items():
-            trial.set_user_attr(k, v)
+        optuna_rows.set_attrs(trial, ok_attrs(stat, final))
         told = final or stat
         with pg.lock:
             pg.told_min = told.ratio if pg.told_min is None else min(pg.told_min, told.ratio)
@@ -465,8 +465,7 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
         told = (x.user_attrs.get("tuner_trial_id") for x in self.study.get_trials(deepcopy=False, states=(COMPLETE,)))
         if trial_id in set(told):
             return False
-        trial.set_user_attr("tuner_trial_id", trial_id)
-        trial.set_user_attr("verdict", Verdict.OK.value)
+        optuna_rows.set_attrs(trial, {"tuner_trial_id": trial_id, "verdict": Verdict.OK.value})
         if cfg == self.plan.space.baseline:
             self._baseline_us = stat.baseline_median_us
         self._tell_ok(proc, trial, cfg, stat, final or self._record_finalist(proc, trial_id, cfg, stat, band))
