@@ -257,3 +257,19 @@ def test_every_config_has_at_most_one_complete_optuna_trial(recorded, db_url, tm
         best = study.best_trial.user_attrs["tuner_trial_id"]
         assert any(best == t.user_attrs["tuner_trial_id"] for t in complete)
     assert all(picks.values())
+
+
+def test_the_summary_says_where_the_time_went(recorded, db_url):
+    """Each level's row carries its time split (compile, GPU, model, database, other) in seconds, which add up
+    to its wall time; the table ends with the split per level and in total."""
+    result = CliRunner().invoke(cli, [*_argv(recorded, db_url), "-f", "json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    kinds = ("compile_s", "gpu_s", "model_s", "database_s", "other_s")
+    for row in rows:
+        assert all(row[k] >= 0 for k in kinds) and row["wall_s"] > 0
+        assert sum(row[k] for k in kinds) == pytest.approx(row["wall_s"], abs=0.01)
+        assert row["gpu_s"] > 0  # the replayed measurements
+    table = CliRunner().invoke(cli, _argv(recorded, db_url))
+    assert table.exit_code == 0, table.output
+    assert "where the time went" in table.stdout and "total:" in table.stdout
