@@ -17,6 +17,7 @@ from db.models import FeasibilityModel
 from db.models import KernelModel
 from db.models import SampleModel
 from db.models import SpaceModel
+from db.models import StatisticModel
 from db.models import StudyModel
 from db.models import TrialModel
 from db.models import WorkloadModel
@@ -62,6 +63,25 @@ def done_configs(session: Session, study_id: int) -> dict[str, TrialModel]:
 def done_keys(session: Session, study_id: int) -> set[str]:
     """The config keys a study has recorded (cheap: one column)."""
     return set(session.scalars(select(TrialModel.config_key).where(TrialModel.study_id == study_id)))
+
+
+def done_since(session: Session, study_id: int, trial_id: int = 0, stat_id: int = 0) -> list[TrialModel]:
+    """The trials of a study recorded after trial ``trial_id`` or given a statistic after ``stat_id`` (a study's
+    state read incrementally: only what changed since the last look), in id order, statistics loaded."""
+    newer_stat = select(StatisticModel.trial_id).where(StatisticModel.id > stat_id)
+    q = (
+        select(TrialModel)
+        .where(TrialModel.study_id == study_id, (TrialModel.id > trial_id) | TrialModel.id.in_(newer_stat))
+        .options(selectinload(TrialModel.statistics))
+        .order_by(TrialModel.id)
+    )
+    return list(session.scalars(q))
+
+
+def done_verdicts(session: Session, study_id: int) -> dict[str, Verdict]:
+    """Every recorded config key of a study with its verdict (cheap: two columns)."""
+    rows = session.execute(select(TrialModel.config_key, TrialModel.verdict).where(TrialModel.study_id == study_id))
+    return {k: Verdict(v) for k, v in rows}
 
 
 def _trial_query(concurrency=None, space=None, workload=None, device=None, backend=None, verdict=None):

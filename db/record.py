@@ -56,6 +56,23 @@ def add_trial(session: Session, **fields) -> TrialModel | None:
     return t
 
 
+def add_trials(session: Session, rows: list[dict]) -> list[int | None]:
+    """Insert many trials in the caller's transaction (one flush); returns each one's id, None for a config
+    another worker recorded first (then each is inserted in a savepoint of its own)."""
+    try:
+        with session.begin_nested():
+            made = [TrialModel(**fields) for fields in rows]
+            session.add_all(made)
+            session.flush()
+        return [t.id for t in made]
+    except IntegrityError:
+        out = []
+        for fields in rows:
+            t = add_trial(session, **fields)
+            out.append(None if t is None else t.id)
+        return out
+
+
 def add_samples(
     session: Session,
     trial_id: int,

@@ -178,3 +178,98 @@ def test_searches_killed_at_random_moments_resume_to_the_picks_of_an_uninterrupt
     assert view == _optuna_view(f"sqlite:///{tmp_path / 'whole.db'}") and all(v[3] for v in view.values()), view
     screened = {k[:2]: v for k, v in final.items() if k[2] == "screen"}  # the same replayed rounds per config
     assert screened == {k[:2]: v for k, v in _by_trial(whole["samples"]).items() if k[2] == "screen"}
+
+
+def _level_samples(samples, level: int) -> list:
+    return [r for r in samples if f"/C{level}/" in r[0]]
+
+
+def _launches(url) -> dict:
+    """Distinct launches measured per level."""
+    eng = create_engine(url)
+    try:
+        with eng.connect() as con:
+            rows = con.execute(
+                text(
+                    "SELECT concurrency, COUNT(*) FROM tuner_trials WHERE verdict NOT IN ('infeasible', 'duplicate') "
+                    "GROUP BY 1"
+                )
+            ).all()
+        return dict(rows)
+    finally:
+        eng.dispose()
+
+
+def test_a_resume_and_a_rerun_measure_nothing_at_finished_levels(recorded, db_url, tmp_path):
+    """Killed before the second level's A/A, the search has finished the first level; the resume measures nothing
+    there, and a plain re-run of the finished search measures nothing at all (no sample, no Optuna trial). The
+    picks and launch counts are those of one uninterrupted run."""
+    first, second = LEVELS
+    whole, killed, resumed, rerun = _runs(
+        recorded,
+        f"sqlite:///{tmp_path / 'whole.db'}",
+        tmp_path,
+        [None],
+        then=(db_url, [{"phase": "aa", "k": 2, "where": "before"}, None, None]),
+    )
+    assert killed["rc"] == -9 and killed["killed"]["level"] == second
+    assert _level_samples(killed["samples"], first)  # the first level was measured before the kill
+    assert _level_samples(resumed["samples"], first) == _level_samples(killed["samples"], first)
+    assert rerun["rc"] == 0 and rerun["samples"] == resumed["samples"] and rerun["states"] == resumed["states"]
+    _check_database(db_url)
+    assert _picks(db_url) == _picks(f"sqlite:///{tmp_path / 'whole.db'}")
+    assert _launches(db_url) == _launches(f"sqlite:///{tmp_path / 'whole.db'}")
+
+
+def test_a_larger_n_trials_continues_a_finished_level_and_redo_searches_it_again(recorded, db_url):
+    """--n-trials N finishes each level at N launches; the same N again measures nothing, a larger one continues
+    each level up to it; --redo searches finished levels again from their measurements."""
+
+    def run(*extra):
+        result = CliRunner().invoke(cli, [*_argv(recorded, db_url), *extra])
+        assert result.exit_code == 0, result.output
+        return _launches(db_url)
+
+    assert run("--n-trials", "3") == dict.fromkeys(LEVELS, 3)
+    assert run("--n-trials", "3") == dict.fromkeys(LEVELS, 3)
+    assert run() == dict.fromkeys(LEVELS, 3)  # no --n-trials: finished, nothing more
+    more = run("--n-trials", "5")  # up to 5 (a level with 4 launches measures all 4)
+    assert all(3 < more[c] <= 5 for c in LEVELS) and max(more.values()) == 5
+    again = run("--redo")
+    assert all(again[c] >= more[c] for c in LEVELS)
+    _check_database(db_url)
+
+
+def test_every_config_has_at_most_one_complete_optuna_trial(recorded, db_url, tmp_path):
+    """A finalist's rounds update its config's Optuna trial instead of adding one: each config has at most one
+    COMPLETE trial per study, and Optuna's best is the tuner's best."""
+    import optuna
+
+    (done,) = _runs(recorded, db_url, tmp_path, [None])
+    assert done["rc"] == 0
+    picks = _picks(db_url)
+    for name in optuna.study.get_all_study_names(storage=db_url):
+        study = optuna.load_study(study_name=name, storage=db_url)
+        complete = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+        keys = [tuple(sorted(t.params.items())) for t in complete]
+        assert len(keys) == len(set(keys)), name
+        assert study.best_trial.user_attrs["phase"] == "finalist"
+        best = study.best_trial.user_attrs["tuner_trial_id"]
+        assert any(best == t.user_attrs["tuner_trial_id"] for t in complete)
+    assert all(picks.values())
+
+
+def test_the_summary_says_where_the_time_went(recorded, db_url):
+    """Each level's row carries its time split (compile, GPU, model, database, other) in seconds, which add up
+    to its wall time; the table ends with the split per level and in total."""
+    result = CliRunner().invoke(cli, [*_argv(recorded, db_url), "-f", "json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    kinds = ("compile_s", "gpu_s", "model_s", "database_s", "other_s")
+    for row in rows:
+        assert all(row[k] >= 0 for k in kinds) and row["wall_s"] > 0
+        assert sum(row[k] for k in kinds) == pytest.approx(row["wall_s"], abs=0.01)
+        assert row["gpu_s"] > 0  # the replayed measurements
+    table = CliRunner().invoke(cli, _argv(recorded, db_url))
+    assert table.exit_code == 0, table.output
+    assert "where the time went" in table.stdout and "total:" in table.stdout

@@ -71,12 +71,16 @@ class LevelView:
         """Every measurement of this space and workload at other levels: this kernel on this device (source
         None), and earlier records (source: kernel hash and device) as the strategy's priors."""
         device = self.processes[0].info["gpu_name"]
+        order = self.plan.space.concurrency
+        here = order.index(self.plan.concurrency) if self.plan.concurrency in order else len(order)
         rows = []
         with self.store.session() as s:
             for t in queries.trials(s, space=self.plan.space.name, workload=self.plan.spec.name):
                 if t.study_id == self.study_id or t.verdict not in LAUNCHED or t.backend != self.opts.backend:
                     continue
                 own = t.kernel_id == self.kernel_id and t.environment.gpu_name == device
+                if own and not (t.concurrency in order and order.index(t.concurrency) < here):
+                    continue  # this search's own levels after this one (a resume, another --concurrency run)
                 st = t.statistic()
                 y = math.log(st.ratio) if t.verdict == Verdict.OK and st is not None else None
                 if t.verdict == Verdict.MISSING or (not own and y is None):
@@ -91,14 +95,7 @@ class LevelView:
     def _level(self) -> strategies.Level:
         """The level as the strategy sees it: candidates, what is measured (log ratios) and what is pending."""
         rep = self.plan.representatives()
-        with self.store.session() as s:
-            recorded = queries.done_configs(s, self.study_id)
-            measured: dict[KernelConfig, float | None] = {}
-            for key, t in recorded.items():  # every launch tried, whatever came of it (a duplicate: its original)
-                if key not in rep or t.verdict == Verdict.DUPLICATE:
-                    continue
-                st = t.statistic()
-                measured[rep[key]] = math.log(st.ratio) if t.verdict == Verdict.OK and st is not None else None
+        measured = self._refresh()
         pending = {
             rep[k]
             for t in self.study.get_trials(deepcopy=False, states=(WAITING, RUNNING))
@@ -116,6 +113,24 @@ class LevelView:
             self._neighbours,
             lambda cfg: rep.get(str(cfg)),
         )
+
+    def _refresh(self) -> dict[KernelConfig, float | None]:
+        """The level's measurements (log ratios, None for a launch that gave no ratio), kept in memory and
+        brought up to date with what was recorded since the last look, by this process or another."""
+        state = self.__dict__.setdefault("_state", {"measured": {}, "trial": 0, "stat": 0})
+        rep = self.plan.representatives()
+        with self.store.session() as s:
+            rows = queries.done_since(s, self.study_id, state["trial"], state["stat"])
+            for t in rows:  # every launch tried, whatever came of it (a duplicate: its original)
+                state["trial"] = max(state["trial"], t.id)
+                state["stat"] = max([state["stat"], *(st.id for st in t.statistics)])
+                if t.config_key not in rep or t.verdict == Verdict.DUPLICATE:
+                    continue
+                st = t.statistic()
+                y = math.log(st.ratio) if t.verdict == Verdict.OK and st is not None else None
+                state["measured"][t.config_key] = (rep[t.config_key], y)
+        # in the order of the recorded config keys, as the study's unique index on them returns its rows
+        return {cfg: y for _, (cfg, y) in sorted(state["measured"].items())}
 
     def _make_neighbours(self) -> dict[KernelConfig, list[KernelConfig]]:
         """Each candidate's neighbours: the launches one step away in one parameter's values (a step that
@@ -151,6 +166,10 @@ class LevelView:
         if n and len(level.measured) >= n:
             return f"--n-trials {n} reached, {len(level.measured)} of {len(level.candidates)} launches measured"
         if self.stop.requested:
+            return None
+        if self.more:  # reopened by a larger --n-trials: measured up to it
+            if len(level.measured) >= len(level.candidates):
+                return f"every launch measured, {len(level.measured)} of {len(level.candidates)}"
             return None
         own = [(c, cfg, y) for c, cfg, y in ((self.plan.concurrency, cfg, y) for cfg, y in level.measured.items())]
         self.strategy.history(self.history + [(c, cfg, y, None) for c, cfg, y in own])

@@ -450,7 +450,8 @@ def _backend(requested: str | None) -> str:
     "--n-trials",
     type=DB_INT,
     default=None,
-    help="At most this many trials per study, counting those a previous run measured (a resumed search adds the rest).",
+    help="At most this many trials per study, counting those a previous run measured (a resumed search adds the "
+    "rest); larger than a finished level's count and cap, it continues that level up to this many.",
 )
 @click.option(
     "--first",
@@ -471,6 +472,12 @@ def _backend(requested: str | None) -> str:
     "at most the visible GPUs (cuda) or the machine's cores (interpreter).",
 )
 @click.option("--remeasure", is_flag=True, help="Measure again configs that already have results (kept).")
+@click.option(
+    "--redo",
+    is_flag=True,
+    help="Search levels an earlier run finished again, from their measurements (default: a finished level "
+    "shows its stored result and measures nothing; a larger --n-trials continues it up to that many).",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @format_option
 @db_option
@@ -490,19 +497,22 @@ def search(
     concurrency,
     workers,
     remeasure,
+    redo,
     quiet,
     fmt,
     db_url,
 ):
     """Tune every workload x concurrency level of SPACE_FILE; every sample goes to the database.
 
-    Re-running resumes: configs already measured for this kernel and environment are skipped.
+    Re-running resumes: configs already measured for this kernel and environment are skipped, and a level
+    an earlier run finished measures nothing (--redo searches it again; a larger --n-trials continues it).
     Ctrl-C stops after the running trial.
     """
     from db.store import Store
     from tuner.search import Options
     from tuner.search import run_search
     from tuner.space import load_space
+    from tuner.summary import time_lines
 
     space = load_space(space_file)
     levels = _levels(concurrency)
@@ -524,6 +534,7 @@ def search(
         concurrency=levels,
         workers=workers,
         remeasure=remeasure,
+        redo=redo,
         quiet=quiet,
         replay_db=replay_db,
         replay_device=replay_device,
@@ -538,6 +549,7 @@ def search(
         stopped = [f"{r['workload']} C={r['C']}: {r['stopped']}" for r in rows]
         click.echo(render(rows, fmt, _search_brief))
         click.echo("why each level stopped:\n  " + "\n  ".join(stopped))
+        click.echo("where the time went (s):\n  " + "\n  ".join(time_lines(rows)))
     else:
         click.echo(render(rows, fmt, _search_brief))
     if opts.interrupted:

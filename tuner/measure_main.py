@@ -218,9 +218,11 @@ class Runner:
 
 
 def splits_of(cfg: KernelConfig, wl: Workload, batch: int) -> int:
-    """The partials per row of the main cache's split launch, as recorded with a trial: the grid's rows are
-    ``batch`` requests times ``wl.q_tokens`` query tokens (as ``tuner.study.launch_key`` counts them)."""
-    return split_grid(cfg, batch * wl.q_tokens, wl.heads, wl.topk).slots
+    """The partials per row of the call's one split launch (both caches of a whole call), as recorded with a
+    trial: the grid's rows are ``batch`` requests times ``wl.q_tokens`` query tokens (as
+    ``tuner.study.launch_key`` counts them)."""
+    extra_topk = wl.extra.topk if wl.extra is not None else 0
+    return split_grid(cfg, batch * wl.q_tokens, wl.heads, wl.topk, extra_topk).slots
 
 
 def _inject_fault(cfg: KernelConfig) -> None:

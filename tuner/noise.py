@@ -50,7 +50,8 @@ class StudyNoise:
             pairs = calibrate.study_pairs(plan.space.measurement["rounds"])
             self.bar.phase(f"A/A of the baseline, {pairs} independent capture pairs")
             seed = measurement_seed(getattr(self.opts, "seed", 0), base, f"{plan.concurrency}/aa")
-            c = calibrate.measure(proc, plan.space, plan.workload, plan.concurrency, base, pairs, seed=seed)
+            with self.clock.section("gpu"):
+                c = calibrate.measure(proc, plan.space, plan.workload, plan.concurrency, base, pairs, seed=seed)
             with self.store.session() as s:
                 calibrate.store_calibration(s, c, proc.info, plan.spec, plan.concurrency, self.opts.backend, base)
             spread, multimodal, samples = c.spread, c.multimodal, c.samples

@@ -163,10 +163,11 @@ class Task:
         """``<name>: <text>``, one line in bars and lines modes."""
         self.progress.message(f"{self.name}: {text}")
 
-    def advance(self, n: int = 1, postfix: str | None = None) -> None:
-        """``n`` more items done; ``postfix`` (e.g. the best so far) shows on the bar and progress lines."""
+    def advance(self, n: int = 1, postfix: str | None = None, total: int | None = None) -> None:
+        """``n`` more items done; ``postfix`` (e.g. the best so far) shows on the bar and progress lines; ``total``
+        revises the expected count (a search's strategy stops when it is sure, not at the end of the space)."""
         with self.lock:
-            self._set(self.done + n, self.total, postfix)
+            self._set(self.done + n, self.total if total is None else total, postfix)
 
     def __call__(self, done: int, total: int) -> None:
         """The ``on_progress(done, total)`` callback: absolute counts."""

@@ -27,6 +27,7 @@ from db.verdicts import Phase
 from db.verdicts import Verdict
 from kernels.config import KernelConfig
 from kernels.config import kernel_source_hash
+from tuner import optuna_rows
 from tuner import stats
 from tuner.errors import SpaceError
 from tuner.heartbeat import OWNER_ATTR
@@ -63,73 +64,98 @@ class StudyRecorder:
         Returns ``(trial id, statistic or None)``, or False when another process already recorded this config.
         """
         run = self.run
-        feas = run.plan.verdicts[cfg]
+        fields = self._fields(proc, env_id, cfg, reply, number, wall_s, key, original)
         with run.store.session() as s:
-            t = record.add_trial(
-                s,
-                study_id=run.study_id,
-                workload_id=run.workload_id,
-                environment_id=env_id,
-                kernel_id=run.kernel_id,
-                concurrency=run.plan.concurrency,
-                backend=run.opts.backend,
-                config_key=str(cfg),
-                **cfg.as_dict(),
-                num_splits=reply.num_splits,
-                launch_key=key,
-                duplicate_of=original,
-                is_baseline=cfg == run.plan.space.baseline,
-                verdict=reply.verdict,
-                reason=reply.reason or (feas.reason if feas.feasible else ""),
-                shared_bytes=feas.shared_bytes,
-                limit_bytes=feas.limit_bytes,
-                registers=feas.registers,
-                spill_bytes=feas.spill_bytes,
-                estimate_bytes=feas.estimate_bytes,
-                out_rel_err=reply.out_rel_err,
-                lse_abs_err=reply.lse_abs_err,
-                optuna_study=run.name,
-                optuna_trial_number=number,
-                wall_s=wall_s,
-            )
+            t = record.add_trial(s, **fields)
             if t is None:
                 return False
             if not reply.samples:  # only an ok measurement has samples
                 return t.id, None
             return t.id, add_samples(s, t.id, Phase.SCREEN, reply, proc.gpu_index, band, seed=t.id)
 
-    def unlaunched(self, env_id: int, cfg: KernelConfig, reply: MeasureReply, key=None, original=None) -> None:
-        """A config decided without a launch, in the tuner's tables and as a pruned Optuna trial with the reason."""
-        recorded = self.trial(None, env_id, cfg, reply, 0.0, None, 0.0, key, original)
-        if recorded is False:
+    def _fields(self, proc, env_id, cfg: KernelConfig, reply: MeasureReply, number, wall_s, key, original) -> dict:
+        """One ``tuner_trials`` row's fields."""
+        run = self.run
+        feas = run.plan.verdicts[cfg]
+        return dict(
+            study_id=run.study_id,
+            workload_id=run.workload_id,
+            environment_id=env_id,
+            kernel_id=run.kernel_id,
+            concurrency=run.plan.concurrency,
+            backend=run.opts.backend,
+            config_key=str(cfg),
+            **cfg.as_dict(),
+            num_splits=reply.num_splits,
+            launch_key=key,
+            duplicate_of=original,
+            is_baseline=cfg == run.plan.space.baseline,
+            verdict=reply.verdict,
+            reason=reply.reason or (feas.reason if feas.feasible else ""),
+            shared_bytes=feas.shared_bytes,
+            limit_bytes=feas.limit_bytes,
+            registers=feas.registers,
+            spill_bytes=feas.spill_bytes,
+            estimate_bytes=feas.estimate_bytes,
+            out_rel_err=reply.out_rel_err,
+            lse_abs_err=reply.lse_abs_err,
+            optuna_study=run.name,
+            optuna_trial_number=number,
+            wall_s=wall_s,
+        )
+
+    def unlaunched(self, items: list[tuple]) -> None:
+        """Configs decided without a launch, ``(cfg, reply, launch key, original trial id)`` each: the tuner's rows
+        in one transaction, then one pruned Optuna trial each with the reason, in another."""
+        run = self.run
+        if not items:
             return
-        attrs = {"tuner_trial_id": recorded[0], "verdict": reply.verdict.value, "reason": reply.reason[:500]}
-        if original is not None:
-            attrs["duplicate_of"] = original
-        self.optuna_trial(cfg, optuna.trial.TrialState.PRUNED, attrs)
+        env_id = run.env_id()
+        rows = [self._fields(None, env_id, cfg, reply, None, 0.0, key, original) for cfg, reply, key, original in items]
+        with run.store.session() as s:
+            ids = record.add_trials(s, rows)
+        made = []
+        for (cfg, reply, _, original), trial_id in zip(items, ids, strict=True):
+            if trial_id is None:
+                continue  # another process recorded it first
+            attrs = {"tuner_trial_id": trial_id, "verdict": reply.verdict.value, "reason": reply.reason[:500]}
+            if original is not None:
+                attrs["duplicate_of"] = original
+            made.append(
+                optuna.trial.create_trial(
+                    state=optuna.trial.TrialState.PRUNED,
+                    params=cfg.as_dict(),
+                    distributions=run.dists,
+                    user_attrs=attrs,
+                )
+            )
+        optuna_rows.add_finished(run.study, made)
 
     def infeasible(self, done: set[str]) -> None:
         """Configs that do not fit the target are recorded at once, with their numbers; nothing launches."""
         run = self.run
-        env_id = run.env_id()
-        for cfg, feas in run.plan.verdicts.items():
-            if not feas.feasible and str(cfg) not in done:
-                self.unlaunched(env_id, cfg, MeasureReply(Verdict.INFEASIBLE, feas.reason))
-                done.add(str(cfg))
+        items = [
+            (cfg, MeasureReply(Verdict.INFEASIBLE, feas.reason), None, None)
+            for cfg, feas in run.plan.verdicts.items()
+            if not feas.feasible and str(cfg) not in done
+        ]
+        self.unlaunched(items)
+        done.update(str(cfg) for cfg, *_ in items)
 
     def duplicates(self) -> None:
         """Every config whose launch was measured by another trial of the study, recorded as its duplicate."""
         run = self.run
         with run.store.session() as s:
-            done = queries.done_configs(s, run.study_id)
-        env_id = run.env_id()
+            done = {k: (t.id, t.duplicate_of) for k, t in queries.done_configs(s, run.study_id).items()}
+        items = []
         for key, group in run.plan.launches().items():
-            original = next((done[str(c)] for c in group if str(c) in done and done[str(c)].duplicate_of is None), None)
+            original = next((str(c) for c in group if str(c) in done and done[str(c)][1] is None), None)
             for cfg in group:
                 if original is None or str(cfg) in done:
                     continue
-                why = f"launches exactly what trial {original.id} ({original.config_key}) measured"
-                self.unlaunched(env_id, cfg, MeasureReply(Verdict.DUPLICATE, why), key, original.id)
+                why = f"launches exactly what trial {done[original][0]} ({original}) measured"
+                items.append((cfg, MeasureReply(Verdict.DUPLICATE, why), key, done[original][0]))
+        self.unlaunched(items)
 
     def finalist(self, proc, trial_id: int, cfg: KernelConfig, band: float):
         """Measure one finalist and store its statistic; None when it failed or another host stored it first."""
@@ -182,10 +208,18 @@ class StudyRecorder:
             band = known[0] if known else (s.get(StudyModel, run.study_id).noise_band or 0.0)
         if todo and rounds:
             run.bar.phase(f"finalists: {len(todo)} x {rounds} rounds")
+        told = {
+            t.user_attrs.get("tuner_trial_id"): t.number
+            for t in run.study.get_trials(deepcopy=False, states=(COMPLETE,))
+        }
         for trial_id, cfg, screen in todo if rounds else []:
             final = self.finalist(proc, trial_id, cfg, band)
-            if final is not None:
-                attrs = {"tuner_trial_id": trial_id, "verdict": Verdict.OK.value, **ok_attrs(screen, final)}
+            if final is None:
+                continue
+            attrs = {"tuner_trial_id": trial_id, "verdict": Verdict.OK.value, **ok_attrs(screen, final)}
+            if trial_id in told:  # the config's one trial now holds its finalist estimate
+                optuna_rows.revise(run.study, told[trial_id], final.ratio * run.reference(), attrs)
+            else:  # its process ended before Optuna was told
                 self.optuna_trial(cfg, optuna.trial.TrialState.COMPLETE, attrs, final.ratio)
 
 

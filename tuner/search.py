@@ -45,6 +45,7 @@ class Options:
     timeout_s: float | None = None
     concurrency: list[int] | None = None
     remeasure: bool = False
+    redo: bool = False  # search finished levels again (default: a finished level shows its stored row)
     quiet: bool = False
     workers: int | None = None  # measurement processes
     replay_db: str | None = None  # the replay backend's source database
@@ -147,21 +148,31 @@ def run_search(space: SearchSpace, store, opts: Options) -> list[dict]:
         with Stop() as stop, Progress(opts.quiet, total_studies=len(space.workloads) * len(levels)) as progress:
             for spec in space.workloads:
                 wl = spec.workload()
+                t0 = time.perf_counter()
                 verdicts = _feasibility(space, spec.name, wl, levels, source, store, opts, progress)
                 feasible = [c for c, v in verdicts.items() if v.feasible]
                 sampler = opts.sampler or space.sampler.get("name") or strategies.DEFAULT
                 strategy = strategies.make(sampler, space.sampler.get("seed", 0) + opts.seed)
                 if opts.backend == "cuda":
-                    t0 = time.monotonic()
+                    t1 = time.monotonic()
                     warm(feasible, wl, int(processes[0].info["compute_capability"].replace(".", "")))
-                    took = time.monotonic() - t0
+                    took = time.monotonic() - t1
                     progress.message(f"{spec.name}: compiled {len(feasible)} feasible configs in {took:.0f} s")
+                compile_s = time.perf_counter() - t0  # counted in this workload's first level's row
+                shares: list[float] = []  # the share of launches each finished level measured (the ETA's guess)
                 for conc in levels:
                     if stop.requested or (opts.timeout_s and time.monotonic() - t_start > opts.timeout_s):
                         break
                     plan = StudyPlan(space, spec, wl, conc, verdicts, sampler)
                     run = StudyRun(plan, store, storage, processes, opts, stop, t_start, progress, strategy)
-                    summary.append(run.run())
+                    run.expected_share = sum(shares) / len(shares) if shares else None
+                    row = run.run()
+                    if row.get("stopped") and getattr(run, "queue_order", None) and row["stopped"] != "interrupted":
+                        shares.append(run.n_measured / len(run.queue_order))
+                    row["compile_s"] = round(row.get("compile_s", 0.0) + compile_s, 3)
+                    row["wall_s"] = round(row.get("wall_s", 0.0) + compile_s, 3)
+                    compile_s = 0.0
+                    summary.append(row)
             opts.interrupted, opts.stop_signal = stop.signalled, stop.signum
     finally:
         for p in processes:

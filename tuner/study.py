@@ -13,6 +13,7 @@ finalists are re-measured.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import threading
@@ -29,11 +30,14 @@ from kernels.config import PARAM_NAMES
 from kernels.config import KernelConfig
 from kernels.config import launch_identity
 from kernels.workload import Workload
+from tuner import optuna_rows
 from tuner import stats
 from tuner import strategies
 from tuner.candidates import LAUNCHED
 from tuner.candidates import LevelView
 from tuner.candidates import new_value_variants  # noqa: F401 - part of this module's interface
+from tuner.clock import Clock
+from tuner.clock import TimedStore
 from tuner.feasibility import Feasibility
 from tuner.heartbeat import OWNER_ATTR
 from tuner.heartbeat import Heartbeat
@@ -57,6 +61,7 @@ from tuner.space import WorkloadSpec
 from tuner.summary import postfix
 from tuner.summary import summary_row
 
+EXPECTED_SHARE = 0.2  # a model strategy's share of a level's launches before any level finished (bench_search)
 PROMOTE = 1 / 3  # successive halving's share of screened launches that get the rest of the screening rounds
 WAITING, RUNNING, COMPLETE, PRUNED = (
     optuna.trial.TrialState.WAITING,
@@ -82,14 +87,22 @@ class StudyPlan:
         base = self.space.baseline
         return [base] + [c for c in self.verdicts if c != base]
 
-    def launches(self) -> dict[str, list[KernelConfig]]:
-        """Feasible configs grouped by launch identity, in :meth:`order`; the first of a group is measured,
-        the others launch exactly the same kernels on the same grid and are recorded as its duplicates."""
+    @functools.cached_property  # a plan is immutable; its launch keys take ~40 ms to compute
+    def _launches(self) -> dict[str, list[KernelConfig]]:
         groups: dict[str, list[KernelConfig]] = {}
         for cfg in self.order():
             if self.verdicts[cfg].feasible:
                 groups.setdefault(launch_key(cfg, self.workload, self.concurrency), []).append(cfg)
         return groups
+
+    @functools.cached_property
+    def _representatives(self) -> dict[str, KernelConfig]:
+        return {str(c): group[0] for group in self._launches.values() for c in group}
+
+    def launches(self) -> dict[str, list[KernelConfig]]:
+        """Feasible configs grouped by launch identity, in :meth:`order`; the first of a group is measured,
+        the others launch exactly the same kernels on the same grid and are recorded as its duplicates."""
+        return {k: list(v) for k, v in self._launches.items()}
 
     def to_measure(self) -> list[KernelConfig]:
         """One config per distinct launch (the baseline's group is represented by the baseline)."""
@@ -97,7 +110,7 @@ class StudyPlan:
 
     def representatives(self) -> dict[str, KernelConfig]:
         """Every feasible config's key -> the config that stands for its launch."""
-        return {str(c): group[0] for group in self.launches().values() for c in group}
+        return self._representatives
 
     def request(self, cfg: KernelConfig, seed: int, rounds: int, check: bool) -> MeasureRequest:
         return MeasureRequest(self.workload, self.concurrency, cfg, self.space.baseline, rounds, seed, check)
@@ -129,7 +142,8 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
         ui=None,
         strategy: strategies.Strategy | None = None,
     ):
-        self.plan, self.store, self.storage, self.processes = plan, store, storage, processes
+        self.clock = Clock()  # where this level's time goes (compile, GPU, model, database, other)
+        self.plan, self.store, self.storage, self.processes = plan, TimedStore(store, self.clock), storage, processes
         self.ui = ui or Progress(quiet=True, total_studies=1)  # tuner.progress: what the user sees
         self.strategy = strategy or strategies.make(plan.sampler, getattr(opts, "seed", 0))
         self.reference_us: float | None = None  # this study's baseline median; Optuna's value = ratio x this
@@ -142,16 +156,46 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
         self.dists = optuna_distributions(plan.space)
         self.recorder = StudyRecorder(self)
         self.band = plan.space.measurement.get("min_effect", stats.DEFAULT_MIN_EFFECT)
+        self.expected_share: float | None = None  # the share of launches measured at this search's finished levels
+        self.more = False  # a finished level reopened by a larger --n-trials: measured up to it, no stop rule
 
     # --- opening -------------------------------------------------------------------------------
 
-    def _open_study(self, done: set[str]) -> None:
-        """The Optuna study, with the baseline and the configs measured first queued (once per launch)."""
+    def _load_study(self) -> None:
+        """The Optuna study (created if new)."""
         sampler = self.strategy.sampler(self.plan.space.sampler.get("seed", 0) + getattr(self.opts, "seed", 0))
         self.study = optuna.create_study(
             study_name=self.name, storage=self.storage, direction="minimize", load_if_exists=True, sampler=sampler
         )
         self.optuna_study_id = self.storage.get_study_id_from_name(self.name)
+
+    def _finished(self) -> str | None:
+        """Why the level stopped, when an earlier run finished it and this run does not ask for more: not
+        ``--redo``, and no ``--n-trials`` above both the launches it measured and the cap it finished under.
+        A level asked for more is reopened (its ``stopped`` attribute cleared, so an interrupted continuation
+        resumes as any interrupted level does); with a larger ``--n-trials`` it measures up to that many
+        launches, the strategy's stop rule set aside."""
+        attrs = self.study.user_attrs
+        stopped = attrs.get("stopped")
+        if not stopped:
+            return None
+        n, cap = self.opts.n_trials, attrs.get("n_trials")
+        more = bool(n and n > self._n_launched() and (cap is None or n > cap))
+        if not (getattr(self.opts, "redo", False) or more):
+            return stopped
+        self.more = more and not getattr(self.opts, "redo", False)
+        shared_write(lambda: self.study.set_user_attr("stopped", None))
+        return None
+
+    def _n_launched(self) -> int:
+        """The distinct launches this study has measured (whatever came of them)."""
+        rep = self.plan.representatives()
+        with self.store.session() as s:
+            rows = queries.done_verdicts(s, self.study_id)
+        return len({rep[k] for k, v in rows.items() if k in rep and v in LAUNCHED})
+
+    def _open_study(self, done: set[str]) -> None:
+        """The Optuna study, with the baseline and the configs measured first queued (once per launch)."""
         self._describe_study()
         optuna.storages.fail_stale_trials(self.study)
         self._settle_running_trials()  # a trial of a process that ended is failed and queued again
@@ -173,10 +217,23 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
 
     def run(self) -> dict:
         """Measure until the strategy stops the level, then the finalists; returns the study's summary row."""
-        done = self._open_rows()
-        self._open_study(done)
-        total = len(self.queue_order)
+        t0 = time.perf_counter()
+        row = self._run()
+        row.update(self.clock.split(time.perf_counter() - t0))
+        return row
+
+    def _run(self) -> dict:
+        with self.clock.section("database"):
+            done = self._open_rows()
+            self._load_study()
         name = f"{self.plan.spec.name} C={self.plan.concurrency}"
+        with self.clock.section("database"):
+            finished = self._finished()
+        if finished is not None:
+            return self._finished_row(name, finished)
+        with self.clock.section("database"):
+            self._open_study(done)
+        total = self._expected()
         with self.ui.study(name, total=total, initial=min(self.n_measured, total)) as bar:
             self.bar = bar
             self.progress = _Progress(bar, told_min=self._told_min())
@@ -194,18 +251,47 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
             if self.progress.error is not None:
                 raise self.progress.error
             stopped = self.progress.stopped
-            if stopped and not self.stop.requested:  # recorded without launching anything
-                self.recorder.infeasible(self._done_keys())
-                self.recorder.duplicates()
-                self.recorder.finalists(self.processes[0])
-                shared_write(lambda: self.study.set_user_attr("stopped", stopped))
-            self.recorder.decide()
-            with self.store.session() as s:
-                row = summary_row(s, self.study_id, self.plan.spec.name, self.plan.concurrency)
+            with self.clock.section("database"):
+                if stopped and not self.stop.requested:  # recorded without launching anything
+                    self.recorder.infeasible(self._done_keys())
+                    self.recorder.duplicates()
+                    self.recorder.finalists(self.processes[0])
+                    shared_write(lambda: self.study.set_user_attr("n_trials", self.opts.n_trials))
+                    shared_write(lambda: self.study.set_user_attr("stopped", stopped))
+                self.recorder.decide()
+                with self.store.session() as s:
+                    row = summary_row(s, self.study_id, self.plan.spec.name, self.plan.concurrency)
             row["strategy"] = self.strategy.name
             row["stopped"] = stopped or self.study.user_attrs.get("stopped") or "interrupted"
             bar.close(f"best {row['best']} {us(float(row['median_us']))}" if row["best"] != "-" else "no ok config")
             return row
+
+    def _finished_row(self, name: str, stopped: str) -> dict:
+        """A level an earlier run finished: its stored summary row; nothing is measured."""
+        with self.ui.study(name, total=0) as bar:
+            bar.phase(f"finished earlier ({stopped}); --redo searches it again")
+            with self.store.session() as s:
+                row = summary_row(s, self.study_id, self.plan.spec.name, self.plan.concurrency)
+            row["strategy"] = self.study.user_attrs.get("strategy", self.strategy.name)
+            row["stopped"] = stopped
+            bar.close(f"best {row['best']} {row['median_us']} µs" if row["best"] != "-" else "no ok config")
+        return row
+
+    def _expected(self, done: int | None = None) -> int:
+        """The launches this level is expected to measure, for the progress line's count and time left: the
+        strategy's share of the candidates (``expected_share``, or the share measured at the levels this search
+        finished, or :data:`EXPECTED_SHARE`; all of them for the grid), within ``--n-trials``; always more
+        than ``done``, while candidates are left."""
+        n = len(self.queue_order)
+        share = getattr(self.strategy, "expected_share", None) or self.expected_share
+        if share is None:
+            share = 1.0 if self.strategy.name == "grid" else EXPECTED_SHARE
+        want = math.ceil(share * n)
+        cap = self.opts.n_trials or self.plan.space.sampler.get("n_trials")
+        if cap:
+            want = min(want, cap)
+        done = self.n_measured if done is None else done
+        return min(n, max(want, done + 1))
 
     def _out_of_time(self) -> bool:
         return bool(self.opts.timeout_s and time.monotonic() - self.t_start > self.opts.timeout_s)
@@ -220,7 +306,8 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
                     if self.stop.requested or pg.stopped or self._out_of_time():
                         return
                     try:
-                        trial = self._next_trial()
+                        with self.clock.section("database"):
+                            trial = self._next_trial()
                     except optuna.exceptions.UpdateFinishedTrialError:
                         trial = None  # another process finished the trial this one was pruning: nothing lost
                 if trial is None:
@@ -242,7 +329,8 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
         optuna.storages.fail_stale_trials(study)  # a dead host's trial is failed and re-queued (heartbeat)
         if not study.get_trials(deepcopy=False, states=(WAITING,)):
             level = self._level()
-            why = self._why_stop(level)
+            with self.clock.section("model"):
+                why = self._why_stop(level)
             if why is not None:
                 # done when nothing of this level is still queued or running anywhere: a trial already recorded
                 # may still be running its finalist rounds elsewhere, or be a dead process's, to be retried
@@ -250,7 +338,8 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
                     pg.stopped = why
                 return None
             if not self.strategy.asks:
-                proposals = self.strategy.propose(level, 1)
+                with self.clock.section("model"):
+                    proposals = self.strategy.propose(level, 1)
                 if not proposals:
                     return None  # the rest is running elsewhere
                 for cfg in proposals:
@@ -294,7 +383,8 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
             recorded = self.recorder.trial(
                 proc, env_id, cfg, reply, band, trial.number, time.monotonic() - t0, key, original
             )
-            self._tell(proc, trial, cfg, reply, recorded, band)
+            with self.clock.section("database"):
+                self._tell(proc, trial, cfg, reply, recorded, band)
         except optuna.exceptions.UpdateFinishedTrialError:
             # this host's beats stalled past the grace and another host failed and re-queued the trial;
             # the tuner's tables hold the result, and the re-queued copy finds it recorded
@@ -343,13 +433,13 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
                 pg.n_new += 1
                 if stat and (pg.best is None or stat.ratio < pg.best[1]):
                     pg.best = (str(cfg), stat.ratio, stat.median_us)
-                pg.bar.advance(1, postfix=postfix(pg.best, band))
-        trial.set_user_attr("tuner_trial_id", trial_id)
-        trial.set_user_attr("verdict", reply.verdict.value)
+                pg.bar.advance(1, postfix=postfix(pg.best, band), total=self._expected(pg.bar.done + 1))
+        attrs = {"tuner_trial_id": trial_id, "verdict": reply.verdict.value}
         if reply.verdict != Verdict.OK:
-            trial.set_user_attr("reason", reply.reason[:500] or reply.verdict.value)
+            optuna_rows.set_attrs(trial, {**attrs, "reason": reply.reason[:500] or reply.verdict.value})
             self.study.tell(trial, state=PRUNED)
             return
+        optuna_rows.set_attrs(trial, attrs)
         if cfg == self.plan.space.baseline:
             self._baseline_us = baseline_median(reply.samples)
         self._tell_ok(proc, trial, cfg, stat, self._record_finalist(proc, trial_id, cfg, stat, band))
@@ -357,8 +447,7 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
     def _tell_ok(self, proc, trial, cfg: KernelConfig, stat, final) -> None:
         """Optuna is told an ok trial's value: its finalist estimate if it has one, else its screening one."""
         pg = self.progress
-        for k, v in ok_attrs(stat, final).items():
-            trial.set_user_attr(k, v)
+        optuna_rows.set_attrs(trial, ok_attrs(stat, final))
         told = final or stat
         with pg.lock:
             pg.told_min = told.ratio if pg.told_min is None else min(pg.told_min, told.ratio)
@@ -377,8 +466,7 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
         told = (x.user_attrs.get("tuner_trial_id") for x in self.study.get_trials(deepcopy=False, states=(COMPLETE,)))
         if trial_id in set(told):
             return False
-        trial.set_user_attr("tuner_trial_id", trial_id)
-        trial.set_user_attr("verdict", Verdict.OK.value)
+        optuna_rows.set_attrs(trial, {"tuner_trial_id": trial_id, "verdict": Verdict.OK.value})
         if cfg == self.plan.space.baseline:
             self._baseline_us = stat.baseline_median_us
         self._tell_ok(proc, trial, cfg, stat, final or self._record_finalist(proc, trial_id, cfg, stat, band))
@@ -396,7 +484,8 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
             return MeasureReply(Verdict.INFEASIBLE, feas.reason)
         seed = measurement_seed(getattr(self.opts, "seed", 0), cfg, f"{self.plan.concurrency}/{phase}")
         req = self.plan.request(cfg, seed, rounds, check)
-        return proc.measure(req, timeout_s=self.plan.space.measurement["trial_timeout_s"])
+        with self.clock.section("gpu"):
+            return proc.measure(req, timeout_s=self.plan.space.measurement["trial_timeout_s"])
 
     # --- noise and the reference ---------------------------------------------------------------
 
@@ -409,8 +498,8 @@ def optuna_distributions(space: SearchSpace) -> dict[str, optuna.distributions.C
 def launch_key(cfg: KernelConfig, workload: Workload, concurrency: int) -> str:
     """The launch identity (compiled binary + split geometry) as a string the database can index."""
     rows = concurrency * workload.q_tokens  # every query token is a row of the grid
-    ids = [launch_identity(cfg, workload.heads, c.topk, rows) for c in workload.caches()]
-    return json.dumps(ids[0] if len(ids) == 1 else ids)
+    extra_topk = workload.extra.topk if workload.extra is not None else 0  # one launch walks both caches
+    return json.dumps(launch_identity(cfg, workload.heads, workload.topk, rows, extra_topk))
 
 
 def _key(params: dict) -> str:

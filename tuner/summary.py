@@ -43,3 +43,20 @@ def postfix(best: tuple[str, float, float] | None, band: float) -> str:
     if best is None:
         return f"band {pct(band)}"
     return f"best {best[0]} {us(best[2])} ({best[1]:.3f}x), band {pct(band)}"
+
+
+TIME_KINDS = ("compile", "gpu", "model", "database", "other")
+
+
+def time_lines(rows: list[dict]) -> list[str]:
+    """Where the time went, per level and in total: ``v4_flash C=1: 12.3 s = compile 0.4, gpu 8.1, ...``."""
+
+    def line(head: str, r: dict) -> str:
+        parts = ", ".join(f"{k} {r.get(f'{k}_s', 0.0):.1f}" for k in TIME_KINDS)
+        return f"{head}: {r.get('wall_s', 0.0):.1f} s = {parts}"
+
+    timed = [r for r in rows if "wall_s" in r]
+    if not timed:
+        return []
+    total = {f"{k}_s": sum(r.get(f"{k}_s", 0.0) for r in timed) for k in (*TIME_KINDS, "wall")}
+    return [line(f"{r['workload']} C={r['C']}", r) for r in timed] + [line("total", total)]
