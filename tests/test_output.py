@@ -19,6 +19,12 @@ ROOT = Path(__file__).resolve().parent.parent
 H200_DB = ROOT / "results" / "h200.db"
 
 
+@pytest.fixture(autouse=True)
+def _no_inherited_width(monkeypatch):
+    """Each test sets the width it means; none inherits a $COLUMNS from the shell or an earlier test."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
 @pytest.fixture(scope="module")
 def h200(tmp_path_factory):
     """A copy of the committed H200 results (the original is never opened for writing)."""
