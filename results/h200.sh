@@ -6,6 +6,11 @@
 #   OUT=out PHASE=search TUNER_DB=sqlite:///fresh.db bash results/h200.sh   # the default strategy at the gridded
 #                                               # levels of V4 and V3.2 (SEARCHES="v4" picks one; docs/data/h200_search),
 #                                               # from a fresh database holding only the feasibility cache of results/h200.db
+#   OUT=out PHASE=retune bash results/h200.sh   # a cold default search of each shipped space at all 15 levels on
+#                                               # the current kernel, into $TUNER_DB (RETUNES="v4 v32" picks some of
+#                                               # v4, v32, layer); each search's summary rows (with the time split) in
+#                                               # $OUT/NAME.json, its log in $OUT/NAME.log; the tables are exported from
+#                                               # the database afterwards (`tuner export --db sqlite:///results/h200.db`)
 #   OUT=out PHASE=call bash results/h200.sh     # the V4 layer call (window + compressed cache + sink, one
 #                                               # split launch) against FlashMLA: its GPU tests, kernels.bench_call at
 #                                               # the 15 levels, the single-cache bench of both formats at the 15 levels
@@ -26,7 +31,18 @@ left() { echo $(( deadline - $(date +%s) )); }
 search() { local name=$1 space=$2 levels=$3; shift 3; local l; l=$(left)
   if [ "$l" -lt 30 ]; then echo "$name: not started, ${l} s left"; return; fi
   step "$name" "$l" python3 -m tuner search "$space" --db "$DB" --concurrency "$levels" -q "$@"; }
+# `retune NAME SPACE`: a whole search (every level), its summary as JSON, within what is left of LIMIT
+retune() { local name=$1 space=$2 l; l=$(left)
+  if [ "$l" -lt 30 ]; then echo "$name: not started, ${l} s left"; return; fi
+  step "$name" "$l" sh -c 'exec python3 -m tuner search "$1" --db "$2" -f json > "$3"' sh "$space" "$DB" "$OUT/$name.json"; }
 case "${PHASE:-grids}" in
+  retune)
+    for g in ${RETUNES:-v4 v32 layer}; do case $g in
+      v4) retune v4_retune search_spaces/v4_flash_tp4.yaml ;;
+      v32) retune v32_retune search_spaces/v32_tp8.yaml ;;
+      layer) retune layer_retune search_spaces/v4_flash_layer_tp4.yaml ;;
+      *) echo "unknown retune $g (allowed: v4, v32, layer)"; exit 2 ;;
+    esac; done ;;
   grids)
     for g in ${GRIDS:-v4 v32 layer}; do case $g in
       v4) search v4_grid search_spaces/v4_flash_tp4.yaml 1,8,48,96 --sampler grid ;;
@@ -83,7 +99,7 @@ except (OSError, KeyError, ValueError) as e:
     print(f"no single-cache table: {e}")
 PY
     exit 0 ;;
-  *) echo "unknown PHASE=$PHASE (allowed: grids, search, call)"; exit 2 ;;
+  *) echo "unknown PHASE=$PHASE (allowed: grids, search, retune, call)"; exit 2 ;;
 esac
 for f in "$OUT"/*.log; do echo "== $f"; tail -22 "$f" | cut -c1-150; done
 db=${DB#sqlite:///}; gzip -c "$db" > "$OUT/$(basename "$db").gz"
