@@ -370,6 +370,7 @@ def launch_identity(config: KernelConfig, heads: int, topk: int, batch: int, ext
 KERNEL_FILES = ("decode.py", "kv_format.py", "config.py")
 # The identity's scheme: bumped when what is hashed changes, so that two schemes never give one hash.
 _IDENTITY_SCHEME = b"ast-1"
+_PACKAGE = "sparse_mla_tuner"  # the installed namespace of kernels/, db/ and tuner/
 
 
 def kernel_source_hash() -> str:
@@ -382,7 +383,9 @@ def kernel_source_hash() -> str:
 def source_identity(text: str) -> str:
     """What of one Python source a launch depends on, as text: its syntax tree with docstrings removed,
     written field by field (no line numbers, no expression contexts, no empty fields), so that it stays
-    the same across formatting, comments and the Python versions' ways of printing a tree."""
+    the same across formatting, comments and the Python versions' ways of printing a tree. Imports are
+    written without the project's namespace (``sparse_mla_tuner.``), so the same code keeps its identity
+    whether it is imported from a checkout or from the installed package."""
     import ast
 
     tree = ast.parse(text)
@@ -396,6 +399,11 @@ def source_identity(text: str) -> str:
             and isinstance(body[0].value.value, str)
         ):
             node.body = body[1:] or [ast.Pass()]
+        # the project's import prefix is left out: where the package lives is not what the compiler sees
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(_PACKAGE + "."):
+            node.module = node.module.removeprefix(_PACKAGE + ".")
+        elif isinstance(node, ast.alias) and node.name.startswith(_PACKAGE + "."):
+            node.name = node.name.removeprefix(_PACKAGE + ".")
     out: list[str] = []
 
     def put(x) -> None:

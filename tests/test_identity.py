@@ -116,3 +116,13 @@ def test_a_commented_space_resumes_and_a_changed_baseline_is_one_sentence(tmp_pa
     lines = refused.stderr.strip().splitlines()
     assert len(lines) == 1 and "baseline" in lines[0] and "T16-w4-s2-c256" in lines[0], lines
     assert con.execute("SELECT COUNT(*) FROM tuner_trials").fetchone() == before  # nothing measured, nothing lost
+
+
+def test_the_kernel_hash_is_the_same_whether_imported_from_the_checkout_or_the_installed_namespace():
+    text = DECODE.read_text()
+    assert "from kernels." in text or "from sparse_mla_tuner.kernels." in text
+    checkout = text.replace("from sparse_mla_tuner.kernels.", "from kernels.")
+    installed = checkout.replace("from kernels.", "from sparse_mla_tuner.kernels.")
+    assert installed != checkout and _hash_with(installed) == _hash_with(checkout)
+    # another package's name is still code
+    assert _hash_with(checkout.replace("from kernels.", "from other.", 1)) != _hash_with(checkout)
