@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from dataclasses import field
+from typing import TYPE_CHECKING
 
 from kernels.config import KernelConfig
-from kernels.workload import Workload
+
+if TYPE_CHECKING:  # annotations only: the optimization worker imports this package without torch
+    from kernels.workload import Workload
 
 
 @dataclass
@@ -22,6 +25,7 @@ class Level:
     baseline: KernelConfig | None = None
     neighbours: dict[KernelConfig, list[KernelConfig]] = field(default_factory=dict)  # one step in one parameter
     representative: object = None  # config -> the candidate that stands for its launch here (or None)
+    order: tuple[int, ...] = ()  # the space's levels in search order (empty: ascending concurrency)
 
     def open(self) -> list[KernelConfig]:
         """Candidates neither measured nor pending, in queue order."""
