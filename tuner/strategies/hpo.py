@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import multiprocessing
+import os
+import threading
 import time
 import warnings
 
 MODES = ("background", "deterministic", "inline")
-MAXITER = 50  # L-BFGS-B iterations per start: warm-started fits converge in 20-40, cold ones take 90+
+MAXITER = 100  # L-BFGS-B iterations per start: warm-started fits converge in 20-40, random starts in about 90
 
 
 def optimize(X, y, alpha, kernel, restarts: int, seed: int, maxiter: int = MAXITER):
@@ -63,6 +65,18 @@ class _Lbfgsb:
             obj_func, initial_theta, method="L-BFGS-B", jac=True, bounds=bounds, options={"maxiter": self.maxiter}
         )
         return res.x, res.fun
+
+
+def _watch_parent(pid: int) -> None:
+    """In the worker: end when the search's process does, however it ended (a killed parent leaves its pool's
+    worker waiting for work forever)."""
+
+    def watch():
+        while os.getppid() == pid:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 class Refitter:
@@ -126,7 +140,9 @@ class Refitter:
     def _worker(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
             # spawn: the search runs threads, and a forked child of a threaded process may deadlock
-            self._pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                1, mp_context=multiprocessing.get_context("spawn"), initializer=_watch_parent, initargs=(os.getpid(),)
+            )
         return self._pool
 
     def close(self) -> None:

@@ -72,6 +72,8 @@ MAX_TRAIN = 250  # points the model is fitted to: this level's, then the nearest
 REFIT_HERE = 2  # ... and when the level's own measurements grew by this factor
 REFIT_GROWTH = 1.5  # hyperparameters are re-optimized when the training set grew by this factor, and at each level
 HPO_MAX = 150  # training points an optimization sees: this level's, then a seeded sample of the rest
+HPO_RESTARTS = 1  # random starts besides the last optimum, per optimization
+HPO_MAXITER = hpo.MAXITER  # L-BFGS-B iterations per start
 HPO_LAG = 2  # deterministic mode: an optimization started at a level's n-th measurement is used from its (n+LAG)-th
 FAIL_MARGIN = math.log(1.5)  # a failed launch enters the model this much above the worst value seen
 PRIOR_NOISE = 0.05**2  # a prior point's extra noise variance (log-ratio units) at rho = 1 ...
@@ -90,7 +92,7 @@ LINE_WITHIN = 0.10  # ... among those whose best launch is within this share of 
 class Surrogate(Strategy):
     name = "surrogate"
 
-    def __init__(self, seed: int = 0, stop_p: float = STOP_P, refit: str = "background") -> None:
+    def __init__(self, seed: int = 0, stop_p: float = STOP_P, refit: str = "deterministic") -> None:
         """``refit``: when re-optimized hyperparameters swap in (:data:`tuner.strategies.hpo.MODES`)."""
         self.seed = seed
         self.stop_p = stop_p
@@ -229,7 +231,7 @@ class Surrogate(Strategy):
             k = max(0, HPO_MAX - len(mine))
             sel = np.sort(np.concatenate([mine[:HPO_MAX], rng.choice(rest, size=min(k, len(rest)), replace=False)]))
         start = _kernel(X.shape[1]) if first else self._kernel  # warm-started from the last optimum
-        args = (X[sel], y[sel], _alpha(y[sel], extra[sel]), start, 1 if first else 0, self.seed)
+        args = (X[sel], y[sel], _alpha(y[sel], extra[sel]), start, HPO_RESTARTS, self.seed, HPO_MAXITER)
         # the first optimization has no hyperparameters to go on with: it swaps in at once, in every mode
         self.refitter.submit(args, level.concurrency, here, lag=0 if first else None)
         if first:
@@ -269,7 +271,10 @@ class Surrogate(Strategy):
         logc = math.log2(level.concurrency)
         nearest = min({c for c, _, _ in own}, key=lambda c: abs(math.log2(c) - logc))
         ranked = [(y, cfg) for y, _, cfg in sorted((y, str(cfg), cfg) for c, cfg, y in own if c == nearest)]
-        rep = level.representative or {str(c): c for c in level.candidates}.get
+        rep = level.representative
+        if rep is None:
+            by_key = {str(c): c for c in level.candidates}
+            rep = lambda cfg: by_key.get(str(cfg))  # noqa: E731
         out = []
         for _, cfg in ranked:
             cand = rep(cfg)
