@@ -41,6 +41,7 @@ class Strategy:
 
     name = ""
     asks = False  # True: Optuna's own sampler proposes (``study.ask``), narrowed to the candidates
+    model_seconds = 0.0  # time spent in propose and stop_reason by a model (the surrogate's; 0 for the others)
 
     def sampler(self, seed: int):
         """The Optuna sampler of the study (None: Optuna's default; every trial is enqueued anyway)."""

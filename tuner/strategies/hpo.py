@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import multiprocessing
+import multiprocessing.util
 import os
 import threading
 import time
@@ -67,6 +68,36 @@ class _Lbfgsb:
         return res.x, res.fun
 
 
+_POOLS: set = set()  # every worker pool not yet ended: ended before the interpreter waits for its children
+
+
+def _end(pool) -> None:
+    """End a pool's worker now, an optimization in flight included."""
+    _POOLS.discard(pool)
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for w in workers:
+        w.terminate()
+
+
+def _end_all() -> None:
+    for pool in list(_POOLS):
+        _end(pool)
+
+
+# at exit, before anything waits for the workers: concurrent.futures' own hook (in the main process; these run
+# last registered first) and multiprocessing's join of a forked process's children (the search benchmark's runs)
+if hasattr(threading, "_register_atexit"):
+    threading._register_atexit(_end_all)
+multiprocessing.util.Finalize(None, _end_all, exitpriority=100)
+
+
+def _ready() -> None:
+    """Import what :func:`optimize` needs (in the worker, before the first optimization)."""
+    import sklearn.gaussian_process  # noqa: F401
+    import threadpoolctl  # noqa: F401
+
+
 def _watch_parent(pid: int) -> None:
     """In the worker: end when the search's process does, however it ended (a killed parent leaves its pool's
     worker waiting for work forever)."""
@@ -91,6 +122,15 @@ class Refitter:
         self.wait_seconds = 0.0  # time the proposal path waited for one
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._job = None  # (future, tag, due): tag names the level; due: the measurement count it swaps in at
+
+    def start(self) -> None:
+        """Start the worker now (it imports scikit-learn: a second or two), so the first optimization does not
+        wait for it."""
+        if self.mode != "inline" and self._pool is None:
+            try:
+                self._worker().submit(_ready)
+            except Exception:  # noqa: BLE001 - no worker process here: optimizations run on the spot
+                self.mode = "inline"
 
     @property
     def pending(self) -> bool:
@@ -143,9 +183,12 @@ class Refitter:
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 1, mp_context=multiprocessing.get_context("spawn"), initializer=_watch_parent, initargs=(os.getpid(),)
             )
+            _POOLS.add(self._pool)
         return self._pool
 
     def close(self) -> None:
+        """End the worker now, an optimization in flight included: a pool left to end at the interpreter's exit
+        kept a forked process (the search benchmark's runs) from exiting."""
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            _end(self._pool)
             self._pool = None

@@ -119,6 +119,7 @@ class Surrogate(Strategy):
 
     def history(self, rows) -> None:
         self.rows = list(rows)
+        self.refitter.start()  # a search is starting: the optimization worker starts beside it
 
     # --- features ------------------------------------------------------------------------------
 
