@@ -337,7 +337,7 @@ def _run_quietly(job) -> dict:
     return run_one(*job)
 
 
-def overhead(space_path: str, replay_db: str, levels: list[int], seed: int = 0) -> dict:
+def overhead(space_path: str, replay_db: str, levels: list[int], seed: int = 0, refit: str | None = None) -> dict:
     """One replay search (see the module's docstring) and where its time went."""
     from db.store import Store
     from tuner import search as search_mod
@@ -348,8 +348,8 @@ def overhead(space_path: str, replay_db: str, levels: list[int], seed: int = 0) 
     made = []
     make = strategies.make
 
-    def keep(*args, **kw):
-        made.append(make(*args, **kw))
+    def keep(name, seed, mode=None):
+        made.append(make(name, seed, refit or mode or "deterministic"))
         return made[-1]
 
     space = load_space(space_path)
@@ -393,11 +393,17 @@ def main() -> None:
     ap.add_argument("--overhead", action="store_true", help="time one replay search instead (see above)")
     ap.add_argument("--space", default="search_spaces/v4_flash_tp4.yaml", help="--overhead: the space")
     ap.add_argument("--levels", default="1,8,48,96", help="--overhead: the concurrency levels")
+    ap.add_argument(
+        "--refit",
+        choices=["deterministic", "background", "inline"],
+        default=None,
+        help="--overhead: when re-optimized hyperparameters swap in (default: a replay's, deterministic)",
+    )
     args = ap.parse_args()
     if args.overhead:
-        r = overhead(args.space, args.replay_db, [int(c) for c in args.levels.split(",")])
+        r = overhead(args.space, args.replay_db, [int(c) for c in args.levels.split(",")], refit=args.refit)
         print(
-            f"{r['space']} C={args.levels} ({r['strategy']}): {r['wall_s']:.1f} s in all, model {r['model_s']:.1f} s "
+            f"{r['space']} C={args.levels} ({r['strategy']}, {args.refit or 'deterministic'}): {r['wall_s']:.1f} s in all, model {r['model_s']:.1f} s "
             f"(waiting for an optimization {r['waiting_s']:.1f} s); {r['optimizations']} optimizations took "
             f"{r['optimizing_s']:.1f} s in their worker; ok launches per level {r['measured']}"
         )

@@ -143,7 +143,7 @@ def run_search(space: SearchSpace, store, opts: Options) -> list[dict]:
                 verdicts = _feasibility(space, spec.name, wl, levels, source, store, opts, progress)
                 feasible = [c for c, v in verdicts.items() if v.feasible]
                 sampler = opts.sampler or space.sampler.get("name") or strategies.DEFAULT
-                refit = "deterministic" if opts.backend == "replay" else "background"  # a replay: same seed, same search
+                refit = "deterministic" if opts.backend == "replay" else "background"  # replay: a seed repeats
                 strategy = strategies.make(sampler, space.sampler.get("seed", 0) + opts.seed, refit)
                 if opts.backend == "cuda":
                     t0 = time.monotonic()

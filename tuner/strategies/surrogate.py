@@ -48,7 +48,6 @@ import math
 import time
 import warnings
 import weakref
-
 from typing import TYPE_CHECKING
 
 import numpy as np
