@@ -3,6 +3,7 @@
     python results/bench_search.py                       # the default cases, 10 seeds, every strategy
     python results/bench_search.py --strategies surrogate --seeds 3 --cases v4_216
     python results/bench_search.py --jobs 2 ...            # two runs at once (results are the same)
+    python results/bench_search.py --overhead              # one replay search's time, and the model's share
 
 Each run is a real ``tuner search --backend replay --seed N`` of a space version stored with the recorded
 full grid (``tuner_spaces``), against a fresh results database, so no run sees another's measurements and
@@ -22,6 +23,13 @@ strategy it prints:
 parameters and C (seeded), which moves the optimum: a landscape the strategy was not tuned on.
 TPE gets ``--n-trials`` = 25 % of an average level's distinct launches.
 Full results go to ``--out`` (JSON); the table is printed last.
+
+``--overhead`` instead times one replay search as ``tuner search SPACE --backend replay --replay-db DB
+--concurrency LEVELS`` runs it (the newest kernel's records, a fresh results database; default
+``search_spaces/v4_flash_tp4.yaml`` at C = 1, 8, 48, 96): its wall time, the time the search spent in the
+strategy (``model``: proposals and the stop rule, waits for a hyperparameter optimization included), of which
+``waiting`` for an optimization, the optimizations' own time in their worker (``optimizing``) and the launches
+measured.
 """
 
 from __future__ import annotations
@@ -329,6 +337,46 @@ def _run_quietly(job) -> dict:
     return run_one(*job)
 
 
+def overhead(space_path: str, replay_db: str, levels: list[int], seed: int = 0, refit: str | None = None) -> dict:
+    """One replay search (see the module's docstring) and where its time went."""
+    from db.store import Store
+    from tuner import search as search_mod
+    from tuner import strategies
+    from tuner.search import Options
+    from tuner.space import load_space
+
+    made = []
+    make = strategies.make
+
+    def keep(name, seed, mode=None):
+        made.append(make(name, seed, refit or mode or "deterministic"))
+        return made[-1]
+
+    space = load_space(space_path)
+    opts = Options(backend="replay", quiet=True, replay_db=f"sqlite:///{replay_db}", concurrency=levels, seed=seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        strategies.make = keep
+        try:
+            t0 = time.monotonic()
+            rows = search_mod.run_search(space, Store(f"sqlite:///{tmp}/overhead.db"), opts)
+            wall = time.monotonic() - t0
+        finally:
+            strategies.make = make
+    st = made[-1]
+    refitter = getattr(st, "refitter", None)
+    return {
+        "space": space.name,
+        "levels": levels,
+        "strategy": st.name,
+        "wall_s": wall,
+        "model_s": getattr(st, "model_seconds", float("nan")),
+        "waiting_s": refitter.wait_seconds if refitter else 0.0,
+        "optimizing_s": getattr(st, "hpo_seconds", 0.0),
+        "optimizations": refitter.fits if refitter else 0,
+        "measured": {r["C"]: r.get("ok") for r in rows},
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--replay-db", default="results/h200.db")
@@ -342,7 +390,26 @@ def main() -> None:
     )
     ap.add_argument("--out", default=None, help="JSON file for every run's levels")
     ap.add_argument("--jobs", type=int, default=1, help="runs at once, one process each (default 1)")
+    ap.add_argument("--overhead", action="store_true", help="time one replay search instead (see above)")
+    ap.add_argument("--space", default="search_spaces/v4_flash_tp4.yaml", help="--overhead: the space")
+    ap.add_argument("--levels", default="1,8,48,96", help="--overhead: the concurrency levels")
+    ap.add_argument(
+        "--refit",
+        choices=["deterministic", "background", "inline"],
+        default=None,
+        help="--overhead: when re-optimized hyperparameters swap in (default: a replay's, deterministic)",
+    )
     args = ap.parse_args()
+    if args.overhead:
+        r = overhead(args.space, args.replay_db, [int(c) for c in args.levels.split(",")], refit=args.refit)
+        print(
+            f"{r['space']} C={args.levels} ({r['strategy']}, {args.refit or 'deterministic'}): {r['wall_s']:.1f} s in all, model {r['model_s']:.1f} s "
+            f"(waiting for an optimization {r['waiting_s']:.1f} s); {r['optimizations']} optimizations took "
+            f"{r['optimizing_s']:.1f} s in their worker; ok launches per level {r['measured']}"
+        )
+        if args.out:
+            Path(args.out).write_text(json.dumps(r, indent=1))
+        return
     tmp = tempfile.mkdtemp()
     jobs = []
     for name in args.cases.split(","):

@@ -463,3 +463,122 @@ def test_a_levels_hyperparameters_are_refitted_when_its_own_measurements_double(
             last = n
         want.append(last)
     assert fits == want and len(set(want)) >= 3, (fits, want)
+
+
+def _two_levels_rows(cands):
+    """Measurements at C=8 and C=32 of every candidate (C=32 the nearer to C=24 in log C)."""
+    best8 = KernelConfig(BLOCK_T=64, num_warps=8, num_stages=1, TARGET_CTAS=128)
+    best32 = KernelConfig(BLOCK_T=16, num_warps=2, num_stages=3, TARGET_CTAS=512)
+    rows = [(8, c, _landscape(c, 8, best8), None) for c in cands]
+    rows += [(32, c, _landscape(c, 32, best32), None) for c in cands]
+    return rows, best8, best32
+
+
+def test_two_levels_with_the_same_training_points_get_models_of_their_own():
+    """The model cache is keyed by the level and the data itself: two levels whose training sets hold the same
+    points (in another order: nearest level first) each get a model fitted to their own rows, so the
+    leave-one-out scale reads this level's residuals."""
+    s = strategies.make("surrogate", seed=0)
+    cands = _candidates()[::2]
+    rows, *_ = _two_levels_rows(cands)
+    s.history(rows)
+    models = {}
+    for c in (8, 32):
+        lvl = Level(c, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands))
+        lvl.measured = {cfg: y for cc, cfg, y, _ in rows if cc == c}
+        X, _, _ = s._training(lvl)
+        gp, _ = s._model(lvl)
+        assert np.array_equal(gp.X_train_, X), c  # this level's rows, in this level's order
+        models[c] = gp
+    assert models[8] is not models[32]
+    assert not np.array_equal(models[8].X_train_, models[32].X_train_)
+
+
+def test_carried_picks_come_only_from_levels_searched_before():
+    """On a resume the nearest measured level is often the next one: a level's carried picks come from the
+    nearest level before it in the space's order (ascending C when the order is not given), never a later one."""
+    s = strategies.make("surrogate", seed=0)
+    cands = _candidates()
+    rows, best8, best32 = _two_levels_rows(cands)
+    s.history(rows)
+    lvl = Level(24, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands))
+    carried = s._carried(lvl)
+    assert carried[0] == best8 and best32 not in carried
+    assert s.propose(lvl, 1) == [best8]
+    first = Level(4, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands))
+    assert s._carried(first) == []  # every measured level comes later
+    lvl.order = (96, 32, 24, 8)  # a space that lists its levels downwards: C=32 was searched before C=24
+    assert s._carried(lvl)[0] == best32
+
+
+def _grow(s, lvl, rows, best, n):
+    """Measure the level's first ``n`` candidates and return the model's hyperparameters."""
+    lvl.measured = {c: _landscape(c, lvl.concurrency, best) for c in lvl.candidates[:n]}
+    s.history(rows + [(lvl.concurrency, c, y, None) for c, y in lvl.measured.items()])
+    gp, _ = s._model(lvl)
+    return gp.kernel_.theta
+
+
+def test_a_deterministic_refit_swaps_in_lag_measurements_later():
+    """Deterministic mode (a replay): an optimization started at a level's n-th measurement is used from its
+    (n + HPO_LAG)-th; until then the model is refitted with the last hyperparameters."""
+    cands = _candidates()
+    rows = [(8, c, _landscape(c, 8, cands[13]), None) for c in cands[::2]]
+
+    def run():
+        s = strategies.make("surrogate", seed=0, refit="deterministic")
+        s.history(rows)
+        s._model(Level(8, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands)))
+        assert not s.refitter.pending  # the first optimization has nothing to go on with: used at once
+        lvl = Level(96, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands))
+        thetas = [_grow(s, lvl, rows, cands[40], 1)]  # a new level: its optimization starts here
+        assert s.refitter.pending and s._here_fit == 1
+        for n in range(2, 2 + surrogate.HPO_LAG):
+            thetas.append(_grow(s, lvl, rows, cands[40], n))
+            assert s.refitter.pending == (n < 1 + surrogate.HPO_LAG)
+        return thetas
+
+    thetas = run()
+    assert all(np.array_equal(t, thetas[0]) for t in thetas[:-1])  # the last hyperparameters until the swap
+    assert not np.array_equal(thetas[-1], thetas[0])
+    assert all(np.array_equal(a, b) for a, b in zip(run(), thetas, strict=True))  # the same seed, the same search
+
+
+def test_proposals_go_on_while_an_optimization_runs_and_use_its_result_after(monkeypatch):
+    """Background mode (a GPU search): while an optimization is in flight the proposals and the stop rule go on
+    with the last hyperparameters, never waiting; the finished one swaps in at the next model fit."""
+    import concurrent.futures
+    import threading
+
+    from tuner.strategies import hpo
+
+    gate, calls, real = threading.Event(), [], hpo.optimize
+
+    def slow(*args):
+        calls.append(args)
+        if len(calls) > 1:  # the first optimization (no hyperparameters yet) runs through
+            assert gate.wait(60)
+        return real(*args)
+
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    monkeypatch.setattr(hpo, "optimize", slow)
+    monkeypatch.setattr(hpo.Refitter, "_worker", lambda self: pool)
+    s = strategies.make("surrogate", seed=0, refit="background")
+    cands = _candidates()
+    rows = [(8, c, _landscape(c, 8, cands[13]), None) for c in cands[::2]]
+    s.history(rows)
+    s._model(Level(8, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands)))  # the first
+    first = s._kernel.theta.copy()
+    lvl = Level(96, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands))
+    _grow(s, lvl, rows, cands[40], 1)  # a new level: its optimization starts, and blocks
+    assert s.refitter.pending and len(calls) == 2
+    for n in range(2, 8):
+        assert np.array_equal(_grow(s, lvl, rows, cands[40], n), first)
+        assert s.propose(lvl, 1) and s.stop_reason(lvl) is None
+        assert s.refitter.pending
+    gate.set()
+    pool.submit(lambda: None).result(timeout=60)  # the optimization finished
+    after = _grow(s, lvl, rows, cands[40], 8)
+    assert not np.array_equal(after, first)
+    assert s.refitter.fits == len(calls) and s.hpo_seconds > 0 and s.model_seconds > 0
+    pool.shutdown()

@@ -152,7 +152,8 @@ def run_search(space: SearchSpace, store, opts: Options) -> list[dict]:
                 verdicts = _feasibility(space, spec.name, wl, levels, source, store, opts, progress)
                 feasible = [c for c, v in verdicts.items() if v.feasible]
                 sampler = opts.sampler or space.sampler.get("name") or strategies.DEFAULT
-                strategy = strategies.make(sampler, space.sampler.get("seed", 0) + opts.seed)
+                refit = "deterministic" if opts.backend == "replay" else "background"  # replay: a seed repeats
+                strategy = strategies.make(sampler, space.sampler.get("seed", 0) + opts.seed, refit)
                 if opts.backend == "cuda":
                     t1 = time.monotonic()
                     warm(feasible, wl, int(processes[0].info["compute_capability"].replace(".", "")))

@@ -26,8 +26,10 @@ NAMES = ("grid", "tpe", "surrogate")
 __all__ = ["DEFAULT", "NAMES", "Level", "Strategy", "make"]
 
 
-def make(name: str, seed: int = 0) -> Strategy:
-    """The strategy called ``name`` (one of :data:`NAMES`)."""
+def make(name: str, seed: int = 0, refit: str = "deterministic") -> Strategy:
+    """The strategy called ``name`` (one of :data:`NAMES`). ``refit``: when the surrogate's re-optimized
+    hyperparameters swap in (:mod:`tuner.strategies.hpo`): ``deterministic`` (the same seed makes the same
+    search: a replay, the tests) or ``background`` (a search on a GPU, which then never waits for the model)."""
     if name == "grid":
         from tuner.strategies.grid import Grid
 
@@ -39,5 +41,5 @@ def make(name: str, seed: int = 0) -> Strategy:
     if name == "surrogate":
         from tuner.strategies.surrogate import Surrogate
 
-        return Surrogate(seed=seed)
+        return Surrogate(seed=seed, refit=refit)
     raise ValueError(f"unknown search strategy {name!r}; allowed: {', '.join(NAMES)}")

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from dataclasses import field
+from typing import TYPE_CHECKING
 
 from kernels.config import KernelConfig
-from kernels.workload import Workload
+
+if TYPE_CHECKING:  # annotations only: the optimization worker imports this package without torch
+    from kernels.workload import Workload
 
 
 @dataclass
@@ -22,6 +25,7 @@ class Level:
     baseline: KernelConfig | None = None
     neighbours: dict[KernelConfig, list[KernelConfig]] = field(default_factory=dict)  # one step in one parameter
     representative: object = None  # config -> the candidate that stands for its launch here (or None)
+    order: tuple[int, ...] = ()  # the space's levels in search order (empty: ascending concurrency)
 
     def open(self) -> list[KernelConfig]:
         """Candidates neither measured nor pending, in queue order."""
@@ -37,6 +41,7 @@ class Strategy:
 
     name = ""
     asks = False  # True: Optuna's own sampler proposes (``study.ask``), narrowed to the candidates
+    model_seconds = 0.0  # time spent in propose and stop_reason by a model (the surrogate's; 0 for the others)
 
     def sampler(self, seed: int):
         """The Optuna sampler of the study (None: Optuna's default; every trial is enqueued anyway)."""

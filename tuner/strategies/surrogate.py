@@ -16,7 +16,14 @@ the same levels); a failed launch (crashed, wrong, timed out) enters as the wors
 
 **Hyperparameters** (length scales, amplitudes, noise) are re-optimized when a level starts, each time its
 own measurements grew :data:`REFIT_HERE`-fold, and when the training set grew :data:`REFIT_GROWTH`-fold;
-between those the last optimum is reused. The white noise is floored at :data:`NOISE_MIN`.
+between those the last optimum is reused. The white noise is floored at :data:`NOISE_MIN`. An optimization
+takes seconds and a fit with fixed hyperparameters milliseconds, so the optimizations run off the proposal
+path (:mod:`tuner.strategies.hpo`): in a worker process, on at most :data:`HPO_MAX` of the training points
+(this level's first, then a seeded sample of the others), warm-started from the last optimum, while the
+proposals go on with the last hyperparameters; the new ones swap in when ready (``background``, a search
+on a GPU) or :data:`HPO_LAG` measurements later (``deterministic``, a replay: the same seed makes the same
+search). :attr:`Surrogate.model_seconds` is the time the search spent in the strategy (proposals, the stop
+rule and any wait for an optimization); :attr:`Surrogate.hpo_seconds` the optimizations' own time.
 
 **Proposals.** In order: the previous level's best launches (and its :data:`CARRY_LINES` best tile shapes'
 best launches at every split target), the incumbent's neighbours, the lines of
@@ -36,8 +43,12 @@ run with; ``--n-trials`` stays a hard cap.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import time
 import warnings
+import weakref
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy import stats as sps
@@ -46,9 +57,12 @@ from kernels.config import PARAM_NAMES
 from kernels.config import KernelConfig
 from kernels.config import head_blocks_for
 from kernels.config import split_grid
-from kernels.workload import Workload
+from tuner.strategies import hpo
 from tuner.strategies.base import Level
 from tuner.strategies.base import Strategy
+
+if TYPE_CHECKING:
+    from kernels.workload import Workload
 
 STOP_P = 0.05  # stop a level when P(an open launch beats the best by more than the band) is below this
 N_INIT = 6  # random first picks when the model has no data at all
@@ -56,6 +70,10 @@ MIN_HERE = 8  # measurements at a level (the baseline and the queued configs cou
 MAX_TRAIN = 250  # points the model is fitted to: this level's, then the nearest levels' (by |log C|)
 REFIT_HERE = 2  # ... and when the level's own measurements grew by this factor
 REFIT_GROWTH = 1.5  # hyperparameters are re-optimized when the training set grew by this factor, and at each level
+HPO_MAX = 150  # training points an optimization sees: this level's, then a seeded sample of the rest
+HPO_RESTARTS = 1  # random starts besides the last optimum, per optimization
+HPO_MAXITER = hpo.MAXITER  # L-BFGS-B iterations per start
+HPO_LAG = 2  # deterministic mode: an optimization started at a level's n-th measurement is used from its (n+LAG)-th
 FAIL_MARGIN = math.log(1.5)  # a failed launch enters the model this much above the worst value seen
 PRIOR_NOISE = 0.05**2  # a prior point's extra noise variance (log-ratio units) at rho = 1 ...
 PRIOR_UNKNOWN_RHO = 0.5  # ... and the rho assumed while fewer than MIN_OVERLAP launches are shared
@@ -73,20 +91,34 @@ LINE_WITHIN = 0.10  # ... among those whose best launch is within this share of 
 class Surrogate(Strategy):
     name = "surrogate"
 
-    def __init__(self, seed: int = 0, stop_p: float = STOP_P) -> None:
+    def __init__(self, seed: int = 0, stop_p: float = STOP_P, refit: str = "deterministic") -> None:
+        """``refit``: when re-optimized hyperparameters swap in (:data:`tuner.strategies.hpo.MODES`)."""
         self.seed = seed
         self.stop_p = stop_p
         self.rows: list[tuple] = []  # (concurrency, config, log ratio | None, source); source None: this kernel
-        self._kernel = None  # the last fitted kernel (hyperparameters), reused until the data grows
-        self._n_fit = 0
+        self._kernel = None  # the hyperparameters in use (a fitted kernel), until an optimization swaps in
+        self._n_fit = 0  # the training set's size when the last optimization started
         self._fit_level = None  # the level whose data the hyperparameters were last optimized on
         self._here_fit = 0  # and how many of its own measurements they saw
         self.last_p: float | None = None
         self._features: dict = {}
         self._last = None  # (data key, fitted model)
+        self.refitter = hpo.Refitter(refit, HPO_LAG)
+        weakref.finalize(self, self.refitter.close)  # the worker ends with the strategy
+        self.model_seconds = 0.0  # time spent in propose and stop_reason (the proposal path), waits included
+
+    @property
+    def hpo_seconds(self) -> float:
+        """The hyperparameter optimizations' own time (off the proposal path unless ``refit="inline"``)."""
+        return self.refitter.seconds
+
+    def close(self) -> None:
+        """Stop the optimization worker (a later optimization starts a new one)."""
+        self.refitter.close()
 
     def history(self, rows) -> None:
         self.rows = list(rows)
+        self.refitter.start()  # a search is starting: the optimization worker starts beside it
 
     # --- features ------------------------------------------------------------------------------
 
@@ -158,33 +190,55 @@ class Surrogate(Strategy):
             rho[src] = 0.0 if not np.isfinite(r) else max(0.0, float(r))
         return rho
 
-    def _fit(self, X, y, extra):
+    def _fit(self, level: Level, X, y, extra):
+        """The model of ``(X, y)`` at ``level`` with the hyperparameters in use (no optimization: milliseconds).
+        Propose and the stop rule ask for the same one, so the last is kept, by the level and the data itself."""
         from sklearn.exceptions import ConvergenceWarning
         from sklearn.gaussian_process import GaussianProcessRegressor
 
-        key = (X.shape, float(y.sum()), float(extra.sum()), self._n_fit)
+        digest = hashlib.blake2b(digest_size=16)
+        for a in (X, y, extra, self._kernel.theta):
+            digest.update(np.ascontiguousarray(a, dtype=float).tobytes())
+        key = (level.concurrency, X.shape, digest.digest())
         if self._last is not None and self._last[0] == key:
-            return self._last[1]  # propose and the stop rule ask for the same model
-        refit = self._kernel is None or len(y) >= REFIT_GROWTH * self._n_fit
-        if self._kernel is not None:
-            kernel = self._kernel  # re-optimized from the last optimum: few iterations
-        else:
-            kernel = _kernel(X.shape[1])
-        gp = GaussianProcessRegressor(
-            kernel=kernel,
-            alpha=1e-8 + extra / max(float(np.var(y)), 1e-12),  # in the normalized units normalize_y fits
-            normalize_y=True,
-            optimizer="fmin_l_bfgs_b" if refit else None,
-            n_restarts_optimizer=1 if refit else 0,
-            random_state=self.seed,
-        )
+            return self._last[1]
+        gp = GaussianProcessRegressor(kernel=self._kernel, alpha=_alpha(y, extra), normalize_y=True, optimizer=None)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
             gp.fit(X, y)
-        if refit:
-            self._kernel, self._n_fit = gp.kernel_, len(y)
         self._last = (key, gp)
         return gp
+
+    def _refit(self, level: Level, X, y, extra, here: int, at_level) -> None:
+        """Swap in a finished optimization, and start one when due (see the module's docstring)."""
+        first = self._kernel is None
+        new_level = self._fit_level != level.concurrency
+        due = first or new_level or here >= REFIT_HERE * max(self._here_fit, 2) or len(y) >= REFIT_GROWTH * self._n_fit
+        kernel = self.refitter.take(level.concurrency, here, due=due)
+        if kernel is not None:
+            self._kernel = kernel
+        if not due or self.refitter.pending:
+            return  # background: the worker is busy, the next call starts it
+        if new_level or here >= REFIT_HERE * max(self._here_fit, 2):
+            # a new level, or one whose own data doubled: even when MAX_TRAIN keeps the data's size (a level that
+            # departs from the others needs its own amplitude)
+            self._fit_level, self._here_fit = level.concurrency, here
+        self._n_fit = len(y)
+        sel = np.arange(len(y))
+        if len(y) > HPO_MAX:  # this level's points, then a seeded sample of the others
+            mine, rest = np.flatnonzero(at_level), np.flatnonzero(~at_level)
+            rng = np.random.default_rng([self.seed, level.concurrency, len(y)])
+            k = max(0, HPO_MAX - len(mine))
+            sel = np.sort(np.concatenate([mine[:HPO_MAX], rng.choice(rest, size=min(k, len(rest)), replace=False)]))
+        start = _kernel(X.shape[1]) if first else self._kernel  # warm-started from the last optimum
+        args = (X[sel], y[sel], _alpha(y[sel], extra[sel]), start, HPO_RESTARTS, self.seed, HPO_MAXITER)
+        # the first optimization has no hyperparameters to go on with: it swaps in at once, in every mode
+        self.refitter.submit(args, level.concurrency, here, lag=0 if first else None)
+        if first:
+            self._kernel = self.refitter.take(level.concurrency, here, wait=True)
+            if self._kernel is None:  # the worker died: here, then
+                self.refitter.submit(args, level.concurrency, here, lag=0)
+                self._kernel = self.refitter.take(level.concurrency, here, wait=True)
 
     def _posterior(self, gp, X) -> tuple[np.ndarray, np.ndarray]:
         """The latent function's mean and standard deviation (the white noise taken out)."""
@@ -202,24 +256,25 @@ class Surrogate(Strategy):
             return None
         at_level = data[0][:, 0] == math.log2(level.concurrency)
         here = int(at_level.sum())
-        if self._fit_level != level.concurrency or here >= REFIT_HERE * max(self._here_fit, 2):
-            # a new level, or one whose own data doubled: its hyperparameters are re-optimized, even when
-            # MAX_TRAIN keeps the data's size (a level that departs from the others needs its own amplitude)
-            self._fit_level, self._n_fit, self._here_fit = level.concurrency, 0, here
-        gp = self._fit(*data)
+        self._refit(level, *data, here, at_level)
+        gp = self._fit(level, *data)
         return gp, _loo_scale(gp, data[0], data[1], here=at_level)
 
     def _carried(self, level: Level) -> list[KernelConfig]:
-        """The best :data:`CARRY` launches of the nearest level measured before this one, as launched here, then
-        the best launch there of each of its :data:`CARRY_LINES` best tile shapes, at every split target here."""
-        own = [(c, cfg, y) for c, cfg, y, src in self.rows if src is None and y is not None and c != level.concurrency]
+        """The best :data:`CARRY` launches of the nearest level searched before this one (in the space's order:
+        never a later one, such as the next level on a resume), as launched here, then the best launch there of
+        each of its :data:`CARRY_LINES` best tile shapes, at every split target here."""
+        before = _before(level)
+        own = [(c, cfg, y) for c, cfg, y, src in self.rows if src is None and y is not None and before(c)]
         if not own:
             return []
         logc = math.log2(level.concurrency)
         nearest = min({c for c, _, _ in own}, key=lambda c: abs(math.log2(c) - logc))
-        ranked = [(y, KernelConfig.parse(key)) for y, key in sorted((y, str(cfg)) for c, cfg, y in own if c == nearest)]
-        by_key = {str(c): c for c in level.candidates}
-        rep = level.representative or (lambda cfg: by_key.get(str(cfg)))
+        ranked = [(y, cfg) for y, _, cfg in sorted((y, str(cfg), cfg) for c, cfg, y in own if c == nearest)]
+        rep = level.representative
+        if rep is None:
+            by_key = {str(c): c for c in level.candidates}
+            rep = lambda cfg: by_key.get(str(cfg))  # noqa: E731
         out = []
         for _, cfg in ranked:
             cand = rep(cfg)
@@ -247,6 +302,14 @@ class Surrogate(Strategy):
         return [c for c in dict.fromkeys(out) if c not in level.measured and c not in level.pending]
 
     def propose(self, level: Level, n: int) -> list[KernelConfig]:
+        t0 = time.perf_counter()
+        try:
+            with _one_blas_thread():
+                return self._propose(level, n)
+        finally:
+            self.model_seconds += time.perf_counter() - t0
+
+    def _propose(self, level: Level, n: int) -> list[KernelConfig]:
         open_ = level.open()
         if not open_:
             return []
@@ -285,17 +348,17 @@ class Surrogate(Strategy):
         X, y, extra = self._training(level)
         Xb = self._X(believed, level)
         mu_b, _ = self._posterior(gp, Xb)
-        return self._fit_fixed(np.vstack([X, Xb]), np.concatenate([y, mu_b]), np.concatenate([extra, 0 * mu_b]))
-
-    def _fit_fixed(self, X, y, extra):
-        kernel, n_fit = self._kernel, self._n_fit
-        self._n_fit = max(self._n_fit, len(y))  # no re-optimization for believed points
-        try:
-            return self._fit(X, y, extra)
-        finally:
-            self._kernel, self._n_fit = kernel, n_fit
+        return self._fit(level, np.vstack([X, Xb]), np.concatenate([y, mu_b]), np.concatenate([extra, 0 * mu_b]))
 
     def stop_reason(self, level: Level) -> str | None:
+        t0 = time.perf_counter()
+        try:
+            with _one_blas_thread():
+                return self._stop_reason(level)
+        finally:
+            self.model_seconds += time.perf_counter() - t0
+
+    def _stop_reason(self, level: Level) -> str | None:
         open_ = level.open()
         if not open_ and not level.pending:
             return f"every one of the {len(level.candidates)} distinct feasible launches measured"
@@ -339,6 +402,36 @@ def _kernel(n_features: int):
     )
     level = ConstantKernel(0.1, (1e-4, 1e3)) * Matern(length_scale=ones, length_scale_bounds=(LS_MIN, 1e3), nu=2.5)
     return shared + level + WhiteKernel(1e-3, (NOISE_MIN, 1e-1))
+
+
+_BLAS = None
+
+
+def _one_blas_thread():
+    """The model's matrices are small (at most :data:`MAX_TRAIN` rows): one BLAS thread factors them in well
+    under a millisecond, where several threads contending with the search's own took 0.1 s on 2 loaded cores."""
+    global _BLAS
+    if _BLAS is None:
+        from threadpoolctl import ThreadpoolController
+
+        _BLAS = ThreadpoolController()
+    return _BLAS.limit(limits=1, user_api="blas")
+
+
+def _alpha(y, extra) -> np.ndarray:
+    """The noise added to the kernel's diagonal: a prior point's extra variance, in the normalized units that
+    ``normalize_y`` fits."""
+    return 1e-8 + extra / max(float(np.var(y)), 1e-12)
+
+
+def _before(level: Level):
+    """Whether a level was searched before ``level``: earlier in the space's order (``level.order``), or, where
+    the order is not given, a smaller concurrency (every shipped space lists its levels in ascending order)."""
+    order = list(getattr(level, "order", ()) or ())
+    if level.concurrency in order:
+        earlier = set(order[: order.index(level.concurrency)])
+        return lambda c: c in earlier
+    return lambda c: c < level.concurrency
 
 
 def _loo_scale(gp, X, y, here) -> float:
