@@ -112,6 +112,7 @@ class LevelView:
             self.plan.space.baseline,
             self._neighbours,
             lambda cfg: rep.get(str(cfg)),
+            tuple(self.plan.space.concurrency),  # the space's levels in search order
         )
 
     def _refresh(self) -> dict[KernelConfig, float | None]:
