@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from dataclasses import field
 
-from kernels.config import KernelConfig
-from kernels.workload import Workload
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.workload import Workload
 
 
 @dataclass
