@@ -28,9 +28,9 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm import mapped_column
 from sqlalchemy.orm import relationship
 
-from db.verdicts import Phase
-from kernels.config import PARAMS
-from kernels.config import KernelConfig
+from sparse_mla_tuner.db.verdicts import Phase
+from sparse_mla_tuner.kernels.config import PARAMS
+from sparse_mla_tuner.kernels.config import KernelConfig
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -113,7 +113,7 @@ class WorkloadModel(Base):
         """
         import json
 
-        from kernels.workload import Workload
+        from sparse_mla_tuner.kernels.workload import Workload
 
         call = json.loads(self.call) if self.call else {}
         extra = call.get("extra")

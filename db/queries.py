@@ -11,20 +11,20 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from sqlalchemy.orm import selectinload
 
-from db.models import CalibrationModel
-from db.models import EnvironmentModel
-from db.models import FeasibilityModel
-from db.models import KernelModel
-from db.models import SampleModel
-from db.models import SpaceModel
-from db.models import StatisticModel
-from db.models import StudyModel
-from db.models import TrialModel
-from db.models import WorkloadModel
-from db.models import get_or_create
-from db.models import utcnow
-from db.verdicts import Phase
-from db.verdicts import Verdict
+from sparse_mla_tuner.db.models import CalibrationModel
+from sparse_mla_tuner.db.models import EnvironmentModel
+from sparse_mla_tuner.db.models import FeasibilityModel
+from sparse_mla_tuner.db.models import KernelModel
+from sparse_mla_tuner.db.models import SampleModel
+from sparse_mla_tuner.db.models import SpaceModel
+from sparse_mla_tuner.db.models import StatisticModel
+from sparse_mla_tuner.db.models import StudyModel
+from sparse_mla_tuner.db.models import TrialModel
+from sparse_mla_tuner.db.models import WorkloadModel
+from sparse_mla_tuner.db.models import get_or_create
+from sparse_mla_tuner.db.models import utcnow
+from sparse_mla_tuner.db.verdicts import Phase
+from sparse_mla_tuner.db.verdicts import Verdict
 
 ENV_FIELDS = ("backend", "gpu_name", "compute_capability", "sm_count", "driver", "cuda", "torch", "triton", "host")
 

@@ -13,14 +13,14 @@ from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from db.models import CalibrationModel
-from db.models import NoiseModel
-from db.models import SampleModel
-from db.models import StatisticModel
-from db.models import StudyModel
-from db.models import TrialModel
-from db.verdicts import Effect
-from db.verdicts import Phase
+from sparse_mla_tuner.db.models import CalibrationModel
+from sparse_mla_tuner.db.models import NoiseModel
+from sparse_mla_tuner.db.models import SampleModel
+from sparse_mla_tuner.db.models import StatisticModel
+from sparse_mla_tuner.db.models import StudyModel
+from sparse_mla_tuner.db.models import TrialModel
+from sparse_mla_tuner.db.verdicts import Effect
+from sparse_mla_tuner.db.verdicts import Phase
 
 
 @dataclass(frozen=True)

@@ -34,13 +34,13 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm import sessionmaker
 
-from db.errors import QUOTE_MAX
-from db.errors import DatabaseError
-from db.errors import DatabaseGoneError
-from db.errors import quote
-from db.paths import PathError
-from db.paths import kind
-from db.paths import regular_or_missing
+from sparse_mla_tuner.db.errors import QUOTE_MAX
+from sparse_mla_tuner.db.errors import DatabaseError
+from sparse_mla_tuner.db.errors import DatabaseGoneError
+from sparse_mla_tuner.db.errors import quote
+from sparse_mla_tuner.db.paths import PathError
+from sparse_mla_tuner.db.paths import kind
+from sparse_mla_tuner.db.paths import regular_or_missing
 
 VERSION_TABLE = "tuner_alembic_version"
 MIGRATIONS = Path(__file__).parent / "migrations"

@@ -10,16 +10,16 @@ of Triton's interpreter (bool masks, speed), installed under ``TRITON_INTERPRET=
 import importlib
 import os
 
-from kernels.config import DEFAULT_CONFIG
-from kernels.config import KernelConfig
-from kernels.config import kernel_source_hash
+from sparse_mla_tuner.kernels.config import DEFAULT_CONFIG
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.config import kernel_source_hash
 
 # torch and triton load on first use: reading a config or the results database needs neither
 _LAZY = {
-    "sparse_mla_decode": "kernels.decode",
-    "FORMATS": "kernels.kv_format",
-    "Workload": "kernels.workload",
-    "make_batch": "kernels.workload",
+    "sparse_mla_decode": "sparse_mla_tuner.kernels.decode",
+    "FORMATS": "sparse_mla_tuner.kernels.kv_format",
+    "Workload": "sparse_mla_tuner.kernels.workload",
+    "make_batch": "sparse_mla_tuner.kernels.workload",
 }
 
 __all__ = [
@@ -34,7 +34,7 @@ __all__ = [
 
 
 if os.environ.get("TRITON_INTERPRET", "0") == "1":  # the interpreter's masks and per-call overhead (_interpreter.py)
-    from kernels import _interpreter
+    from sparse_mla_tuner.kernels import _interpreter
 
     _interpreter.install_bool_masks()
     _interpreter.install()

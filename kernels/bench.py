@@ -1,6 +1,6 @@
 """GPU benchmark of the sparse MLA decode kernel: check at full size, then time as production runs it.
 
-    python -m kernels.bench [--formats fp8_model1,fp8_v32] [--concurrency 1,8,48,64,80,96]
+    python -m sparse_mla_tuner.kernels.bench [--formats fp8_model1,fp8_v32] [--concurrency 1,8,48,64,80,96]
                             [--configs table,T16-w4-s2-c256,...] [--out results.json]
 
 Per format: H = 16 local heads, page_size 64, 8192 tokens of context per request, topk 512
@@ -28,15 +28,15 @@ import time
 
 import torch
 
-from kernels import timing
-from kernels.config import KernelConfig
-from kernels.config import kernel_source_hash
-from kernels.config import split_grid
-from kernels.decode import sparse_mla_decode
-from kernels.reference import compare
-from kernels.reference import sparse_mla_decode_ref
-from kernels.workload import Workload
-from kernels.workload import make_batch
+from sparse_mla_tuner.kernels import timing
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.config import kernel_source_hash
+from sparse_mla_tuner.kernels.config import split_grid
+from sparse_mla_tuner.kernels.decode import sparse_mla_decode
+from sparse_mla_tuner.kernels.reference import compare
+from sparse_mla_tuner.kernels.reference import sparse_mla_decode_ref
+from sparse_mla_tuner.kernels.workload import Workload
+from sparse_mla_tuner.kernels.workload import make_batch
 
 TOPK = {"fp8_model1": 512, "fp8_v32": 2048}
 FLASHMLA_HEADS = 64
@@ -92,7 +92,7 @@ def import_flash_mla():
 
 def flashmla_row(flash_mla, fmt, qs, kv_cache, idx, ref, samples) -> dict:
     """FlashMLA on the same request sets: q padded to 64 heads, the output's first H heads compared."""
-    from kernels.flashmla_compat import FLASHMLA_NAMES
+    from sparse_mla_tuner.kernels.flashmla_compat import FLASHMLA_NAMES
 
     H = qs[0].shape[1]
     pad = [torch.cat([q, q.new_zeros(q.shape[0], FLASHMLA_HEADS - H, q.shape[2])], 1).unsqueeze(1) for q in qs]
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="write every number as JSON here")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        print("kernels.bench needs a CUDA GPU", file=sys.stderr)
+        print("sparse_mla_tuner.kernels.bench needs a CUDA GPU", file=sys.stderr)
         return 2
     if args.table_check:
         return table_check(args)
@@ -258,9 +258,9 @@ def table_check(args) -> int:
     """config=None must pick the exported config and run as fast as passing it explicitly."""
     from tabulate import tabulate
 
-    from kernels.config import DEFAULT_CONFIG
-    from kernels.decode import device_name
-    from kernels.table import lookup_config
+    from sparse_mla_tuner.kernels.config import DEFAULT_CONFIG
+    from sparse_mla_tuner.kernels.decode import device_name
+    from sparse_mla_tuner.kernels.table import lookup_config
 
     rows, ok = [], True
     for fmt in args.formats.split(","):

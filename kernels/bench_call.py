@@ -1,6 +1,6 @@
 """GPU benchmark of the whole DeepSeek-V4-Flash decode attention call against FlashMLA's same call.
 
-    python -m kernels.bench_call [--concurrency 1,2,4,...,96] [--q-tokens 1] [--also single-table,T32-...]
+    python -m sparse_mla_tuner.kernels.bench_call [--concurrency 1,2,4,...,96] [--q-tokens 1] [--also single-table,T32-...]
                                  [--out FILE.json]
 
 The call of one V4-Flash layer at TP4 (16 local heads): a sliding-window cache (topk 128 of a 128-token
@@ -36,19 +36,19 @@ from pathlib import Path
 
 import torch
 
-from kernels import flashmla_compat
-from kernels import timing
-from kernels.config import KernelConfig
-from kernels.config import kernel_source_hash
-from kernels.config import split_grid
-from kernels.decode import device_name
-from kernels.decode import sparse_mla_decode
-from kernels.reference import compare
-from kernels.reference import sparse_mla_decode_ref
-from kernels.table import device_slug
-from kernels.table import lookup_config
-from kernels.workload import Workload
-from kernels.workload import make_batch
+from sparse_mla_tuner.kernels import flashmla_compat
+from sparse_mla_tuner.kernels import timing
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.config import kernel_source_hash
+from sparse_mla_tuner.kernels.config import split_grid
+from sparse_mla_tuner.kernels.decode import device_name
+from sparse_mla_tuner.kernels.decode import sparse_mla_decode
+from sparse_mla_tuner.kernels.reference import compare
+from sparse_mla_tuner.kernels.reference import sparse_mla_decode_ref
+from sparse_mla_tuner.kernels.table import device_slug
+from sparse_mla_tuner.kernels.table import lookup_config
+from sparse_mla_tuner.kernels.workload import Workload
+from sparse_mla_tuner.kernels.workload import make_batch
 
 HEADS, FLASHMLA_HEADS, MIN_SETS = 16, 64, 4
 WINDOW = Workload("fp8_model1", HEADS, 128, page_size=64, context=128)
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.q_tokens < 1 or args.pool < 1 or args.samples < 1:
         raise SystemExit("--q-tokens, --pool and --samples must be positive integers")
     if not torch.cuda.is_available():
-        print("kernels.bench_call needs a CUDA GPU", file=sys.stderr)
+        print("sparse_mla_tuner.kernels.bench_call needs a CUDA GPU", file=sys.stderr)
         return 2
     flash_mla = None
     if not args.no_flashmla:
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {
         "device": dev,
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "command": "python -m kernels.bench_call " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m sparse_mla_tuner.kernels.bench_call " + shlex.join(argv if argv is not None else sys.argv[1:]),
         "kernel_hash": kernel_source_hash(),
         "torch": torch.__version__,
         "triton": __import__("triton").__version__,

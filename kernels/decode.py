@@ -73,16 +73,16 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 from triton.language.extra.cuda import gdc_wait
 
-from kernels.config import DEFAULT_CONFIG
-from kernels.config import MAX_TARGET_CTAS
-from kernels.config import KernelConfig
-from kernels.config import block_h_for
-from kernels.config import split_grid
-from kernels.kv_format import KVFormat
-from kernels.kv_format import check_cache
-from kernels.kv_format import get_format
-from kernels.table import lookup_config
-from kernels.workload import Workload
+from sparse_mla_tuner.kernels.config import DEFAULT_CONFIG
+from sparse_mla_tuner.kernels.config import MAX_TARGET_CTAS
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.config import block_h_for
+from sparse_mla_tuner.kernels.config import split_grid
+from sparse_mla_tuner.kernels.kv_format import KVFormat
+from sparse_mla_tuner.kernels.kv_format import check_cache
+from sparse_mla_tuner.kernels.kv_format import get_format
+from sparse_mla_tuner.kernels.table import lookup_config
+from sparse_mla_tuner.kernels.workload import Workload
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 FORMAT_IDS = {"fp8_model1": 0, "fp8_v32": 1}

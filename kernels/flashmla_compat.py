@@ -2,7 +2,7 @@
 
 An engine that calls FlashMLA for sparse FP8 decode switches by changing one import::
 
-    import kernels.flashmla_compat as flash_mla
+    import sparse_mla_tuner.kernels.flashmla_compat as flash_mla
 
     sched_meta, _ = flash_mla.get_mla_metadata()
     out, lse = flash_mla.flash_mla_with_kvcache(q, k_cache, None, None, 512, sched_meta, softmax_scale=s,
@@ -35,8 +35,8 @@ import dataclasses
 
 import torch
 
-from kernels.decode import sparse_mla_decode
-from kernels.kv_format import FORMATS
+from sparse_mla_tuner.kernels.decode import sparse_mla_decode
+from sparse_mla_tuner.kernels.kv_format import FORMATS
 
 FORMAT_BY_BYTES = {fmt.bytes_per_token: name for name, fmt in FORMATS.items()}  # 584 -> fp8_model1, 656 -> fp8_v32
 FLASHMLA_NAMES = {"fp8_model1": "V4", "fp8_v32": "V32"}

@@ -1,4 +1,4 @@
-"""Check the kernel against the reference on small shapes: ``python -m kernels.selfcheck``.
+"""Check the kernel against the reference on small shapes: ``python -m sparse_mla_tuner.kernels.selfcheck``.
 
 Without CUDA the kernel runs under Triton's interpreter (set before the kernel is imported).
 """
@@ -14,15 +14,15 @@ import torch
 def main() -> int:
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         # @triton.jit picks interpreter-or-compiler at import time: start again with it set
-        os.execve(sys.executable, [sys.executable, "-m", "kernels.selfcheck"], {**os.environ, "TRITON_INTERPRET": "1"})
+        os.execve(sys.executable, [sys.executable, "-m", "sparse_mla_tuner.kernels.selfcheck"], {**os.environ, "TRITON_INTERPRET": "1"})
     from tabulate import tabulate
 
-    from kernels import KernelConfig
-    from kernels import Workload
-    from kernels import make_batch
-    from kernels import sparse_mla_decode
-    from kernels.reference import compare
-    from kernels.reference import sparse_mla_decode_ref
+    from sparse_mla_tuner.kernels import KernelConfig
+    from sparse_mla_tuner.kernels import Workload
+    from sparse_mla_tuner.kernels import make_batch
+    from sparse_mla_tuner.kernels import sparse_mla_decode
+    from sparse_mla_tuner.kernels.reference import compare
+    from sparse_mla_tuner.kernels.reference import sparse_mla_decode_ref
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows, all_ok = [], True

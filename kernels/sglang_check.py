@@ -1,6 +1,6 @@
 """GPU check of the SGLang plugin's hook, without SGLang: the engine's call at its 15 CUDA-graph capture sizes.
 
-    python -m kernels.sglang_check [--out check.json] [--concurrency 1,2,4,8,16,24,...,96]
+    python -m sparse_mla_tuner.kernels.sglang_check [--out check.json] [--concurrency 1,2,4,8,16,24,...,96]
 
 At each batch size C, :func:`kernels.sglang_plugin.sglang_hook` is called with the keyword arguments SGLang's
 DeepSeek-V4 backend passes on sm_120: q ``[C, 1, 16, 512]`` bf16 (TP4), the window cache (top-k 128 of a
@@ -30,14 +30,14 @@ import time
 
 import torch
 
-from kernels import flashmla_compat
-from kernels import sglang_plugin
-from kernels import timing
-from kernels.reference import OUT_RTOL
-from kernels.reference import compare
-from kernels.reference import sparse_mla_decode_ref
-from kernels.workload import Workload
-from kernels.workload import make_batch
+from sparse_mla_tuner.kernels import flashmla_compat
+from sparse_mla_tuner.kernels import sglang_plugin
+from sparse_mla_tuner.kernels import timing
+from sparse_mla_tuner.kernels.reference import OUT_RTOL
+from sparse_mla_tuner.kernels.reference import compare
+from sparse_mla_tuner.kernels.reference import sparse_mla_decode_ref
+from sparse_mla_tuner.kernels.workload import Workload
+from sparse_mla_tuner.kernels.workload import make_batch
 
 HEADS, FLASHMLA_HEADS, SETS = 16, 64, 4
 WINDOW = Workload("fp8_model1", HEADS, 128, page_size=256, context=128)
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        print("kernels.sglang_check needs a CUDA GPU", file=sys.stderr)
+        print("sparse_mla_tuner.kernels.sglang_check needs a CUDA GPU", file=sys.stderr)
         return 2
     try:
         levels = [int(c) for c in args.concurrency.split(",")]

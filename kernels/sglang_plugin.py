@@ -1,7 +1,7 @@
 """SGLang plugin: the tuned kernel behind SGLang's sm_120 sparse-MLA decode call, with no fork and no patch.
 
 SGLang (0.5.23) loads the entry points of group ``sglang.srt.plugins`` (``pyproject.toml`` declares
-``sparse_mla = "kernels.sglang_plugin:register"``). :func:`register` puts :func:`sglang_hook` AROUND
+``sparse_mla = "sparse_mla_tuner.kernels.sglang_plugin:register"``). :func:`register` puts :func:`sglang_hook` AROUND
 ``sglang.kernels.ops.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120``, the function DeepSeek-V4's
 attention backend calls on sm_120 with keyword arguments only. The hook serves a call whose shape, format and
 device the tables cover (see :func:`leave_reason`) with :func:`kernels.sparse_mla_decode` and the tuned config,
@@ -21,7 +21,7 @@ and hands every other call, unchanged, to the original. Each distinct call shape
   every config the tables can pick, and every binary it launches, is compiled and loaded before serving
   (``SGLANG_CRASH_ON_TRITON_LOAD_AFTER_READY`` stays quiet). :func:`warm_up` does the same from shapes alone.
 
-The hook does not import SGLang: it can be called (and checked on a GPU, ``python -m kernels.sglang_check``)
+The hook does not import SGLang: it can be called (and checked on a GPU, ``python -m sparse_mla_tuner.kernels.sglang_check``)
 where SGLang is not installed. Only :func:`register` imports SGLang's ``HookRegistry``.
 """
 
@@ -33,21 +33,21 @@ import threading
 
 import torch
 
-from kernels import decode
-from kernels.config import DEFAULT_CONFIG
-from kernels.config import KernelConfig
-from kernels.decode import INTERPRET
-from kernels.decode import device_name
-from kernels.kv_format import FORMATS
-from kernels.table import candidates
-from kernels.table import fit_config
-from kernels.table import load_table
-from kernels.table import lookup_config
-from kernels.table import nearest_shape
-from kernels.table import running_triton
-from kernels.table import search_dirs
-from kernels.table import sidecar_path
-from kernels.table import tuned_shapes
+from sparse_mla_tuner.kernels import decode
+from sparse_mla_tuner.kernels.config import DEFAULT_CONFIG
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.decode import INTERPRET
+from sparse_mla_tuner.kernels.decode import device_name
+from sparse_mla_tuner.kernels.kv_format import FORMATS
+from sparse_mla_tuner.kernels.table import candidates
+from sparse_mla_tuner.kernels.table import fit_config
+from sparse_mla_tuner.kernels.table import load_table
+from sparse_mla_tuner.kernels.table import lookup_config
+from sparse_mla_tuner.kernels.table import nearest_shape
+from sparse_mla_tuner.kernels.table import running_triton
+from sparse_mla_tuner.kernels.table import search_dirs
+from sparse_mla_tuner.kernels.table import sidecar_path
+from sparse_mla_tuner.kernels.table import tuned_shapes
 
 TARGET = "sglang.kernels.ops.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120"
 PLUGIN_NAME = "sparse_mla"  # the entry point's name, as SGLANG_PLUGINS lists it

@@ -104,7 +104,7 @@ def space_text(db: str, space: str, kernel: str) -> str:
 
 def truths(source, space, wl, levels) -> dict[int, dict[str, float]]:
     """Per level: every recorded ok launch's true ratio (geometric mean over all its recorded rounds)."""
-    from tuner.study import launch_key
+    from sparse_mla_tuner.tuner.study import launch_key
 
     out = {}
     for c in levels:
@@ -123,8 +123,8 @@ def shift_source(source, baseline, seed: int, scale: float = 0.15) -> None:
     """A landscape the strategies were not tuned on: every recorded launch's candidate times (not the
     baseline's) multiplied by ``exp(scale * tanh(w . x / 4))``, a smooth random function of its log
     parameters and log C with weights ``w`` drawn from ``seed``: the optimum moves, the noise stays."""
-    from kernels.config import PARAM_NAMES
-    from kernels.config import KernelConfig
+    from sparse_mla_tuner.kernels.config import PARAM_NAMES
+    from sparse_mla_tuner.kernels.config import KernelConfig
 
     w = np.random.default_rng(1000 + seed).normal(size=len(PARAM_NAMES) + 1)
     done: set[int] = set()
@@ -160,9 +160,9 @@ def prior_kernels(db: str, space: str, kernel: str) -> list[str]:
 def replaying(source, kernel: str | None = None):
     """``tuner search`` draws from ``source`` (an in-memory Optuna storage per run) and, with ``kernel``, records
     its trials under that kernel's hash instead of this code's."""
-    from tuner import calibrate
-    from tuner import recorder
-    from tuner import search as search_mod
+    from sparse_mla_tuner.tuner import calibrate
+    from sparse_mla_tuner.tuner import recorder
+    from sparse_mla_tuner.tuner import search as search_mod
 
     saved = recorder.kernel_source_hash, calibrate.kernel_source_hash, search_mod._source_and_storage
     search_mod._source_and_storage = lambda o, s: (source, __import__("optuna").storages.InMemoryStorage())
@@ -181,10 +181,10 @@ def add_priors(case: Case, space, store, opts, seed: int) -> str | None:
     its own at some level; returns its hash."""
     import dataclasses
 
-    from db import queries
-    from tuner import search as search_mod
-    from tuner.errors import TunerError
-    from tuner.replay import ReplaySource
+    from sparse_mla_tuner.db import queries
+    from sparse_mla_tuner.tuner import search as search_mod
+    from sparse_mla_tuner.tuner.errors import TunerError
+    from sparse_mla_tuner.tuner.replay import ReplaySource
 
     for prior in prior_kernels(case.replay_db, space.name, case.kernel):
         with replaying(ReplaySource(opts.replay_db, None, prior), kernel=prior):
@@ -204,15 +204,15 @@ def add_priors(case: Case, space, store, opts, seed: int) -> str | None:
 
 
 def run_one(case: Case, strategy: str, seed: int, n_trials, landscape: str, priors: bool = False) -> dict:
-    from db import queries
-    from db.store import Store
-    from db.verdicts import Verdict
-    from kernels.config import kernel_source_hash
-    from tuner import search as search_mod
-    from tuner.replay import ReplaySource
-    from tuner.search import Options
-    from tuner.space import load_space
-    from tuner.study import launch_key
+    from sparse_mla_tuner.db import queries
+    from sparse_mla_tuner.db.store import Store
+    from sparse_mla_tuner.db.verdicts import Verdict
+    from sparse_mla_tuner.kernels.config import kernel_source_hash
+    from sparse_mla_tuner.tuner import search as search_mod
+    from sparse_mla_tuner.tuner.replay import ReplaySource
+    from sparse_mla_tuner.tuner.search import Options
+    from sparse_mla_tuner.tuner.space import load_space
+    from sparse_mla_tuner.tuner.study import launch_key
 
     space = load_space(case.space_path)
     with tempfile.TemporaryDirectory() as tmp:
@@ -278,8 +278,8 @@ def run_one(case: Case, strategy: str, seed: int, n_trials, landscape: str, prio
 
 
 def mean_launches(case: Case) -> float:
-    from tuner.replay import ReplaySource
-    from tuner.space import load_space
+    from sparse_mla_tuner.tuner.replay import ReplaySource
+    from sparse_mla_tuner.tuner.space import load_space
 
     space = load_space(case.space_path)
     source = ReplaySource(f"sqlite:///{case.replay_db}", None, case.kernel)
@@ -339,11 +339,11 @@ def _run_quietly(job) -> dict:
 
 def overhead(space_path: str, replay_db: str, levels: list[int], seed: int = 0, refit: str | None = None) -> dict:
     """One replay search (see the module's docstring) and where its time went."""
-    from db.store import Store
-    from tuner import search as search_mod
-    from tuner import strategies
-    from tuner.search import Options
-    from tuner.space import load_space
+    from sparse_mla_tuner.db.store import Store
+    from sparse_mla_tuner.tuner import search as search_mod
+    from sparse_mla_tuner.tuner import strategies
+    from sparse_mla_tuner.tuner.search import Options
+    from sparse_mla_tuner.tuner.space import load_space
 
     made = []
     make = strategies.make
@@ -416,7 +416,7 @@ def main() -> None:
         space, kernel = CASES[name]
         path = Path(tmp) / f"{name}.yaml"
         path.write_text(space_text(args.replay_db, space, kernel))
-        from tuner.space import load_space
+        from sparse_mla_tuner.tuner.space import load_space
 
         levels = full_grid_levels(args.replay_db, space, kernel, len(load_space(path).configs()))
         case = Case(name, str(path), kernel, args.replay_db, levels)

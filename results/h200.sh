@@ -30,11 +30,11 @@ left() { echo $(( deadline - $(date +%s) )); }
 # `search NAME SPACE LEVELS ARGS...`: one search within what is left of LIMIT
 search() { local name=$1 space=$2 levels=$3; shift 3; local l; l=$(left)
   if [ "$l" -lt 30 ]; then echo "$name: not started, ${l} s left"; return; fi
-  step "$name" "$l" python3 -m tuner search "$space" --db "$DB" --concurrency "$levels" -q "$@"; }
+  step "$name" "$l" python3 -m sparse_mla_tuner search "$space" --db "$DB" --concurrency "$levels" -q "$@"; }
 # `retune NAME SPACE`: a whole search (every level), its summary as JSON, within what is left of LIMIT
 retune() { local name=$1 space=$2 l; l=$(left)
   if [ "$l" -lt 30 ]; then echo "$name: not started, ${l} s left"; return; fi
-  step "$name" "$l" sh -c 'exec python3 -m tuner search "$1" --db "$2" -f json > "$3"' sh "$space" "$DB" "$OUT/$name.json"; }
+  step "$name" "$l" sh -c 'exec python3 -m sparse_mla_tuner search "$1" --db "$2" -f json > "$3"' sh "$space" "$DB" "$OUT/$name.json"; }
 case "${PHASE:-grids}" in
   retune)
     for g in ${RETUNES:-v4 v32 layer}; do case $g in
@@ -67,9 +67,9 @@ con.execute('INSERT OR IGNORE INTO tuner_feasibility SELECT * FROM src.tuner_fea
     levels=1,2,4,8,16,24,32,40,48,56,64,72,80,88,96
     step call_tests 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_flashmla_gpu.py \
       tests/test_gpu.py::test_full_size_layer_call_matches_reference
-    step bench_call $(( $(left) / 2 )) python3 -m kernels.bench_call --concurrency $levels --samples 5 \
+    step bench_call $(( $(left) / 2 )) python3 -m sparse_mla_tuner.kernels.bench_call --concurrency $levels --samples 5 \
       --also single-table --out "$OUT/bench_call_h200.json"
-    step bench_single "$(left)" python3 -m kernels.bench --formats fp8_model1,fp8_v32 --configs table \
+    step bench_single "$(left)" python3 -m sparse_mla_tuner.kernels.bench --formats fp8_model1,fp8_v32 --configs table \
       --concurrency $levels --no-ref --samples 5 --out "$OUT/bench_single_h200.json"
     for f in "$OUT"/call_tests.log "$OUT"/bench_call.log "$OUT"/bench_single.log; do echo "== $f"; tail -5 "$f" | cut -c1-150; done
     python3 - "$OUT" <<'PY'

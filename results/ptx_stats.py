@@ -23,11 +23,11 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels import KernelConfig
-from kernels import Workload
-from kernels.decode import compile_spec
-from tuner.compile_process import _resources
-from tuner.compile_process import cuobjdump
+from sparse_mla_tuner.kernels import KernelConfig
+from sparse_mla_tuner.kernels import Workload
+from sparse_mla_tuner.kernels.decode import compile_spec
+from sparse_mla_tuner.tuner.compile_process import _resources
+from sparse_mla_tuner.tuner.compile_process import cuobjdump
 
 PATTERNS = {
     "ld_shared_b8": r"ld\.shared(?:\.v\d)?\.(?:u8|b8|s8)",

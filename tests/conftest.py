@@ -54,7 +54,7 @@ def tuner_in_process(*args: str) -> subprocess.CompletedProcess:
     the database and files (queries, export, report, check); a search runs as its own process."""
     from click.testing import CliRunner
 
-    from tuner.cli import main
+    from sparse_mla_tuner.tuner.cli import main
 
     argv = sys.argv
     with CliRunner().isolation() as (out, err, _):
@@ -88,7 +88,7 @@ def smoke_search(tmp_path_factory):
             folder.mkdir(exist_ok=True)
             t0 = time.monotonic()
             proc = subprocess.run(
-                [sys.executable, "-m", "tuner", "search", "search_spaces/smoke.yaml", "--db",
+                [sys.executable, "-m", "sparse_mla_tuner.tuner", "search", "search_spaces/smoke.yaml", "--db",
                  f"sqlite:///{folder / 'tuner.db'}", "-q"],
                 capture_output=True, text=True, cwd=ROOT, timeout=1800,
                 # piped and unfitted, whatever width the test that first asks for it has set

@@ -23,12 +23,12 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tuner import calibrate  # noqa: E402
-from tuner import cli  # noqa: E402
-from tuner import replay  # noqa: E402
-from tuner import search  # noqa: E402, F401 - imported before the fork, with everything a search imports
-from tuner.protocol import CalibrateRequest  # noqa: E402
-from tuner.recorder import StudyRecorder  # noqa: E402
+from sparse_mla_tuner.tuner import calibrate  # noqa: E402
+from sparse_mla_tuner.tuner import cli  # noqa: E402
+from sparse_mla_tuner.tuner import replay  # noqa: E402
+from sparse_mla_tuner.tuner import search  # noqa: E402, F401 - imported before the fork, with everything a search imports
+from sparse_mla_tuner.tuner.protocol import CalibrateRequest  # noqa: E402
+from sparse_mla_tuner.tuner.recorder import StudyRecorder  # noqa: E402
 
 AFTER = {  # the write that follows each phase's measurement: the 'after' moment is when it returns
     "aa": (calibrate, "store_calibration"),

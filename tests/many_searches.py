@@ -16,8 +16,8 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tuner import cli  # noqa: E402
-from tuner import search  # noqa: E402, F401 - imported before the forks, with everything a search imports
+from sparse_mla_tuner.tuner import cli  # noqa: E402
+from sparse_mla_tuner.tuner import search  # noqa: E402, F401 - imported before the forks, with everything a search imports
 
 
 def main() -> None:

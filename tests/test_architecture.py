@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels.decode as decode
-from kernels import Workload
-from kernels import make_batch
-from kernels import sparse_mla_decode
-from kernels.config import PARAM_NAMES
-from kernels.config import PARAMS
-from kernels.config import KernelConfig
-from kernels.config import Role
-from kernels.config import launch_identity
+import sparse_mla_tuner.kernels.decode as decode
+from sparse_mla_tuner.kernels import Workload
+from sparse_mla_tuner.kernels import make_batch
+from sparse_mla_tuner.kernels import sparse_mla_decode
+from sparse_mla_tuner.kernels.config import PARAM_NAMES
+from sparse_mla_tuner.kernels.config import PARAMS
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.config import Role
+from sparse_mla_tuner.kernels.config import launch_identity
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,7 +70,7 @@ def test_launch_identity_merges_clamped_target_ctas():
 
 
 def test_database_columns_come_from_the_declaration():
-    from db.models import TrialModel
+    from sparse_mla_tuner.db.models import TrialModel
 
     cols = set(TrialModel.__table__.columns.keys())
     assert set(PARAM_NAMES) <= cols
@@ -82,9 +82,9 @@ def test_database_columns_come_from_the_declaration():
 
 SPEC_PROGRAM = """
 import json, sys
-from kernels.config import KernelConfig
-from kernels.decode import compile_spec
-from kernels.workload import Workload
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.decode import compile_spec
+from sparse_mla_tuner.kernels.workload import Workload
 cfg, wl, batch = KernelConfig.parse(sys.argv[1]), Workload(**json.loads(sys.argv[2])), int(sys.argv[3])
 print(json.dumps([{"name": s.name, "signature": s.signature, "constexprs": s.constexprs, "options": s.options}
                   for s in compile_spec(cfg, wl, 120, batch)]))
@@ -150,9 +150,9 @@ PDL_PROGRAM = """
 import json, sys, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from kernels.config import KernelConfig
-from kernels.decode import compile_spec
-from kernels.workload import Workload
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.decode import compile_spec
+from sparse_mla_tuner.kernels.workload import Workload
 out = []
 for cc in (120, 80):
     for s in compile_spec(KernelConfig(16, 4, 1, 256), Workload("fp8_v32", 16, 64, 64, 128), cc, 2):
@@ -179,8 +179,8 @@ def test_kernels_launch_with_pdl_where_the_arch_has_it():
 
 
 def test_protocol_messages_round_trip():
-    from db.verdicts import Verdict
-    from tuner import protocol
+    from sparse_mla_tuner.db.verdicts import Verdict
+    from sparse_mla_tuner.tuner import protocol
 
     req = protocol.MeasureRequest(Workload("fp8_v32", 16, 64), 4, KernelConfig(), KernelConfig(32), 5, 7, False)
     assert protocol.decode(protocol.encode(req)) == req
@@ -195,14 +195,34 @@ def test_protocol_messages_round_trip():
 # --- layers --------------------------------------------------------------------------------------------
 
 
+NAMESPACE = "sparse_mla_tuner."
+
+
 def _imports(path: Path) -> set[str]:
+    """The project modules and other modules ``path`` imports, the project's without its namespace
+    (``sparse_mla_tuner.kernels.config`` -> ``kernels.config``; ``from sparse_mla_tuner import db`` -> ``db``)."""
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
+            out |= {a.name.removeprefix(NAMESPACE) for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module)
+            if node.module == NAMESPACE[:-1]:
+                out |= {a.name for a in node.names}
+            else:
+                out.add(node.module.removeprefix(NAMESPACE))
     return out
+
+
+def test_the_project_imports_itself_only_through_its_namespace():
+    """Installed, kernels/, db/ and tuner/ are sparse_mla_tuner.kernels, .db and .tuner: no top-level name."""
+    for pkg in ("kernels", "db", "tuner", "tests", "results"):
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                bad = [n for n in names if n.split(".")[0] in ("kernels", "db", "tuner")]
+                assert not bad, f"{path.relative_to(ROOT)} imports {bad} outside the sparse_mla_tuner namespace"
 
 
 @pytest.mark.parametrize("package, forbidden", [("kernels", ("tuner", "db")), ("db", ("tuner",))])

@@ -5,7 +5,7 @@ import click
 import pytest
 
 from tests.conftest import tuner_in_process as tuner
-from tuner.cli import cli
+from sparse_mla_tuner.tuner.cli import cli
 
 
 def _commands(group: click.Group, path: tuple[str, ...] = ()):

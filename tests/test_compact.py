@@ -9,13 +9,13 @@ import optuna
 import pytest
 from click.testing import CliRunner
 
-from db import queries
-from db import record
-from db.models import StudyModel
-from db.store import Store
-from db.verdicts import Effect
-from db.verdicts import Phase
-from tuner.cli import cli
+from sparse_mla_tuner.db import queries
+from sparse_mla_tuner.db import record
+from sparse_mla_tuner.db.models import StudyModel
+from sparse_mla_tuner.db.store import Store
+from sparse_mla_tuner.db.verdicts import Effect
+from sparse_mla_tuner.db.verdicts import Phase
+from sparse_mla_tuner.tuner.cli import cli
 
 INFO = dict(
     backend="cuda", gpu_name="gpu", compute_capability="9.0", sm_count=132, driver="d", cuda="c", torch="t", triton="t"

@@ -11,11 +11,11 @@ import pytest
 from sqlalchemy import func
 from sqlalchemy import select
 
-from db.models import SampleModel
-from db.models import TrialModel
-from db.store import DatabaseError
-from db.store import Store
-from db.store import head_revision
+from sparse_mla_tuner.db.models import SampleModel
+from sparse_mla_tuner.db.models import TrialModel
+from sparse_mla_tuner.db.store import DatabaseError
+from sparse_mla_tuner.db.store import Store
+from sparse_mla_tuner.db.store import head_revision
 
 
 def test_new_database_is_created_at_head_next_to_optuna(tmp_path):
@@ -38,7 +38,7 @@ def test_fixture_of_schema_0001_upgrades_and_keeps_its_data(tmp_path):
     url = f"sqlite:///{path}"
     with pytest.raises(DatabaseError, match="older schema 0001.*tuner db upgrade"):
         Store(url)
-    proc = subprocess.run([sys.executable, "-m", "tuner", "db", "upgrade", "--db", url], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "sparse_mla_tuner.tuner", "db", "upgrade", "--db", url], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     store = Store(url)
     assert store.revision() == head_revision() != "0001"
@@ -77,7 +77,7 @@ def test_bad_locations_get_one_sentence_and_status_2(tmp_path, make_url, message
     url = make_url(tmp_path)
     with pytest.raises(DatabaseError, match=message):
         Store(url)
-    proc = subprocess.run([sys.executable, "-m", "tuner", "trials", "--db", url], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "sparse_mla_tuner.tuner", "trials", "--db", url], capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     if "/missing/" in url:  # `trials` only reads: it never creates a database
         message = "no database at"
@@ -87,9 +87,9 @@ def test_bad_locations_get_one_sentence_and_status_2(tmp_path, make_url, message
 WRITER = textwrap.dedent(
     """
     import sys
-    from db.store import Store
-    from db.models import *
-    from db import queries
+    from sparse_mla_tuner.db.store import Store
+    from sparse_mla_tuner.db.models import *
+    from sparse_mla_tuner.db import queries
     url, who = sys.argv[1], int(sys.argv[2])
     store = Store(url)
     info = dict(backend="interpreter", gpu_name="cpu", compute_capability="-", sm_count=0, driver="-", cuda="-",
@@ -141,7 +141,7 @@ def test_four_processes_write_at_once_nothing_lost_nothing_duplicated(tmp_path):
             .having(func.count() > 1)
         ).all()
         assert dup == []
-        from db.models import EnvironmentModel
+        from sparse_mla_tuner.db.models import EnvironmentModel
 
         assert s.scalar(select(func.count()).select_from(EnvironmentModel)) == 1
 
@@ -218,7 +218,7 @@ def test_fixture_of_schema_0004_upgrades_to_the_declared_parameters(tmp_path):
     path = tmp_path / "old4.db"
     shutil.copy("tests/fixtures/schema_0004.db", path)
     url = f"sqlite:///{path}"
-    proc = subprocess.run([sys.executable, "-m", "tuner", "db", "upgrade", "--db", url], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "sparse_mla_tuner.tuner", "db", "upgrade", "--db", url], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     store = Store(url)
     assert store.revision() == head_revision()
@@ -260,15 +260,15 @@ def test_opening_retries_while_sqlite_says_locked_without_waiting(tmp_path, monk
 
 
 def test_a_summary_given_by_name_lands_in_the_columns_of_those_names(tmp_path):
-    from db import queries
-    from db import record
-    from db.models import SpaceModel
-    from db.models import StatisticModel
-    from db.models import StudyModel
-    from db.models import WorkloadModel
-    from db.models import get_or_create
-    from db.verdicts import Effect
-    from db.verdicts import Phase
+    from sparse_mla_tuner.db import queries
+    from sparse_mla_tuner.db import record
+    from sparse_mla_tuner.db.models import SpaceModel
+    from sparse_mla_tuner.db.models import StatisticModel
+    from sparse_mla_tuner.db.models import StudyModel
+    from sparse_mla_tuner.db.models import WorkloadModel
+    from sparse_mla_tuner.db.models import get_or_create
+    from sparse_mla_tuner.db.verdicts import Effect
+    from sparse_mla_tuner.db.verdicts import Phase
 
     store = Store(f"sqlite:///{tmp_path / 's.db'}")
     info = dict(

@@ -5,20 +5,20 @@ import torch
 import triton
 import triton.language as tl
 
-import kernels.decode as decode
-from kernels import KernelConfig
-from kernels import Workload
-from kernels import make_batch
-from kernels import sparse_mla_decode
-from kernels.config import effective_config
-from kernels.config import launch_identity
-from kernels.config import num_splits_for
-from kernels.config import split_grid
-from kernels.kv_format import get_format
-from kernels.reference import compare
-from kernels.reference import sparse_mla_decode_ref
-from kernels.table import lookup_config
-from kernels.table import table_name
+import sparse_mla_tuner.kernels.decode as decode
+from sparse_mla_tuner.kernels import KernelConfig
+from sparse_mla_tuner.kernels import Workload
+from sparse_mla_tuner.kernels import make_batch
+from sparse_mla_tuner.kernels import sparse_mla_decode
+from sparse_mla_tuner.kernels.config import effective_config
+from sparse_mla_tuner.kernels.config import launch_identity
+from sparse_mla_tuner.kernels.config import num_splits_for
+from sparse_mla_tuner.kernels.config import split_grid
+from sparse_mla_tuner.kernels.kv_format import get_format
+from sparse_mla_tuner.kernels.reference import compare
+from sparse_mla_tuner.kernels.reference import sparse_mla_decode_ref
+from sparse_mla_tuner.kernels.table import lookup_config
+from sparse_mla_tuner.kernels.table import table_name
 
 ONE_SPLIT = KernelConfig(BLOCK_T=16, num_warps=4, num_stages=2, TARGET_CTAS=1)
 MANY_SPLITS = KernelConfig(BLOCK_T=16, num_warps=4, num_stages=2, TARGET_CTAS=64)
@@ -227,7 +227,7 @@ def test_the_interpreter_patches_the_language_once_per_launch_and_module(monkeyp
         pytest.skip("the interpreter only")
     import triton.runtime.interpreter as interp
 
-    from kernels import _interpreter
+    from sparse_mla_tuner.kernels import _interpreter
 
     if triton.__version__ != _interpreter.VERSION:
         pytest.skip(f"the speed-up patches Triton {_interpreter.VERSION}'s interpreter only")
@@ -243,7 +243,7 @@ def test_the_interpreter_patches_the_language_once_per_launch_and_module(monkeyp
     programs = sum(g[0] * g[1] if len(g) > 1 else g[0] for g in seen)
     assert len(seen) == 2 and programs > 20  # the split kernel and the combine
     # per launch: the kernel's module (the launch itself) and the language's own jit functions, once each
-    assert calls == ["kernels.decode", "triton.language.standard"] * 2
+    assert calls == ["sparse_mla_tuner.kernels.decode", "triton.language.standard"] * 2
     assert compare(out, lse, *sparse_mla_decode_ref(*bt.args(), **bt.kwargs()))[0]
 
 
@@ -323,8 +323,8 @@ def test_bad_inputs_raise_value_error(device):
 def test_config_none_uses_the_table_by_nearest_batch_key(tmp_path, monkeypatch):
     import json
 
-    import kernels.config as kc
-    import kernels.table as kt
+    import sparse_mla_tuner.kernels.config as kc
+    import sparse_mla_tuner.kernels.table as kt
 
     name = table_name("cpu-interpreter", "fp8_v32", 16, 64)
     entry = {"BLOCK_T": 16, "num_warps": 4, "num_stages": 1}

@@ -10,13 +10,13 @@ import pytest
 import torch
 import triton
 
-import kernels.decode as decode
-from kernels import KernelConfig
-from kernels import Workload
-from kernels import make_batch
-from kernels import sparse_mla_decode
-from kernels.reference import compare
-from kernels.reference import sparse_mla_decode_ref
+import sparse_mla_tuner.kernels.decode as decode
+from sparse_mla_tuner.kernels import KernelConfig
+from sparse_mla_tuner.kernels import Workload
+from sparse_mla_tuner.kernels import make_batch
+from sparse_mla_tuner.kernels import sparse_mla_decode
+from sparse_mla_tuner.kernels.reference import compare
+from sparse_mla_tuner.kernels.reference import sparse_mla_decode_ref
 
 ONE_SPLIT = KernelConfig(BLOCK_T=16, num_warps=4, num_stages=2, TARGET_CTAS=1)
 MANY_SPLITS = KernelConfig(BLOCK_T=16, num_warps=4, num_stages=2, TARGET_CTAS=64)
@@ -181,9 +181,9 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from kernels.config import KernelConfig
-from kernels.decode import compile_spec
-from kernels.workload import Workload
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.decode import compile_spec
+from sparse_mla_tuner.kernels.workload import Workload
 
 main = Workload("fp8_model1", 16, 128, page_size=256, context=4096)
 extra = Workload("fp8_model1", 16, 512, page_size=64, context=2048)
@@ -239,10 +239,10 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from kernels.config import KernelConfig
-from kernels.decode import compile_spec
-from kernels.workload import Workload
-from tuner.compile_process import _resources
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.decode import compile_spec
+from sparse_mla_tuner.kernels.workload import Workload
+from sparse_mla_tuner.tuner.compile_process import _resources
 
 out = {}
 for name in ("T16-w4-s1-c512-p2", "T32-w4-s1-c512-p1"):
@@ -276,9 +276,9 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from kernels.config import KernelConfig
-from kernels.decode import compile_spec
-from kernels.workload import Workload
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.decode import compile_spec
+from sparse_mla_tuner.kernels.workload import Workload
 
 out = []
 cases = [("T32-w4-s1-c512-p1", Workload("fp8_model1", 16, 512)), ("T16-w4-s2-c256-b1", Workload("fp8_v32", 16, 2048))]
@@ -376,8 +376,8 @@ def test_rows_empty_in_both_caches_are_zero_with_the_sink(cfg, x_page, device):
 
 
 def test_one_launch_split_geometry_counts_both_caches():
-    from kernels.config import launch_identity
-    from kernels.config import split_grid
+    from sparse_mla_tuner.kernels.config import launch_identity
+    from sparse_mla_tuner.kernels.config import split_grid
 
     cfg = KernelConfig(16, 4, 1, 64)
     assert split_grid(cfg, 1, 16, 40, 40).slots == 6  # 3 + 3 tiles
@@ -393,7 +393,7 @@ def test_one_launch_split_geometry_counts_both_caches():
 def test_padded_pages_in_the_one_launch_give_the_contiguous_result(padded, device):
     """SGLang's padded fp8_model1 pages: both caches padded alike walk one loop, a padded main cache beside a
     contiguous extra one (other page strides) a loop each; either way the contiguous caches' result, exactly."""
-    from kernels.sglang_plugin import engine_cache
+    from sparse_mla_tuner.kernels.sglang_plugin import engine_cache
 
     bt = _one_launch_batch("fp8_model1", 2, device, x_page=64, with_sink=True, with_topk_length=True)
     cfg = KernelConfig.parse("T16-w4-s1-c4-p1")  # 3 splits of 2 tiles: the middle one in both caches

@@ -21,13 +21,13 @@ import torch
 import triton
 import triton.language as tl
 
-import kernels.table as kt
-from kernels import decode
-from kernels import make_batch
-from kernels import sparse_mla_decode
-from kernels.config import DEFAULT_CONFIG
-from kernels.config import KernelConfig
-from kernels.workload import Workload
+import sparse_mla_tuner.kernels.table as kt
+from sparse_mla_tuner.kernels import decode
+from sparse_mla_tuner.kernels import make_batch
+from sparse_mla_tuner.kernels import sparse_mla_decode
+from sparse_mla_tuner.kernels.config import DEFAULT_CONFIG
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.workload import Workload
 from tests.conftest import tuner_in_process as tuner  # export reads the database and writes files: no interpreter start
 
 H200_DB = os.path.join(os.path.dirname(__file__), "..", "results", "h200.db")
@@ -37,7 +37,7 @@ ENTRY = {"BLOCK_T": 16, "num_warps": 4, "num_stages": 1, "TARGET_CTAS": 7}
 @pytest.fixture(scope="module")
 def h200(tmp_path_factory):
     """A copy of the committed H200 results at the current schema (the original is never written)."""
-    from db.store import Store
+    from sparse_mla_tuner.db.store import Store
 
     path = tmp_path_factory.mktemp("h200") / "h200.db"
     shutil.copy(H200_DB, path)
@@ -135,9 +135,9 @@ def test_engine_export_is_what_an_engine_loader_and_the_kernel_read(h200, tmp_pa
 
 
 def test_sidecar_and_export_row_hold_no_password(h200, tmp_path):
-    from db.models import ExportModel
-    from db.store import Store
-    from tuner.export import export_tables
+    from sparse_mla_tuner.db.models import ExportModel
+    from sparse_mla_tuner.db.store import Store
+    from sparse_mla_tuner.tuner.export import export_tables
 
     store = Store(h200["url"])
     store.url = "postgresql+psycopg://tuner:s3cr3t-pw@db-host/tuner?sslpassword=other-secret"
@@ -478,10 +478,10 @@ def test_sglang_version_folders_are_found_with_a_fallback_to_older_versions(tmp_
 def test_the_table_used_is_logged_once_at_info(tmp_path, caplog):
     name = kt.table_name("dev Y", "fp8_v32", 16, 64)
     _write(tmp_path, name, {"1": ENTRY})
-    with caplog.at_level(logging.INFO, logger="kernels.table"):
+    with caplog.at_level(logging.INFO, logger="sparse_mla_tuner.kernels.table"):
         for b in (1, 2, 3):
             kt.lookup_config("dev Y", "fp8_v32", 16, 64, b, config_dir=tmp_path)
-    used = [r for r in caplog.records if r.name == "kernels.table" and r.levelno == logging.INFO]
+    used = [r for r in caplog.records if r.name == "sparse_mla_tuner.kernels.table" and r.levelno == logging.INFO]
     assert len(used) == 1 and str(tmp_path / name) in used[0].getMessage()
 
 
@@ -570,8 +570,8 @@ def test_committed_tables_are_valid_and_fresh_enough_to_load():
 
 
 def test_report_on_the_h200_results(h200, tmp_path):
-    from db.store import Store
-    from tuner.report import render_report
+    from sparse_mla_tuner.db.store import Store
+    from sparse_mla_tuner.tuner.report import render_report
 
     store = Store(h200["url"])
     store.url = "postgresql://tuner:s3cr3t-pw@db-host/tuner"
@@ -603,8 +603,8 @@ def test_report_on_the_h200_results(h200, tmp_path):
 def test_the_export_history_names_paths_inside_the_working_directory_relatively(h200, tmp_path, monkeypatch):
     """A committed database must not carry one machine's folders: a table written under the working
     directory is recorded relative to it; one written elsewhere keeps its absolute path."""
-    from db.store import Store
-    from tuner.export import export_tables
+    from sparse_mla_tuner.db.store import Store
+    from sparse_mla_tuner.tuner.export import export_tables
 
     store = Store(h200["url"])
     monkeypatch.chdir(tmp_path)
@@ -619,8 +619,8 @@ def test_the_export_history_names_paths_inside_the_working_directory_relatively(
 
 @pytest.mark.parametrize("name", HOSTILE + ["", ".", "..", "a/../../b", "NVIDIA H200"])
 def test_stored_names_become_safe_file_stems_and_markdown(name, tmp_path):
-    from tuner.quoting import file_stem
-    from tuner.quoting import md_text
+    from sparse_mla_tuner.tuner.quoting import file_stem
+    from sparse_mla_tuner.tuner.quoting import md_text
 
     stem = file_stem("space", "wl", name, "cuda")
     assert re.fullmatch(r"[0-9A-Za-z_.+()\-]+", stem) and len(stem) <= kt.MAX_SLUG

@@ -22,7 +22,7 @@ from sqlalchemy import text
 from tests.recorded import LEVELS
 from tests.recorded import SMALL_SPACE
 from tests.recorded import make_recorded
-from tuner.cli import cli
+from sparse_mla_tuner.tuner.cli import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 PHASES = ("compile", "aa", "screen", "finalist")

@@ -10,12 +10,12 @@ import time
 
 import pytest
 
-from kernels import KernelConfig
-from kernels import Workload
-from tuner.feasibility import check
-from tuner.feasibility import check_many
-from tuner.feasibility import estimate_shared
-from tuner.space import load_space
+from sparse_mla_tuner.kernels import KernelConfig
+from sparse_mla_tuner.kernels import Workload
+from sparse_mla_tuner.tuner.feasibility import check
+from sparse_mla_tuner.tuner.feasibility import check_many
+from sparse_mla_tuner.tuner.feasibility import estimate_shared
+from sparse_mla_tuner.tuner.space import load_space
 
 V4 = Workload("fp8_model1", heads=16, topk=512, page_size=64, context=8192)
 V32 = Workload("fp8_v32", heads=16, topk=2048, page_size=64, context=8192)
@@ -43,7 +43,7 @@ def store(tmp_path_factory):
     """A results database: the feasibility verdicts are cached there. The configs of :data:`FULL` are compiled
     into it at once (one compile process per workload and target, its jobs in parallel), so the tests read
     their verdicts from it, as a search reads those of an earlier check."""
-    from db.store import Store
+    from sparse_mla_tuner.db.store import Store
 
     store = Store(f"sqlite:///{tmp_path_factory.mktemp('verdicts') / 'tuner.db'}")
     for (wl, target), keys in FULL.items():
@@ -108,7 +108,7 @@ def test_num_stages_is_a_real_lever_on_shared_memory(store):
 
 
 def test_second_check_is_cached_and_fast(tmp_path, monkeypatch):
-    from db.store import Store
+    from sparse_mla_tuner.db.store import Store
 
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))  # cold: Triton's own cache is empty too
     store = Store(f"sqlite:///{tmp_path / 'verdicts.db'}")
@@ -167,7 +167,7 @@ def test_a_check_killed_by_sigterm_leaves_no_compile_running(tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "tuner",
+        "sparse_mla_tuner.tuner",
         "check",
         "search_spaces/v4_flash_tp4.yaml",
         "--db",
@@ -217,8 +217,8 @@ def test_a_shared_only_check_gives_the_compilers_own_shared_memory(store):
 COUNT_KERNELS = """
 import io, json, sys
 from dataclasses import asdict
-from kernels import KernelConfig, Workload
-import tuner.compile_process as cp
+from sparse_mla_tuner.kernels import KernelConfig, Workload
+import sparse_mla_tuner.tuner.compile_process as cp
 wl = Workload("fp8_model1", heads=16, topk=512, page_size=64, context=8192)
 jobs = [{"config": KernelConfig(16, w, 1, 256).as_dict(), "workload": asdict(wl), "cc": 120} for w in (4, 8)]
 calls = []

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels.decode as decode
-import kernels.flashmla_compat as flash_mla
-from kernels import Workload
-from kernels import make_batch
-from kernels.reference import compare
-from kernels.reference import sparse_mla_decode_ref
+import sparse_mla_tuner.kernels.decode as decode
+import sparse_mla_tuner.kernels.flashmla_compat as flash_mla
+from sparse_mla_tuner.kernels import Workload
+from sparse_mla_tuner.kernels import make_batch
+from sparse_mla_tuner.kernels.reference import compare
+from sparse_mla_tuner.kernels.reference import sparse_mla_decode_ref
 
 H = 16
 

@@ -8,11 +8,11 @@ fp32 reference, so a disagreement says which side is off.
 import pytest
 import torch
 
-import kernels.flashmla_compat as compat
-from kernels import Workload
-from kernels import make_batch
-from kernels.reference import compare
-from kernels.reference import sparse_mla_decode_ref
+import sparse_mla_tuner.kernels.flashmla_compat as compat
+from sparse_mla_tuner.kernels import Workload
+from sparse_mla_tuner.kernels import make_batch
+from sparse_mla_tuner.kernels.reference import compare
+from sparse_mla_tuner.kernels.reference import sparse_mla_decode_ref
 
 pytestmark = pytest.mark.gpu
 
@@ -98,8 +98,8 @@ LAYER_CONFIGS = [
 @pytest.mark.parametrize("config", LAYER_CONFIGS, ids=lambda c: c or "table")
 @pytest.mark.parametrize("batch, q_tokens", [(1, 1), (8, 2), (96, 1)])
 def test_the_layer_call_in_one_launch_matches_flashmla(config, batch, q_tokens, flash_mla):
-    from kernels import KernelConfig
-    from kernels import sparse_mla_decode
+    from sparse_mla_tuner.kernels import KernelConfig
+    from sparse_mla_tuner.kernels import sparse_mla_decode
 
     bt = make_batch(
         LAYER_WINDOW,

@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from kernels import Workload
-from kernels import make_batch
-from kernels import sparse_mla_decode
-from kernels.config import DEFAULT_CONFIG
-from kernels.decode import device_name
-from kernels.reference import compare
-from kernels.reference import sparse_mla_decode_ref
-from kernels.table import lookup_config
+from sparse_mla_tuner.kernels import Workload
+from sparse_mla_tuner.kernels import make_batch
+from sparse_mla_tuner.kernels import sparse_mla_decode
+from sparse_mla_tuner.kernels.config import DEFAULT_CONFIG
+from sparse_mla_tuner.kernels.decode import device_name
+from sparse_mla_tuner.kernels.reference import compare
+from sparse_mla_tuner.kernels.reference import sparse_mla_decode_ref
+from sparse_mla_tuner.kernels.table import lookup_config
 
 pytestmark = pytest.mark.gpu
 
@@ -57,8 +57,8 @@ def test_config_none_uses_the_exported_table_on_this_gpu(monkeypatch):
 @pytest.mark.parametrize("fmt, topk", [("fp8_model1", 512), ("fp8_v32", 2048)])
 @pytest.mark.parametrize("batch", [1, 4])
 def test_every_combine_shape_matches_reference_at_full_size(fmt, topk, batch, config, rule, monkeypatch):
-    from kernels import decode
-    from kernels.config import KernelConfig
+    from sparse_mla_tuner.kernels import decode
+    from sparse_mla_tuner.kernels.config import KernelConfig
 
     monkeypatch.setattr(decode, "POISON_OUTPUTS", True)
     for name, value in rule.items():
@@ -74,7 +74,7 @@ def test_every_combine_shape_matches_reference_at_full_size(fmt, topk, batch, co
 @pytest.mark.parametrize("batch", [1, 48])
 def test_both_triggers_of_the_split_kernel_match_reference(fmt, topk, batch, sms, monkeypatch):
     """The combine launched early (waiting on the split's stores) or only as the split ends: same results."""
-    from kernels import decode
+    from sparse_mla_tuner.kernels import decode
 
     monkeypatch.setattr(decode, "POISON_OUTPUTS", True)
     monkeypatch.setattr(decode, "sm_count", lambda device: sms)

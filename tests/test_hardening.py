@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.test_space import GOOD
-from tuner.cli import cli
+from sparse_mla_tuner.tuner.cli import cli
 
 SMOKE = "search_spaces/smoke.yaml"
 
@@ -171,7 +171,7 @@ class _Proc:
 )
 def test_usage_errors_of_the_executable_are_one_line(tmp_path, args, fragment):
     exe = shutil.which("tuner")
-    cmd = [exe] if exe else [sys.executable, "-m", "tuner"]
+    cmd = [exe] if exe else [sys.executable, "-m", "sparse_mla_tuner.tuner"]
     proc = subprocess.run(cmd + [a.format(tmp=tmp_path) for a in args], capture_output=True, text=True, timeout=120)
     _one_sentence(_Proc(proc), fragment)
 
@@ -181,8 +181,8 @@ def test_int_range_is_counted_not_built():
     import time
 
     from tests.test_space import _write
-    from tuner.errors import SpaceError
-    from tuner.space import load_space
+    from sparse_mla_tuner.tuner.errors import SpaceError
+    from sparse_mla_tuner.tuner.space import load_space
 
     path = _write(_sub("TARGET_CTAS: [4]", "TARGET_CTAS: {type: int, low: 1, high: 1000000000}"))
     t0 = time.monotonic()
@@ -241,7 +241,7 @@ def test_missing_driver_names_the_package(url, fragment):
 
 
 def test_redact_url():
-    from db.store import redact_url
+    from sparse_mla_tuner.db.store import redact_url
 
     assert redact_url("postgresql+psycopg://u:SECRET@h:5/db") == "postgresql+psycopg://u:***@h:5/db"
     assert redact_url("postgresql://u:p@ss@h/db") == "postgresql://u:***@h/db"
@@ -260,7 +260,7 @@ def test_read_only_commands_never_create_a_database(tmp_path, cmd):
 
 def test_write_failures_are_one_sentence(tmp_path):
     """`report -o`, `report --plots` and `export --out` into places that cannot be written."""
-    from db.store import Store
+    from sparse_mla_tuner.db.store import Store
 
     url = f"sqlite:///{tmp_path / 'r.db'}"
     Store(url)
@@ -278,7 +278,7 @@ def test_write_failures_are_one_sentence(tmp_path):
 def _ro_run(directory, args):
     """Run the CLI where ``directory`` is read-only, also as root: a read-only bind mount in a private
     mount namespace (root ignores permission bits), else permission bits for other users."""
-    exe = [shutil.which("tuner") or sys.executable, *([] if shutil.which("tuner") else ["-m", "tuner"])]
+    exe = [shutil.which("tuner") or sys.executable, *([] if shutil.which("tuner") else ["-m", "sparse_mla_tuner.tuner"])]
     if os.geteuid() == 0:
         if not shutil.which("unshare"):
             pytest.skip("needs unshare(1) to make a read-only mount as root")
@@ -290,7 +290,7 @@ def _ro_run(directory, args):
 
 
 def test_database_on_a_read_only_directory_is_readable(tmp_path):
-    from db.store import Store
+    from sparse_mla_tuner.db.store import Store
 
     ro = tmp_path / "ro"
     ro.mkdir()
@@ -359,7 +359,7 @@ def test_a_stored_config_outside_the_bounds_is_never_exported(tmp_path):
     import json
     import sqlite3
 
-    from db.store import Store
+    from sparse_mla_tuner.db.store import Store
 
     src = os.path.join(os.path.dirname(__file__), "..", "results", "h200.db")
     path = tmp_path / "bounds.db"
@@ -384,7 +384,7 @@ def test_decode_with_a_table_outside_the_bounds_or_a_fifo_falls_back(tmp_path, m
     one TableWarning each, the default config, and the call returns (in a subprocess, with a time limit)."""
     import json
 
-    import kernels.table as kt
+    import sparse_mla_tuner.kernels.table as kt
 
     name = kt.table_name("cpu-interpreter", "fp8_v32", 16, 32)
     bad, fifo = tmp_path / "bad", tmp_path / "fifo"
@@ -420,7 +420,7 @@ class _Exit:
 
 def _main(args, capsys, monkeypatch):
     """``tuner ARGS`` in this process, through the executable's own entry point."""
-    from tuner.cli import main
+    from sparse_mla_tuner.tuner.cli import main
 
     monkeypatch.setattr(sys, "argv", ["tuner", *args])
     capsys.readouterr()
@@ -476,7 +476,7 @@ def _db_cases():
 def test_bad_numbers_and_long_strings_are_one_short_sentence(tmp_path, args, fragment, capsys, monkeypatch):
     """Out-of-range numbers never reach the database (OverflowError) and no message echoes a long input whole.
     Run through ``tuner.cli.main``, the executable's entry point (usage errors are one line there)."""
-    from db.store import Store
+    from sparse_mla_tuner.db.store import Store
 
     url = f"sqlite:///{tmp_path / 'x.db'}"
     Store(url).engine.dispose()  # an empty database: the query commands get as far as they can
@@ -495,14 +495,14 @@ def test_an_overlong_database_file_name_is_one_sentence_in_every_command(tmp_pat
 
 @pytest.mark.parametrize("cmd", [["best", "--concurrency", BIG], ["show", BIG], ["search", SMOKE, "--timeout", "nan"]])
 def test_out_of_range_numbers_from_the_executable_are_one_line(cmd):
-    proc = subprocess.run([*(["tuner"] if shutil.which("tuner") else [sys.executable, "-m", "tuner"]), *cmd],
+    proc = subprocess.run([*(["tuner"] if shutil.which("tuner") else [sys.executable, "-m", "sparse_mla_tuner.tuner"]), *cmd],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     _one_sentence(_Proc(proc))
 
 
 def test_workers_within_the_cores_pass_the_check():
-    from tuner.cli import _check_workers
-    from tuner.errors import TunerError
+    from sparse_mla_tuner.tuner.cli import _check_workers
+    from sparse_mla_tuner.tuner.errors import TunerError
 
     cores = os.cpu_count()
     _check_workers(None, "interpreter")
@@ -512,8 +512,8 @@ def test_workers_within_the_cores_pass_the_check():
 
 
 def test_a_fine_timeout_and_concurrency_are_accepted():
-    from tuner.cli import Seconds
-    from tuner.cli import _levels
+    from sparse_mla_tuner.tuner.cli import Seconds
+    from sparse_mla_tuner.tuner.cli import _levels
 
     assert Seconds().convert("0.5", None, None) == 0.5 and Seconds().convert("3600", None, None) == 3600.0
     assert _levels("1, 96") == [1, 96] and _levels(str(2**63 - 1)) == [2**63 - 1]
@@ -567,8 +567,8 @@ def test_a_yaml_alias_bomb_is_one_sentence_at_once(tmp_path, where):
 
 
 def test_a_small_alias_is_still_allowed_and_messages_show_a_bounded_prefix(tmp_path):
-    from tuner.space import _show
-    from tuner.space import load_space
+    from sparse_mla_tuner.tuner.space import _show
+    from sparse_mla_tuner.tuner.space import load_space
 
     path = tmp_path / "alias.yaml"
     path.write_text(GOOD.replace("num_warps: [4]", "num_warps: &w [4]").replace("num_warps: 4,", "num_warps: 4,"))
@@ -582,7 +582,7 @@ def test_a_small_alias_is_still_allowed_and_messages_show_a_bounded_prefix(tmp_p
 
 
 def test_a_level_beyond_what_a_table_holds_is_one_sentence(tmp_path):
-    from kernels.table import MAX_BATCH
+    from sparse_mla_tuner.kernels.table import MAX_BATCH
 
     path = tmp_path / "big.yaml"
     path.write_text(GOOD.replace("concurrency: [1, 4]", f"concurrency: [1, {2**31 - 1}]"))
@@ -598,14 +598,14 @@ def test_an_older_kernels_record_with_an_unknown_parameter_is_no_prior(tmp_path)
     prior; the search of the current kernel runs (no ValueError traceback)."""
     import sqlite3
 
-    from kernels.config import kernel_source_hash
+    from sparse_mla_tuner.kernels.config import kernel_source_hash
     from tests.recorded import SMALL_SPACE
     from tests.recorded import make_recorded
 
     recorded, space, db = make_recorded(tmp_path / "recorded.db"), tmp_path / "small.yaml", tmp_path / "r.db"
     space.write_text(SMALL_SPACE)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    cmd = [sys.executable, "-m", "tuner", "search", str(space), "-q", "--backend", "replay", "--concurrency", "1"]
+    cmd = [sys.executable, "-m", "sparse_mla_tuner.tuner", "search", str(space), "-q", "--backend", "replay", "--concurrency", "1"]
     cmd += ["--replay-db", f"sqlite:///{recorded}", "--db", f"sqlite:///{db}"]
     first = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=600)
     assert first.returncode == 0, first.stderr
@@ -633,7 +633,7 @@ def test_an_older_kernels_record_with_an_unknown_parameter_is_no_prior(tmp_path)
 @pytest.fixture(scope="module")
 def h200_copy(tmp_path_factory):
     """A copy of the committed H200 results at the current schema (the original is never written)."""
-    from db.store import Store
+    from sparse_mla_tuner.db.store import Store
 
     path = tmp_path_factory.mktemp("h200") / "h200.db"
     shutil.copy(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "h200.db"), path)
@@ -643,7 +643,7 @@ def h200_copy(tmp_path_factory):
 
 def _run_main(args):
     """``tuner ARGS`` as the executable runs it (tuner.cli.main: usage errors too are one line), in this process."""
-    from tuner.cli import main
+    from sparse_mla_tuner.tuner.cli import main
 
     runner = CliRunner()
     old_argv = sys.argv
@@ -792,7 +792,7 @@ def test_a_single_output_file_that_is_a_fifo_directory_or_link_is_one_sentence(t
 
 
 def test_export_without_out_never_writes_into_the_package(tmp_path, h200_copy):
-    import kernels.table as kt
+    import sparse_mla_tuner.kernels.table as kt
 
     before = sorted(p.name for p in kt.CONFIG_DIR.iterdir())
     stamps = {p.name: p.stat().st_mtime_ns for p in kt.CONFIG_DIR.iterdir()}
@@ -811,7 +811,7 @@ def test_export_without_out_never_writes_into_the_package(tmp_path, h200_copy):
 def test_sigterm_asks_the_search_to_stop_as_ctrl_c_does():
     import signal
 
-    from tuner.search import Stop
+    from sparse_mla_tuner.tuner.search import Stop
 
     before = signal.getsignal(signal.SIGTERM)
     with Stop() as stop:
@@ -829,7 +829,7 @@ def test_sigterm_stops_a_search_after_the_running_trial(tmp_path, h200_copy):
 
     db = tmp_path / "t.db"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    cmd = [sys.executable, "-m", "tuner", "search", "search_spaces/v4_flash_tp4.yaml", "-q", "--backend", "replay"]
+    cmd = [sys.executable, "-m", "sparse_mla_tuner.tuner", "search", "search_spaces/v4_flash_tp4.yaml", "-q", "--backend", "replay"]
     cmd += ["--replay-db", h200_copy, "--replay-queue", "database", "--db", f"sqlite:///{db}"]
     proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": root})  # fmt: skip
@@ -860,7 +860,7 @@ def test_one_bad_entry_is_skipped_with_one_warning_and_the_rest_is_used(tmp_path
     import json
     import warnings
 
-    import kernels.table as kt
+    import sparse_mla_tuner.kernels.table as kt
 
     entry = {"BLOCK_T": 32, "num_warps": 4, "num_stages": 1, "TARGET_CTAS": 7}
     name = kt.table_name("dev X", "fp8_v32", 16, 64)
@@ -879,8 +879,8 @@ def test_one_bad_entry_is_skipped_with_one_warning_and_the_rest_is_used(tmp_path
 
 
 def test_the_largest_level_a_space_allows_is_a_key_the_loader_takes():
-    import kernels.table as kt
-    from tuner.space import MAX_CONCURRENCY
+    import sparse_mla_tuner.kernels.table as kt
+    from sparse_mla_tuner.tuner.space import MAX_CONCURRENCY
 
     entry = {"BLOCK_T": 32, "num_warps": 4, "num_stages": 1, "TARGET_CTAS": 7}
     assert list(kt.parse_table({str(MAX_CONCURRENCY): entry})) == [MAX_CONCURRENCY]

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-import kernels
-from kernels import config as kc
+from sparse_mla_tuner import kernels
+from sparse_mla_tuner.kernels import config as kc
 
 DECODE = Path(kernels.__file__).parent / "decode.py"
 
@@ -71,14 +71,14 @@ def _replay(tmp_path, space_text, db):
     space = tmp_path / "small.yaml"
     space.write_text(space_text)
     root = Path(__file__).resolve().parent.parent
-    cmd = [sys.executable, "-m", "tuner", "search", str(space), "-q", "--backend", "replay"]
+    cmd = [sys.executable, "-m", "sparse_mla_tuner.tuner", "search", str(space), "-q", "--backend", "replay"]
     cmd += ["--replay-db", f"sqlite:///{recorded}", "--db", f"sqlite:///{db}", "--concurrency", "1"]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=600)
 
 
 def test_the_space_identity_ignores_comments_and_formatting():
     from tests.recorded import SMALL_SPACE
-    from tuner.space import identity
+    from sparse_mla_tuner.tuner.space import identity
 
     base = identity(SMALL_SPACE)
     assert identity("# tuned on the H200\n" + SMALL_SPACE.replace("\n", "  # note\n", 3)) == base

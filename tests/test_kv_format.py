@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from kernels.kv_format import FORMATS
-from kernels.kv_format import dequantize
-from kernels.kv_format import get_format
-from kernels.kv_format import quantize
+from sparse_mla_tuner.kernels.kv_format import FORMATS
+from sparse_mla_tuner.kernels.kv_format import dequantize
+from sparse_mla_tuner.kernels.kv_format import get_format
+from sparse_mla_tuner.kernels.kv_format import quantize
 
 
 @pytest.mark.parametrize("kv_format", sorted(FORMATS))

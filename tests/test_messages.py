@@ -6,13 +6,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from db.verdicts import Verdict
-from kernels.config import KernelConfig
-from tuner import calibrate
-from tuner.errors import TunerError
-from tuner.protocol import WARNING_AS_ERROR
-from tuner.protocol import MeasureReply
-from tuner.recorder import StudyRecords
+from sparse_mla_tuner.db.verdicts import Verdict
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.tuner import calibrate
+from sparse_mla_tuner.tuner.errors import TunerError
+from sparse_mla_tuner.tuner.protocol import WARNING_AS_ERROR
+from sparse_mla_tuner.tuner.protocol import MeasureReply
+from sparse_mla_tuner.tuner.recorder import StudyRecords
 
 BASELINE = KernelConfig.parse("T16-w4-s2-c4")
 OTHER = KernelConfig.parse("T32-w4-s1-c4")
@@ -51,7 +51,7 @@ def test_a_crash_on_the_cpu_names_no_gpu_and_on_cuda_names_the_gpu():
 
 
 def test_the_measurement_process_finds_a_warning_inside_a_wrapped_error():
-    from tuner.measure_main import _warning_in
+    from sparse_mla_tuner.tuner.measure_main import _warning_in
 
     try:
         try:

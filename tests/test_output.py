@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import tuner_in_process as tuner  # read-only queries: no interpreter start per call
-from tuner.output import WIDTH
-from tuner.output import table
+from sparse_mla_tuner.tuner.output import WIDTH
+from sparse_mla_tuner.tuner.output import table
 
 ROOT = Path(__file__).resolve().parent.parent
 H200_DB = ROOT / "results" / "h200.db"
@@ -127,7 +127,7 @@ def test_a_table_gives_way_in_its_text_columns_never_in_a_config_key():
 
 
 def test_a_column_that_cannot_wrap_is_left_out_and_said(monkeypatch):
-    from tuner.output import fit
+    from sparse_mla_tuner.tuner.output import fit
 
     rows = [{"config": "T32-w4-s1-c256-p3-b1", "median_us": 33.895, "band": "±1.0 %", "workload": "w" * 40}]
     text, left_out = fit(rows, 60)
@@ -136,8 +136,8 @@ def test_a_column_that_cannot_wrap_is_left_out_and_said(monkeypatch):
 
 
 def test_the_search_summary_cuts_no_interval(monkeypatch):
-    from tuner.cli import _search_brief
-    from tuner.output import render
+    from sparse_mla_tuner.tuner.cli import _search_brief
+    from sparse_mla_tuner.tuner.output import render
 
     row = {
         "workload": "v4_flash_layer",
@@ -161,9 +161,9 @@ def test_the_search_summary_cuts_no_interval(monkeypatch):
 
 
 def test_units_have_one_format():
-    from tuner.output import gbps
-    from tuner.output import pct
-    from tuner.output import us
+    from sparse_mla_tuner.tuner.output import gbps
+    from sparse_mla_tuner.tuner.output import pct
+    from sparse_mla_tuner.tuner.output import us
 
     assert us(75.724) == "75.7 µs" and us(75.724, 2) == "75.72 µs" and us(None) == "-"
     assert pct(0.05897) == "±5.9 %" and pct(0.05897, 2, sign=False) == "5.90 %"

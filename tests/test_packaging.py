@@ -48,17 +48,31 @@ def _run(target, *args, cwd):
 def test_the_wheel_carries_the_shipped_spaces(wheel_install):
     wheel, _ = wheel_install
     names = zipfile.ZipFile(wheel).namelist()
-    assert sorted(n for n in names if n.startswith("tuner/search_spaces/")) == [
-        f"tuner/search_spaces/{s}.yaml" for s in SPACES
-    ]
+    spaces = "sparse_mla_tuner/tuner/search_spaces/"
+    assert sorted(n for n in names if n.startswith(spaces)) == [f"{spaces}{s}.yaml" for s in SPACES]
     assert not any(n.startswith("search_spaces/") for n in names)  # no top-level package of that name
+
+
+def test_the_wheel_adds_one_top_level_package(wheel_install):
+    """kernels/, db/ and tuner/ install under sparse_mla_tuner: no top-level `kernels` (a Hugging Face package's
+    name) or `db` to collide with another install, and the console script and plugin point inside it."""
+    wheel, _ = wheel_install
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
+    assert top == {"sparse_mla_tuner"}, top
+    for pkg in ("kernels", "db", "tuner"):
+        assert f"sparse_mla_tuner/{pkg}/__init__.py" in names
+    meta = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    entry = zipfile.ZipFile(wheel).read(meta).decode()
+    assert "tuner = sparse_mla_tuner.tuner.cli:main" in entry
+    assert "sparse_mla_tuner.kernels.sglang_plugin:register" in entry
 
 
 def test_a_shipped_space_by_name_from_a_wheel_install(wheel_install, tmp_path):
     """Outside the checkout, `tuner check smoke` and `load_space("v4_flash_tp4")` find the installed spaces."""
     _, target = wheel_install
     code = (
-        "import tuner.space as s, json; "
+        "import sparse_mla_tuner.tuner.space as s, json; "
         f"print(json.dumps({{n: [s.load_space(n).name, s.resolve_space(n)] for n in {SPACES!r}}}))"
     )
     proc = _run(target, "-c", code, cwd=tmp_path)
@@ -69,7 +83,7 @@ def test_a_shipped_space_by_name_from_a_wheel_install(wheel_install, tmp_path):
     for name, (space_name, path) in got.items():
         assert Path(path).is_relative_to(target) and Path(path).name == f"{name}.yaml"
         assert space_name == name  # each shipped space is named as its file
-    proc = _run(target, "-m", "tuner", "check", "smoke", cwd=tmp_path)
+    proc = _run(target, "-m", "sparse_mla_tuner.tuner", "check", "smoke", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"\d+ feasible / \d+ infeasible for sm_120", proc.stdout + proc.stderr)
 
@@ -77,7 +91,7 @@ def test_a_shipped_space_by_name_from_a_wheel_install(wheel_install, tmp_path):
 def test_an_unknown_space_name_is_one_sentence_naming_the_shipped_ones(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-m", "tuner", "check", "v4_flash"], capture_output=True, text=True, cwd=tmp_path, env=env
+        [sys.executable, "-m", "sparse_mla_tuner.tuner", "check", "v4_flash"], capture_output=True, text=True, cwd=tmp_path, env=env
     )
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     msg = proc.stderr.strip()
@@ -85,7 +99,7 @@ def test_an_unknown_space_name_is_one_sentence_naming_the_shipped_ones(tmp_path)
 
 
 def test_a_file_beats_a_shipped_name(tmp_path, monkeypatch):
-    from tuner.space import resolve_space
+    from sparse_mla_tuner.tuner.space import resolve_space
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "smoke").write_text("name: mine\n")
@@ -103,7 +117,7 @@ def test_report_plots_without_matplotlib_say_how_to_get_it(tmp_path):
         pytest.skip("no committed results database")
     import shutil
 
-    from db.store import Store
+    from sparse_mla_tuner.db.store import Store
 
     copy = tmp_path / "h200.db"
     shutil.copy(db, copy)
@@ -112,7 +126,7 @@ def test_report_plots_without_matplotlib_say_how_to_get_it(tmp_path):
     blocker.mkdir()
     (blocker / "sitecustomize.py").write_text("import sys\nsys.modules['matplotlib'] = None\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocker), str(ROOT)])}
-    cmd = [sys.executable, "-m", "tuner", "report", "--db", f"sqlite:///{copy}"]
+    cmd = [sys.executable, "-m", "sparse_mla_tuner.tuner", "report", "--db", f"sqlite:///{copy}"]
     proc = subprocess.run([*cmd, "--plots", str(tmp_path / "plots")], capture_output=True, text=True, env=env)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
     assert "needs matplotlib" in proc.stderr and "sparse-mla-tuner[report]" in proc.stderr

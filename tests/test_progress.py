@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from tuner.progress import Progress
-from tuner.progress import duration
+from sparse_mla_tuner.tuner.progress import Progress
+from sparse_mla_tuner.tuner.progress import duration
 
 
 class Clock:
@@ -141,10 +141,10 @@ def test_duration():
 
 
 def test_check_many_reports_each_compile_and_nothing_when_cached(tmp_path):
-    from db.store import Store
-    from kernels import KernelConfig
-    from kernels import Workload
-    from tuner.feasibility import check_many
+    from sparse_mla_tuner.db.store import Store
+    from sparse_mla_tuner.kernels import KernelConfig
+    from sparse_mla_tuner.kernels import Workload
+    from sparse_mla_tuner.tuner.feasibility import check_many
 
     store = Store(f"sqlite:///{tmp_path / 'v.db'}")
     wl = Workload("fp8_model1", heads=16, topk=64, page_size=64, context=256)
@@ -169,10 +169,10 @@ exit $FAKE_RC
 
 @pytest.mark.parametrize("rc", [0, 1])
 def test_compile_numbers_reads_progress_while_running_and_keeps_the_error_tail(rc, tmp_path, monkeypatch):
-    from kernels import KernelConfig
-    from kernels import Workload
-    from tuner.errors import FeasibilityError
-    from tuner.feasibility import compile_numbers
+    from sparse_mla_tuner.kernels import KernelConfig
+    from sparse_mla_tuner.kernels import Workload
+    from sparse_mla_tuner.tuner.errors import FeasibilityError
+    from sparse_mla_tuner.tuner.feasibility import compile_numbers
 
     fake = tmp_path / "fake"
     fake.write_text(FAKE_COMPILER)
@@ -211,7 +211,7 @@ sampler: {name: grid, seed: 0}
 
 def tuner(*args):
     exe = shutil.which("tuner")
-    cmd = [exe] if exe else [sys.executable, "-m", "tuner"]
+    cmd = [exe] if exe else [sys.executable, "-m", "sparse_mla_tuner.tuner"]
     # stderr is a pipe, not a TTY: the plain-lines mode; one compile at a time keeps a shared CPU usable
     env = {**os.environ, "TUNER_COMPILE_JOBS": "1", "TUNER_PROGRESS_INTERVAL_S": "0"}
     return subprocess.run(cmd + list(args), capture_output=True, text=True, env=env, timeout=600)
@@ -243,8 +243,8 @@ def test_check_rows_per_compiled_binary_with_progress_lines(tiny):
 
 
 def test_check_all_lists_every_config_in_the_old_field_order(tiny):
-    from kernels.config import PARAM_NAMES
-    from tuner.cli import CHECK_FIELDS
+    from sparse_mla_tuner.kernels.config import PARAM_NAMES
+    from sparse_mla_tuner.tuner.cli import CHECK_FIELDS
 
     space, db, _ = tiny
     proc = tuner("check", space, "--all", "-f", "json", "--db", db)

@@ -72,8 +72,8 @@ def test_a_whole_call_workload_is_read_back_whole(regenerated):
     """The V4 layer call attends a second cache in the same softmax: its bytes count in % copy BW."""
     import sqlite3
 
-    from db.models import WorkloadModel
-    from kernels.workload import Workload
+    from sparse_mla_tuner.db.models import WorkloadModel
+    from sparse_mla_tuner.kernels.workload import Workload
 
     con = sqlite3.connect(regenerated / "results" / "h200.db")
     row = con.execute(
@@ -119,10 +119,10 @@ HOSTILE = "GPU\n## injected\n| x | y |\n![img](http://evil/x.png) `code` $x^2$ <
 
 
 def test_markdown_file_names_and_plot_labels_quote_stored_strings():
-    from tuner.report import file_stem
-    from tuner.report import md
-    from tuner.report import md_code
-    from tuner.report import plot_text
+    from sparse_mla_tuner.tuner.report import file_stem
+    from sparse_mla_tuner.tuner.report import md
+    from sparse_mla_tuner.tuner.report import md_code
+    from sparse_mla_tuner.tuner.report import plot_text
 
     text = md(HOSTILE)
     assert "\n" not in text and "\x00" not in text
@@ -140,8 +140,8 @@ def test_a_report_from_a_database_with_hostile_names_keeps_them_as_text(tmp_path
     a path in it neither breaks the report's structure nor writes a plot outside the plots folder."""
     import sqlite3
 
-    from db.store import Store
-    from tuner.report import render_report
+    from sparse_mla_tuner.db.store import Store
+    from sparse_mla_tuner.tuner.report import render_report
 
     src = tmp_path / "h.db"
     shutil.copy(H200_DB, src)
@@ -164,8 +164,8 @@ def test_plots_without_matplotlib_are_one_sentence(tmp_path, monkeypatch):
     without plots still works."""
     from click.testing import CliRunner
 
-    from db.store import Store
-    from tuner.cli import cli
+    from sparse_mla_tuner.db.store import Store
+    from sparse_mla_tuner.tuner.cli import cli
 
     url = f"sqlite:///{tmp_path / 'h.db'}"
     shutil.copy(H200_DB, tmp_path / "h.db")

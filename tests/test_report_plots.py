@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from db.store import Store
+from sparse_mla_tuner.db.store import Store
 from tests.conftest import tuner_in_process as tuner
-from tuner.report import load_bench
-from tuner.report import render_report
+from sparse_mla_tuner.tuner.report import load_bench
+from sparse_mla_tuner.tuner.report import render_report
 
 pytest.importorskip("matplotlib")
 
@@ -80,7 +80,7 @@ def test_the_median_plot_carries_flashmla_from_the_same_run_benchmark(drawn):
 
 def test_a_benchmark_points_match_its_call_only():
     bench = load_bench(str(ROOT / BENCHES[0]))
-    from kernels.workload import Workload
+    from sparse_mla_tuner.kernels.workload import Workload
 
     v4 = bench.points(Workload("fp8_model1", 16, 512))
     assert v4 and all(math.isfinite(a) and math.isfinite(b) for a, b in v4.values())

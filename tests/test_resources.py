@@ -15,17 +15,17 @@ import pytest
 import sqlalchemy
 from click.testing import CliRunner
 
-from db.errors import DatabaseError
-from db.store import Store
-from db.store import resource_error
-from tuner.cli import cli
+from sparse_mla_tuner.db.errors import DatabaseError
+from sparse_mla_tuner.db.store import Store
+from sparse_mla_tuner.db.store import resource_error
+from sparse_mla_tuner.tuner.cli import cli
 
 SMOKE = "search_spaces/smoke.yaml"
 
 
 def _tuner_cmd():
     exe = shutil.which("tuner")
-    return [exe] if exe else [sys.executable, "-m", "tuner"]
+    return [exe] if exe else [sys.executable, "-m", "sparse_mla_tuner.tuner"]
 
 
 def _count(path, table="tuner_trials") -> int:
@@ -169,7 +169,7 @@ def test_a_disk_that_fills_mid_search_is_one_sentence_and_loses_nothing(tmp_path
     test_search_stops_when_its_database_is_deleted_or_replaced's."""
     from tests.recorded import SMALL_SPACE
     from tests.recorded import make_recorded
-    from tuner.space import load_space
+    from sparse_mla_tuner.tuner.space import load_space
 
     recorded, space = make_recorded(tmp_path / "recorded.db"), tmp_path / "small.yaml"
     space.write_text(SMALL_SPACE)

@@ -21,7 +21,7 @@ SMOKE = "search_spaces/smoke.yaml"
 
 def tuner(*args, env=None, timeout=600):
     exe = shutil.which("tuner")
-    cmd = [exe] if exe else [sys.executable, "-m", "tuner"]
+    cmd = [exe] if exe else [sys.executable, "-m", "sparse_mla_tuner.tuner"]
     return subprocess.run(
         cmd + list(args), capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout
     )
@@ -105,14 +105,14 @@ def test_kill_9_loses_at_most_the_running_trial_and_resume_completes(tmp_path, s
     trial a beat, so both go stale after the grace period, are re-queued and measured."""
     import optuna
 
-    from kernels.config import KernelConfig
-    from tuner.space import load_space
-    from tuner.study import optuna_distributions
+    from sparse_mla_tuner.kernels.config import KernelConfig
+    from sparse_mla_tuner.tuner.space import load_space
+    from sparse_mla_tuner.tuner.study import optuna_distributions
 
     path = tmp_path / "k.db"
     url = f"sqlite:///{path}"
     exe = shutil.which("tuner")
-    cmd = ([exe] if exe else [sys.executable, "-m", "tuner"]) + [
+    cmd = ([exe] if exe else [sys.executable, "-m", "sparse_mla_tuner.tuner"]) + [
         "search",
         SMOKE,
         "--db",
@@ -151,7 +151,7 @@ def test_kill_9_loses_at_most_the_running_trial_and_resume_completes(tmp_path, s
 def test_ctrl_c_stops_after_the_running_trial(tmp_path, smoke_db):
     path = tmp_path / "i.db"
     exe = shutil.which("tuner")
-    cmd = ([exe] if exe else [sys.executable, "-m", "tuner"]) + ["search", SMOKE, "--db", f"sqlite:///{path}", "-q"]
+    cmd = ([exe] if exe else [sys.executable, "-m", "sparse_mla_tuner.tuner"]) + ["search", SMOKE, "--db", f"sqlite:///{path}", "-q"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 5 * smoke_db["wall_s"]
     while time.monotonic() < deadline and _count(path) < 1:
@@ -266,7 +266,7 @@ def test_check_in_every_format(fmt, check_db):
     proc = query("check", SMOKE, "-f", fmt, "--db", f"sqlite:///{check_db}")
     assert proc.returncode == 0, proc.stderr
     if fmt == "json":
-        from kernels.config import PARAM_NAMES
+        from sparse_mla_tuner.kernels.config import PARAM_NAMES
 
         rows = json.loads(proc.stdout)
         assert [list(r) for r in rows][0] == [
@@ -310,7 +310,7 @@ def test_export_writes_the_table_the_kernel_reads(smoke_db, tmp_path):
         assert entry["BLOCK_T"] * entry["num_stages"] < 64  # never the infeasible T32-s2
     side = json.loads((out / f"{name}.provenance.json").read_text())
     assert {e["verdict"] for e in side["entries"].values()} == {"ok"}
-    from kernels.table import lookup_config
+    from sparse_mla_tuner.kernels.table import lookup_config
 
     cfg = lookup_config("cpu-interpreter", "fp8_model1", 16, 32, 3, config_dir=out)  # nearest key: 4
     assert cfg.as_dict() == table["4"]
@@ -324,7 +324,7 @@ def test_export_writes_the_table_the_kernel_reads(smoke_db, tmp_path):
 def test_stale_table_warns_with_both_hashes(tmp_path):
     import warnings
 
-    import kernels.table as kc
+    import sparse_mla_tuner.kernels.table as kc
 
     name = kc.table_name("dev", "fp8_v32", 16, 64)
     entry = {"BLOCK_T": 16, "num_warps": 4, "num_stages": 1, "TARGET_CTAS": 8}
@@ -335,7 +335,7 @@ def test_stale_table_warns_with_both_hashes(tmp_path):
         warnings.simplefilter("always")
         cfg = kc.lookup_config("dev", "fp8_v32", 16, 64, 1, config_dir=tmp_path)
     assert cfg.TARGET_CTAS == 8
-    from kernels.config import kernel_source_hash
+    from sparse_mla_tuner.kernels.config import kernel_source_hash
 
     assert any("000000000000" in str(x.message) and kernel_source_hash() in str(x.message) for x in w)
 
@@ -451,8 +451,8 @@ def test_a_changed_kernel_measures_the_previous_kernels_best_first(smoke_db, tmp
     con.execute("UPDATE studies SET study_name = study_name || '-old'")  # Optuna's table
     con.commit()
     con.close()
-    from db import queries
-    from db.store import Store
+    from sparse_mla_tuner.db import queries
+    from sparse_mla_tuner.db.store import Store
 
     with Store(url, readonly=True).session() as s:
         ranked = queries.prior_picks(s, -1, 1, space="smoke")
@@ -479,8 +479,8 @@ def test_a_changed_kernel_measures_the_previous_kernels_best_first(smoke_db, tmp
 
 
 def test_a_value_the_previous_kernel_never_ran_is_tried_on_its_best_configs():
-    from kernels import KernelConfig
-    from tuner.study import new_value_variants
+    from sparse_mla_tuner.kernels import KernelConfig
+    from sparse_mla_tuner.tuner.study import new_value_variants
 
     best = [KernelConfig.parse(k) for k in ("T32-w4-s1-c768", "T64-w8-s1-c128-p1", "T32-w4-s2-c256")]
     measured = [*best, KernelConfig.parse("T16-w4-s1-c512")]

@@ -13,15 +13,15 @@ from importlib.metadata import entry_points
 import pytest
 import torch
 
-import kernels.decode as decode
-from kernels import sglang_plugin as plugin
-from kernels.config import KernelConfig
-from kernels.reference import sparse_mla_decode_ref
-from kernels.table import fit_config
-from kernels.table import nearest_shape
-from kernels.table import tuned_shapes
-from kernels.workload import Workload
-from kernels.workload import make_batch
+import sparse_mla_tuner.kernels.decode as decode
+from sparse_mla_tuner.kernels import sglang_plugin as plugin
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.reference import sparse_mla_decode_ref
+from sparse_mla_tuner.kernels.table import fit_config
+from sparse_mla_tuner.kernels.table import nearest_shape
+from sparse_mla_tuner.kernels.table import tuned_shapes
+from sparse_mla_tuner.kernels.workload import Workload
+from sparse_mla_tuner.kernels.workload import make_batch
 
 HAS_SGLANG = importlib.util.find_spec("sglang") is not None
 needs_sglang = pytest.mark.skipif(not HAS_SGLANG, reason="SGLang is not importable (.ci/run installs it aside)")
@@ -99,7 +99,7 @@ def sglang_reference(mod, kw):
 def test_load_plugins_discovers_the_entry_point_and_the_registry_applies_it(sglang_env):
     mod, plugins, registry, original = sglang_env
     names = {ep.name: ep.value for ep in entry_points(group=plugins.GENERAL_PLUGINS_GROUP)}
-    assert names.get(plugin.PLUGIN_NAME) == "kernels.sglang_plugin:register", (
+    assert names.get(plugin.PLUGIN_NAME) == "sparse_mla_tuner.kernels.sglang_plugin:register", (
         "the package's entry point is not installed (pip install -e . after changing pyproject.toml)"
     )
     plugins.load_plugins()
@@ -304,7 +304,7 @@ def test_export_writes_the_tables_of_named_shapes(tmp_path):
     import os
     import shutil
 
-    from db.store import Store
+    from sparse_mla_tuner.db.store import Store
     from tests.conftest import tuner_in_process as tuner
 
     db = tmp_path / "h200.db"

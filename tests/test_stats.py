@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tuner import stats
+from sparse_mla_tuner.tuner import stats
 
 ROUNDS = 10  # the shipped spaces' default
 REPS = 300

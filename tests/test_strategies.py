@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernels.config import KernelConfig
-from kernels.workload import Workload
-from tuner import strategies
-from tuner.strategies import Level
-from tuner.strategies import surrogate
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.workload import Workload
+from sparse_mla_tuner.tuner import strategies
+from sparse_mla_tuner.tuner.strategies import Level
+from sparse_mla_tuner.tuner.strategies import surrogate
 
 ROOT = Path(__file__).resolve().parent.parent
 WL = Workload("fp8_model1", 16, 512)
@@ -177,7 +177,7 @@ SMOKE = str(ROOT / "search_spaces" / "smoke.yaml")
 
 
 def _tuner(*args):
-    return subprocess.run([sys.executable, "-m", "tuner", *args], capture_output=True, text=True, cwd=ROOT)
+    return subprocess.run([sys.executable, "-m", "sparse_mla_tuner.tuner", *args], capture_output=True, text=True, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -256,9 +256,9 @@ def test_optuna_values_are_the_ratio_times_this_studys_own_baseline(recorded):
 
 def test_a_calibration_of_another_kernel_is_not_a_studys_aa(tmp_path):
     """A stored calibration informs the band only if its kernel hash matches."""
-    from db import queries
-    from db import record
-    from db.store import Store
+    from sparse_mla_tuner.db import queries
+    from sparse_mla_tuner.db import record
+    from sparse_mla_tuner.db.store import Store
 
     store = Store(f"sqlite:///{tmp_path / 'cal.db'}")
     info = {
@@ -381,7 +381,7 @@ def test_a_launch_is_promoted_when_it_ranks_in_the_best_third_or_near_the_best()
     import threading
     from types import SimpleNamespace
 
-    from tuner.study import StudyRun
+    from sparse_mla_tuner.tuner.study import StudyRun
 
     def promoted(ratio, measured):
         lvl = Level(8, WL, _candidates(), band=0.01)
@@ -550,7 +550,7 @@ def test_proposals_go_on_while_an_optimization_runs_and_use_its_result_after(mon
     import concurrent.futures
     import threading
 
-    from tuner.strategies import hpo
+    from sparse_mla_tuner.tuner.strategies import hpo
 
     gate, calls, real = threading.Event(), [], hpo.optimize
 

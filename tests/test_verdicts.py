@@ -12,9 +12,9 @@ import time
 import numpy as np
 import pytest
 
-from db.verdicts import Effect
+from sparse_mla_tuner.db.verdicts import Effect
 from tests.conftest import tuner_in_process
-from tuner import stats
+from sparse_mla_tuner.tuner import stats
 
 ROUNDS, FINALIST_ROUNDS, FINALISTS = 10, 30, 3  # the shipped spaces' measurement settings
 
@@ -108,7 +108,7 @@ measurement: {rounds: 3, finalists: 2, finalist_rounds: 3, trial_timeout_s: 600}
 
 
 def tuner(*args, timeout=900):
-    cmd = [sys.executable, "-m", "tuner", *args]
+    cmd = [sys.executable, "-m", "sparse_mla_tuner.tuner", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
 
 
@@ -156,9 +156,9 @@ def test_calibrate_prints_and_stores_the_band(tmp_path):
 def _picks(url, ratios=None):
     """(space, C) -> launch identity of `tuner best`'s pick, read back through the query API; ``ratios``, if
     given, is filled with (space, C) -> ({launch identity: its ratio}, the level's band) of the same trials."""
-    from db import queries
-    from db.store import Store
-    from kernels.config import launch_identity
+    from sparse_mla_tuner.db import queries
+    from sparse_mla_tuner.db.store import Store
+    from sparse_mla_tuner.kernels.config import launch_identity
 
     out = {}
     with Store(url, readonly=True).session() as s:
@@ -229,10 +229,10 @@ def test_replay_of_the_h200_database_reproduces_its_picks(tmp_path):
 def test_replay_answers_a_config_with_the_recording_of_its_launch():
     """A bounded search records one config of a launch (TARGET_CTAS values that clamp to one split count);
     a replayed grid asks for the launch's first config. It gets the latest recording of that launch."""
-    from kernels import KernelConfig
-    from tuner.replay import ReplaySource
-    from tuner.space import load_space
-    from tuner.study import launch_key
+    from sparse_mla_tuner.kernels import KernelConfig
+    from sparse_mla_tuner.tuner.replay import ReplaySource
+    from sparse_mla_tuner.tuner.space import load_space
+    from sparse_mla_tuner.tuner.study import launch_key
 
     source = ReplaySource("sqlite:///results/h200.db", None, "b0979f66ca00")  # its bounded V3.2 searches
     sp = load_space("search_spaces/v32_tp8.yaml")

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from kernels import Workload
-from kernels import make_batch
-from tuner.errors import SpaceError
-from tuner.space import load_space
+from sparse_mla_tuner.kernels import Workload
+from sparse_mla_tuner.kernels import make_batch
+from sparse_mla_tuner.tuner.errors import SpaceError
+from sparse_mla_tuner.tuner.space import load_space
 
 LAYER = """\
 name: layer
@@ -97,7 +97,7 @@ def test_a_whole_call_is_checked_measured_and_recorded(tmp_path):
         [
             sys.executable,
             "-m",
-            "tuner",
+            "sparse_mla_tuner.tuner",
             "search",
             str(space),
             "--db",
@@ -129,11 +129,11 @@ def test_a_whole_call_is_checked_measured_and_recorded(tmp_path):
 
 
 def test_the_recorded_split_count_counts_every_query_token_as_a_row(monkeypatch):
-    from kernels import KernelConfig
-    from kernels.config import split_grid
-    from tuner import measure_main
-    from tuner.protocol import CalibrateRequest
-    from tuner.protocol import MeasureRequest
+    from sparse_mla_tuner.kernels import KernelConfig
+    from sparse_mla_tuner.kernels.config import split_grid
+    from sparse_mla_tuner.tuner import measure_main
+    from sparse_mla_tuner.tuner.protocol import CalibrateRequest
+    from sparse_mla_tuner.tuner.protocol import MeasureRequest
 
     monkeypatch.setattr(measure_main, "BACKEND", "interpreter")
     wl = Workload("fp8_model1", 16, 64, page_size=64, context=128, q_tokens=2)
@@ -152,10 +152,10 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from kernels.config import KernelConfig
-from kernels.decode import compile_spec
-from kernels.workload import Workload
-from tuner.compile_process import _resources
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.decode import compile_spec
+from sparse_mla_tuner.kernels.workload import Workload
+from sparse_mla_tuner.tuner.compile_process import _resources
 
 window = Workload("fp8_model1", 16, 128, page_size=64, context=128)
 compressed = Workload("fp8_model1", 16, 512, page_size=64, context=8192)

@@ -25,7 +25,7 @@ CONFIGS = ["T16-w4-s1-c4", "T16-w4-s2-c4", "T32-w4-s1-c4", "T32-w4-s2-c4"]
 
 def _cmd(*args):
     exe = shutil.which("tuner")
-    return ([exe] if exe else [sys.executable, "-m", "tuner"]) + list(args)
+    return ([exe] if exe else [sys.executable, "-m", "sparse_mla_tuner.tuner"]) + list(args)
 
 
 @pytest.fixture
@@ -140,8 +140,8 @@ def test_a_verdict_cached_by_two_processes_at_once_is_written_once(db_url):
     inserts collided (a unique-key error, SQLite and PostgreSQL alike), and one of four first starts failed."""
     import threading
 
-    from db import queries
-    from db.store import Store
+    from sparse_mla_tuner.db import queries
+    from sparse_mla_tuner.db.store import Store
 
     store = Store(db_url)
     first, second = {"shared": 1024, "registers": 96, "stack": 0}, {"shared": 1, "registers": 1, "stack": 1}

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from db import queries
-from db import record
-from db.verdicts import Verdict
-from kernels.config import KernelConfig
-from kernels.config import kernel_source_hash
-from tuner import stats
-from tuner.errors import TunerError
-from tuner.protocol import WARNING_AS_ERROR
-from tuner.protocol import CalibrateRequest
+from sparse_mla_tuner.db import queries
+from sparse_mla_tuner.db import record
+from sparse_mla_tuner.db.verdicts import Verdict
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.config import kernel_source_hash
+from sparse_mla_tuner.tuner import stats
+from sparse_mla_tuner.tuner.errors import TunerError
+from sparse_mla_tuner.tuner.protocol import WARNING_AS_ERROR
+from sparse_mla_tuner.tuner.protocol import CalibrateRequest
 
 
 def study_pairs(rounds: int) -> int:

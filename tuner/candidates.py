@@ -11,12 +11,12 @@ import math
 
 import optuna
 
-from db import queries
-from db.verdicts import Verdict
-from kernels.config import BY_NAME
-from kernels.config import KernelConfig
-from kernels.config import Role
-from tuner import strategies
+from sparse_mla_tuner.db import queries
+from sparse_mla_tuner.db.verdicts import Verdict
+from sparse_mla_tuner.kernels.config import BY_NAME
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.config import Role
+from sparse_mla_tuner.tuner import strategies
 
 WAITING, RUNNING = optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING
 MODES = ("PREFETCH",)  # parameters whose values are modes, not a scale (kernels/config.py): any steps to any

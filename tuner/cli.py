@@ -11,19 +11,19 @@ from pathlib import Path
 
 import click
 
-from db.errors import QUOTE_MAX
-from db.errors import DatabaseError
-from db.errors import quote
-from db.verdicts import Phase
-from db.verdicts import Verdict
-from kernels.config import PARAM_NAMES
-from kernels.config import KernelConfig
-from tuner import __version__
-from tuner.errors import TunerError
-from tuner.output import format_option
-from tuner.output import pct
-from tuner.output import render
-from tuner.output import varying
+from sparse_mla_tuner.db.errors import QUOTE_MAX
+from sparse_mla_tuner.db.errors import DatabaseError
+from sparse_mla_tuner.db.errors import quote
+from sparse_mla_tuner.db.verdicts import Phase
+from sparse_mla_tuner.db.verdicts import Verdict
+from sparse_mla_tuner.kernels.config import PARAM_NAMES
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.tuner import __version__
+from sparse_mla_tuner.tuner.errors import TunerError
+from sparse_mla_tuner.tuner.output import format_option
+from sparse_mla_tuner.tuner.output import pct
+from sparse_mla_tuner.tuner.output import render
+from sparse_mla_tuner.tuner.output import varying
 
 CHECK_FIELDS = PARAM_NAMES + (
     "shared_bytes",
@@ -44,7 +44,7 @@ MESSAGE_MAX = 1000
 def one_line(text: str) -> str:
     """A message as one line of sane length: any run of QUOTE_MAX + 50 or more characters without a space
     (user input echoed by a library) is cut to QUOTE_MAX and its length said, and the whole line too."""
-    from tuner.output import plain
+    from sparse_mla_tuner.tuner.output import plain
 
     text = plain(" ".join(str(text).split()))  # a terminal escape in a stored name is shown, not obeyed
     text = LONG_TOKEN.sub(lambda m: f"{m.group(0)[:QUOTE_MAX]}... ({len(m.group(0))} characters)", text)
@@ -70,7 +70,7 @@ def expected_errors(fn):
             click.echo("interrupted", err=True)
             sys.exit(130)
         except Exception as e:  # disk full, read-only, quota: Optuna's and SQLAlchemy's errors wrap the cause
-            from db.store import resource_error
+            from sparse_mla_tuner.db.store import resource_error
 
             err = resource_error(e, kwargs.get("db_url") or "the results database")
             if err is None:
@@ -181,7 +181,7 @@ def _values_text(v) -> str:
 
 
 def _check_brief(rows: list[dict]) -> list[dict]:
-    from kernels.config import PARAMS
+    from sparse_mla_tuner.kernels.config import PARAMS
 
     out = []
     for r in rows:
@@ -207,7 +207,7 @@ def _check_brief(rows: list[dict]) -> list[dict]:
 
 
 def _search_brief(rows: list[dict]) -> list[dict]:
-    from db.verdicts import Verdict as V
+    from sparse_mla_tuner.db.verdicts import Verdict as V
 
     out = []
     for r in rows:
@@ -343,12 +343,12 @@ def check(
     once Triton has allocated shared memory: the verdict is the compiler's own shared size for the
     target, and registers and spills stay empty; --registers compiles through ptxas for them.
     """
-    from db.store import Store
-    from kernels.config import PARAMS
-    from tuner.feasibility import check_many
-    from tuner.progress import Progress
-    from tuner.space import TARGETS
-    from tuner.space import load_space
+    from sparse_mla_tuner.db.store import Store
+    from sparse_mla_tuner.kernels.config import PARAMS
+    from sparse_mla_tuner.tuner.feasibility import check_many
+    from sparse_mla_tuner.tuner.progress import Progress
+    from sparse_mla_tuner.tuner.space import TARGETS
+    from sparse_mla_tuner.tuner.space import load_space
 
     space = load_space(space_file)
     store = Store(db_url)
@@ -508,11 +508,11 @@ def search(
     an earlier run finished measures nothing (--redo searches it again; a larger --n-trials continues it).
     Ctrl-C stops after the running trial.
     """
-    from db.store import Store
-    from tuner.search import Options
-    from tuner.search import run_search
-    from tuner.space import load_space
-    from tuner.summary import time_lines
+    from sparse_mla_tuner.db.store import Store
+    from sparse_mla_tuner.tuner.search import Options
+    from sparse_mla_tuner.tuner.search import run_search
+    from sparse_mla_tuner.tuner.space import load_space
+    from sparse_mla_tuner.tuner.summary import time_lines
 
     space = load_space(space_file)
     levels = _levels(concurrency)
@@ -520,7 +520,7 @@ def search(
     if (replay_db or replay_kernel or replay_queue != "memory") and backend != "replay":
         raise TunerError("--replay-db, --replay-kernel and --replay-queue need --backend replay")
     if replay_db:  # checked as --db is, before anything is created
-        from db.store import check_url
+        from sparse_mla_tuner.db.store import check_url
 
         check_url(replay_db, create=False, option="--replay-db")
     _check_workers(workers, _backend(backend))
@@ -558,7 +558,7 @@ def search(
 
 def _first_configs(text: str | None, space) -> list:
     """``--first``: config keys of the space, in the order given."""
-    from kernels import KernelConfig
+    from sparse_mla_tuner.kernels import KernelConfig
 
     if not text:
         return []
@@ -638,12 +638,12 @@ def calibrate(space_file, workload_name, concurrency, pairs, backend, quiet, fmt
     policy calls an A/A trial non-flat. `tuner search` uses the latest calibration of the same
     environment, workload and concurrency.
     """
-    from db.store import Store
-    from tuner import calibrate as cal
-    from tuner.progress import Progress
-    from tuner.search import Options
-    from tuner.search import start_processes
-    from tuner.space import load_space
+    from sparse_mla_tuner.db.store import Store
+    from sparse_mla_tuner.tuner import calibrate as cal
+    from sparse_mla_tuner.tuner.progress import Progress
+    from sparse_mla_tuner.tuner.search import Options
+    from sparse_mla_tuner.tuner.search import start_processes
+    from sparse_mla_tuner.tuner.space import load_space
 
     space = load_space(space_file)
     workloads = [w for w in space.workloads if workload_name in (None, w.name)]
@@ -739,8 +739,8 @@ def _best_row(t) -> dict:
 @expected_errors
 def best(concurrency, space, workload, device, backend, fmt, db_url):
     """The best `ok` config at a concurrency, with its CI, ratio to baseline and noise verdict."""
-    from db import queries
-    from db.store import Store
+    from sparse_mla_tuner.db import queries
+    from sparse_mla_tuner.db.store import Store
 
     store = Store(db_url, readonly=True)
     with store.session() as s:
@@ -758,7 +758,7 @@ def best(concurrency, space, workload, device, backend, fmt, db_url):
 
 def _no_level(store, concurrency: int, **where) -> str:
     """Why ``best`` found nothing: the levels that do hold ok results (under the same filters), and the nearest."""
-    from db import queries
+    from sparse_mla_tuner.db import queries
 
     with store.session() as s:
         levels = queries.ok_levels(s, **where)
@@ -797,9 +797,9 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
     """Every trial: config, verdict, reason, feasibility numbers, median and ratio."""
     from sqlalchemy import select
 
-    from db import queries
-    from db.models import TrialModel
-    from db.store import Store
+    from sparse_mla_tuner.db import queries
+    from sparse_mla_tuner.db.models import TrialModel
+    from sparse_mla_tuner.db.store import Store
 
     store = Store(db_url, readonly=True)
     with store.session() as s:
@@ -879,24 +879,24 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
 @expected_errors
 def export(out_dir, export_format, backend, record, shapes, db_url):
     """Write the kernel's autotune tables: the best ok config per concurrency, per device and workload."""
-    from db.store import Store
-    from tuner.export import export_tables
-    from tuner.export import parse_shape
-    from tuner.export import triton_module
+    from sparse_mla_tuner.db.store import Store
+    from sparse_mla_tuner.tuner.export import export_tables
+    from sparse_mla_tuner.tuner.export import parse_shape
+    from sparse_mla_tuner.tuner.export import triton_module
 
     store = Store(db_url, create=False) if record and export_format != "triton" else Store(db_url, readonly=True)
     if export_format == "triton" and shapes:
         raise TunerError("--shape applies to the engine and sglang formats, not to --format triton")
     if export_format == "triton":
         if out_dir is not None:
-            from tuner.export import check_output
+            from sparse_mla_tuner.tuner.export import check_output
 
             check_output(Path(out_dir))
         text = triton_module(store, backend)
         if out_dir is None:
             click.echo(text, nl=False)
             return
-        from tuner.export import write_file
+        from sparse_mla_tuner.tuner.export import write_file
 
         write_file(Path(out_dir), text)  # atomically, a regular file only (never a FIFO, never through a link)
         click.echo(out_dir)
@@ -918,7 +918,7 @@ def export(out_dir, export_format, backend, record, shapes, db_url):
     "bench_files",
     multiple=True,
     type=click.Path(dir_okay=False),
-    help="A same-run benchmark of ours against FlashMLA (JSON of python -m kernels.bench or kernels.bench_call; "
+    help="A same-run benchmark of ours against FlashMLA (JSON of python -m sparse_mla_tuner.kernels.bench or kernels.bench_call; "
     "repeatable): the median plot of its device and call shows FlashMLA from it.",
 )
 @db_option
@@ -927,12 +927,12 @@ def report(output, plots_dir, bench_files, db_url):
     """The A/B report: noise band, best per concurrency, each lever's effect, dead ends, infeasible configs."""
     import os.path
 
-    from db.store import Store
-    from tuner.report import load_bench
-    from tuner.report import render_report
+    from sparse_mla_tuner.db.store import Store
+    from sparse_mla_tuner.tuner.report import load_bench
+    from sparse_mla_tuner.tuner.report import render_report
 
     if output:  # a FIFO, a directory or a link where the report should go: one sentence before any work
-        from tuner.export import check_output
+        from sparse_mla_tuner.tuner.export import check_output
 
         check_output(Path(output))
     prefix = ""
@@ -944,7 +944,7 @@ def report(output, plots_dir, bench_files, db_url):
     except OSError as e:
         raise TunerError(f"cannot write {e.filename or plots_dir}: {e.strerror}") from None
     if output:
-        from tuner.export import write_file
+        from sparse_mla_tuner.tuner.export import write_file
 
         write_file(Path(output), text)  # atomically, a regular file only (never a FIFO, never through a link)
         click.echo(f"wrote {output}", err=True)
@@ -959,8 +959,8 @@ def report(output, plots_dir, bench_files, db_url):
 @expected_errors
 def show(trial_id, fmt, db_url):
     """Everything about trial TRIAL_ID (see `tuner trials`), raw samples included."""
-    from db.models import TrialModel
-    from db.store import Store
+    from sparse_mla_tuner.db.models import TrialModel
+    from sparse_mla_tuner.db.store import Store
 
     store = Store(db_url, readonly=True)
     with store.session() as s:
@@ -1016,9 +1016,9 @@ def compare(config_a, config_b, space, fmt, db_url):
     One row per study that measured both: a level measured with several kernels (each kernel source
     is its own study) has one row per kernel, told apart by the `kernel` column (its source hash).
     """
-    from db import queries
-    from db.store import Store
-    from tuner import stats
+    from sparse_mla_tuner.db import queries
+    from sparse_mla_tuner.db.store import Store
+    from sparse_mla_tuner.tuner import stats
 
     config_a, config_b = (str(_parse_config(c)) for c in (config_a, config_b))
     store = Store(db_url, readonly=True)
@@ -1080,9 +1080,9 @@ def studies(fmt, db_url):
     """Every study: space, workload, concurrency, device, backend, noise band and trial counts."""
     from sqlalchemy import select
 
-    from db import queries
-    from db.models import StudyModel
-    from db.store import Store
+    from sparse_mla_tuner.db import queries
+    from sparse_mla_tuner.db.models import StudyModel
+    from sparse_mla_tuner.db.store import Store
 
     store = Store(db_url, readonly=True)
     rows = []
@@ -1120,10 +1120,10 @@ def upgrade(db_url):
     """Migrate an older results database to the current schema (nothing is dropped), and give every Optuna
     study that an older search left without them its metric name and attributes (optuna-dashboard shows
     every study alike)."""
-    from db.store import Store
-    from db.store import head_revision
-    from tuner.upgrade import METRIC
-    from tuner.upgrade import label_studies
+    from sparse_mla_tuner.db.store import Store
+    from sparse_mla_tuner.db.store import head_revision
+    from sparse_mla_tuner.tuner.upgrade import METRIC
+    from sparse_mla_tuner.tuner.upgrade import label_studies
 
     store = Store(db_url, upgrade=True, create=False)
     labelled = label_studies(store)
@@ -1152,7 +1152,7 @@ def _compact_brief(rows: list[dict]) -> list[dict]:
 @expected_errors
 def compact(keep, dry_run, fmt, db_url):
     """Drop the raw samples and Optuna studies of superseded kernels, keeping their trials and statistics; VACUUM."""
-    from tuner.compact import compact as run
+    from sparse_mla_tuner.tuner.compact import compact as run
 
     done = run(db_url, tuple(keep), dry_run)
     click.echo(render(done.rows, fmt, _compact_brief))

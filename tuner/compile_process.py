@@ -38,9 +38,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels.config import KernelConfig
-from kernels.decode import compile_spec
-from kernels.workload import Workload
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.decode import compile_spec
+from sparse_mla_tuner.kernels.workload import Workload
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 # one stderr line per finished job; tuner.feasibility.PROGRESS_LINE parses it (kept apart: importing this

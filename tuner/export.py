@@ -35,27 +35,27 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from db import queries
-from db.models import ExportModel
-from db.models import TrialModel
-from db.paths import PathError
-from db.paths import check_target
-from db.paths import folder as safe_folder
-from db.paths import write_atomic
-from db.store import Store
-from db.store import redact_url
-from db.verdicts import Verdict
-from kernels.config import PARAMS
-from kernels.config import Role
-from kernels.table import ENV_DIR
-from kernels.table import device_slug
-from kernels.table import nearest_shape
-from kernels.table import raw_slug
-from kernels.table import sidecar_path
-from kernels.table import table_name
-from kernels.table import triton_folder
-from kernels.table import version_tuple
-from tuner.errors import TunerError
+from sparse_mla_tuner.db import queries
+from sparse_mla_tuner.db.models import ExportModel
+from sparse_mla_tuner.db.models import TrialModel
+from sparse_mla_tuner.db.paths import PathError
+from sparse_mla_tuner.db.paths import check_target
+from sparse_mla_tuner.db.paths import folder as safe_folder
+from sparse_mla_tuner.db.paths import write_atomic
+from sparse_mla_tuner.db.store import Store
+from sparse_mla_tuner.db.store import redact_url
+from sparse_mla_tuner.db.verdicts import Verdict
+from sparse_mla_tuner.kernels.config import PARAMS
+from sparse_mla_tuner.kernels.config import Role
+from sparse_mla_tuner.kernels.table import ENV_DIR
+from sparse_mla_tuner.kernels.table import device_slug
+from sparse_mla_tuner.kernels.table import nearest_shape
+from sparse_mla_tuner.kernels.table import raw_slug
+from sparse_mla_tuner.kernels.table import sidecar_path
+from sparse_mla_tuner.kernels.table import table_name
+from sparse_mla_tuner.kernels.table import triton_folder
+from sparse_mla_tuner.kernels.table import version_tuple
+from sparse_mla_tuner.tuner.errors import TunerError
 
 FORMATS = ("engine", "sglang", "triton")
 DEFAULT_OUT = "tuned_configs"  # in the working directory: an export never writes into the installed package

@@ -33,14 +33,14 @@ from dataclasses import dataclass
 
 import triton
 
-from db import queries
-from kernels.config import KernelConfig
-from kernels.config import block_h_for
-from kernels.config import kernel_source_hash
-from kernels.kv_format import get_format
-from kernels.workload import Workload
-from tuner.errors import FeasibilityError
-from tuner.space import TARGETS
+from sparse_mla_tuner.db import queries
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.config import block_h_for
+from sparse_mla_tuner.kernels.config import kernel_source_hash
+from sparse_mla_tuner.kernels.kv_format import get_format
+from sparse_mla_tuner.kernels.workload import Workload
+from sparse_mla_tuner.tuner.errors import FeasibilityError
+from sparse_mla_tuner.tuner.space import TARGETS
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def compile_numbers(
     if on_progress is not None:
         on_progress(0, len(jobs))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tuner.compile_process"],
+        [sys.executable, "-m", "sparse_mla_tuner.tuner.compile_process"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

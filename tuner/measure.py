@@ -9,14 +9,14 @@ import sys
 import tempfile
 import time
 
-from db.verdicts import Verdict
-from tuner.errors import TunerError
-from tuner.protocol import CalibrateRequest
-from tuner.protocol import Exit
-from tuner.protocol import MeasureReply
-from tuner.protocol import MeasureRequest
-from tuner.protocol import decode
-from tuner.protocol import encode
+from sparse_mla_tuner.db.verdicts import Verdict
+from sparse_mla_tuner.tuner.errors import TunerError
+from sparse_mla_tuner.tuner.protocol import CalibrateRequest
+from sparse_mla_tuner.tuner.protocol import Exit
+from sparse_mla_tuner.tuner.protocol import MeasureReply
+from sparse_mla_tuner.tuner.protocol import MeasureRequest
+from sparse_mla_tuner.tuner.protocol import decode
+from sparse_mla_tuner.tuner.protocol import encode
 
 
 class ProcessDied(Exception):
@@ -46,7 +46,7 @@ class MeasurementProcess:
             env.pop("TRITON_INTERPRET", None)
         self._stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tuner.measure_main"],
+            [sys.executable, "-m", "sparse_mla_tuner.tuner.measure_main"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,

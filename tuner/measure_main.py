@@ -26,23 +26,23 @@ if BACKEND == "interpreter":
 
 import torch  # noqa: E402
 
-import kernels.decode as decode  # noqa: E402
-from db.verdicts import Verdict  # noqa: E402
-from kernels import timing  # noqa: E402
-from kernels.config import KernelConfig  # noqa: E402
-from kernels.config import split_grid  # noqa: E402
-from kernels.reference import compare  # noqa: E402
-from kernels.reference import sparse_mla_decode_ref  # noqa: E402
-from kernels.workload import Workload  # noqa: E402
-from kernels.workload import make_batch  # noqa: E402
-from tuner.protocol import WARNING_AS_ERROR  # noqa: E402
-from tuner.protocol import CalibrateRequest  # noqa: E402
-from tuner.protocol import Exit  # noqa: E402
-from tuner.protocol import Hello  # noqa: E402
-from tuner.protocol import MeasureReply  # noqa: E402
-from tuner.protocol import MeasureRequest  # noqa: E402
-from tuner.protocol import decode as decode_message  # noqa: E402
-from tuner.protocol import encode  # noqa: E402
+import sparse_mla_tuner.kernels.decode as decode  # noqa: E402
+from sparse_mla_tuner.db.verdicts import Verdict  # noqa: E402
+from sparse_mla_tuner.kernels import timing  # noqa: E402
+from sparse_mla_tuner.kernels.config import KernelConfig  # noqa: E402
+from sparse_mla_tuner.kernels.config import split_grid  # noqa: E402
+from sparse_mla_tuner.kernels.reference import compare  # noqa: E402
+from sparse_mla_tuner.kernels.reference import sparse_mla_decode_ref  # noqa: E402
+from sparse_mla_tuner.kernels.workload import Workload  # noqa: E402
+from sparse_mla_tuner.kernels.workload import make_batch  # noqa: E402
+from sparse_mla_tuner.tuner.protocol import WARNING_AS_ERROR  # noqa: E402
+from sparse_mla_tuner.tuner.protocol import CalibrateRequest  # noqa: E402
+from sparse_mla_tuner.tuner.protocol import Exit  # noqa: E402
+from sparse_mla_tuner.tuner.protocol import Hello  # noqa: E402
+from sparse_mla_tuner.tuner.protocol import MeasureReply  # noqa: E402
+from sparse_mla_tuner.tuner.protocol import MeasureRequest  # noqa: E402
+from sparse_mla_tuner.tuner.protocol import decode as decode_message  # noqa: E402
+from sparse_mla_tuner.tuner.protocol import encode  # noqa: E402
 
 SAMPLE_MS = 2.0  # GPU: replays per sample are chosen so that one sample lasts at least this long
 MAX_POOL_REQUESTS = 512

@@ -13,15 +13,15 @@ import time
 import numpy as np
 from sqlalchemy import select
 
-from db import queries
-from db import record
-from db.models import TrialModel
-from db.verdicts import Phase
-from db.verdicts import Verdict
-from tuner import calibrate
-from tuner import stats
-from tuner.recorder import measurement_seed
-from tuner.recorder import shared_write
+from sparse_mla_tuner.db import queries
+from sparse_mla_tuner.db import record
+from sparse_mla_tuner.db.models import TrialModel
+from sparse_mla_tuner.db.verdicts import Phase
+from sparse_mla_tuner.db.verdicts import Verdict
+from sparse_mla_tuner.tuner import calibrate
+from sparse_mla_tuner.tuner import stats
+from sparse_mla_tuner.tuner.recorder import measurement_seed
+from sparse_mla_tuner.tuner.recorder import shared_write
 
 
 class StudyNoise:

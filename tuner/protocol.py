@@ -11,9 +11,9 @@ from dataclasses import asdict
 from dataclasses import dataclass
 from dataclasses import field
 
-from db.verdicts import Verdict
-from kernels.config import KernelConfig
-from kernels.workload import Workload
+from sparse_mla_tuner.db.verdicts import Verdict
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.workload import Workload
 
 # a reply's reason starts so when the config raised no error of its own, but Python's warnings filter
 # (PYTHONWARNINGS=error..., -W error) turned a warning into one: the environment's failure, not the config's

@@ -16,24 +16,24 @@ import zlib
 import numpy as np
 import optuna
 
-from db import queries
-from db import record
-from db.errors import DatabaseError
-from db.errors import DatabaseGoneError
-from db.models import StudyModel
-from db.models import get_or_create
-from db.verdicts import Effect
-from db.verdicts import Phase
-from db.verdicts import Verdict
-from kernels.config import KernelConfig
-from kernels.config import kernel_source_hash
-from tuner import optuna_rows
-from tuner import stats
-from tuner.errors import SpaceError
-from tuner.heartbeat import OWNER_ATTR
-from tuner.heartbeat import owner
-from tuner.heartbeat import owner_alive
-from tuner.protocol import MeasureReply
+from sparse_mla_tuner.db import queries
+from sparse_mla_tuner.db import record
+from sparse_mla_tuner.db.errors import DatabaseError
+from sparse_mla_tuner.db.errors import DatabaseGoneError
+from sparse_mla_tuner.db.models import StudyModel
+from sparse_mla_tuner.db.models import get_or_create
+from sparse_mla_tuner.db.verdicts import Effect
+from sparse_mla_tuner.db.verdicts import Phase
+from sparse_mla_tuner.db.verdicts import Verdict
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.config import kernel_source_hash
+from sparse_mla_tuner.tuner import optuna_rows
+from sparse_mla_tuner.tuner import stats
+from sparse_mla_tuner.tuner.errors import SpaceError
+from sparse_mla_tuner.tuner.heartbeat import OWNER_ATTR
+from sparse_mla_tuner.tuner.heartbeat import owner
+from sparse_mla_tuner.tuner.heartbeat import owner_alive
+from sparse_mla_tuner.tuner.protocol import MeasureReply
 
 RUNNING, COMPLETE, FAIL = (
     optuna.trial.TrialState.RUNNING,

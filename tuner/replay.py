@@ -32,16 +32,16 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from db.store import check_url
-from db.verdicts import Verdict
-from kernels.config import KernelConfig
-from kernels.workload import Workload
-from tuner.errors import TunerError
-from tuner.feasibility import Feasibility
-from tuner.protocol import CalibrateRequest
-from tuner.protocol import MeasureReply
-from tuner.protocol import MeasureRequest
-from tuner.study import launch_key
+from sparse_mla_tuner.db.store import check_url
+from sparse_mla_tuner.db.verdicts import Verdict
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.workload import Workload
+from sparse_mla_tuner.tuner.errors import TunerError
+from sparse_mla_tuner.tuner.feasibility import Feasibility
+from sparse_mla_tuner.tuner.protocol import CalibrateRequest
+from sparse_mla_tuner.tuner.protocol import MeasureReply
+from sparse_mla_tuner.tuner.protocol import MeasureRequest
+from sparse_mla_tuner.tuner.study import launch_key
 
 
 @dataclass

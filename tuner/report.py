@@ -19,23 +19,23 @@ from pathlib import Path
 
 import yaml
 
-from db import queries
-from db.models import TrialModel
-from db.paths import PathError
-from db.paths import folder as safe_folder
-from db.paths import read_bytes
-from db.paths import write_atomic
-from db.store import Store
-from db.store import redact_url
-from db.verdicts import Effect
-from db.verdicts import Phase
-from db.verdicts import Verdict
-from kernels.config import PARAM_NAMES
-from kernels.config import KernelConfig
-from kernels.workload import Workload
-from tuner.errors import TunerError
-from tuner.output import gbps
-from tuner.output import pct
+from sparse_mla_tuner.db import queries
+from sparse_mla_tuner.db.models import TrialModel
+from sparse_mla_tuner.db.paths import PathError
+from sparse_mla_tuner.db.paths import folder as safe_folder
+from sparse_mla_tuner.db.paths import read_bytes
+from sparse_mla_tuner.db.paths import write_atomic
+from sparse_mla_tuner.db.store import Store
+from sparse_mla_tuner.db.store import redact_url
+from sparse_mla_tuner.db.verdicts import Effect
+from sparse_mla_tuner.db.verdicts import Phase
+from sparse_mla_tuner.db.verdicts import Verdict
+from sparse_mla_tuner.kernels.config import PARAM_NAMES
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.workload import Workload
+from sparse_mla_tuner.tuner.errors import TunerError
+from sparse_mla_tuner.tuner.output import gbps
+from sparse_mla_tuner.tuner.output import pct
 
 NOT_MEASURED = "not measured"
 # what gives a character meaning inside a line of Markdown text or a table: always these; `_` only at a
@@ -115,7 +115,7 @@ def _groups(s) -> dict[tuple, list[TrialModel]]:
 
 @dataclass(frozen=True)
 class Bench:
-    """A same-run benchmark of ours against FlashMLA (``python -m kernels.bench`` or ``kernels.bench_call``
+    """A same-run benchmark of ours against FlashMLA (``python -m sparse_mla_tuner.kernels.bench`` or ``kernels.bench_call``
     JSON): its name as given, device, date and rows."""
 
     name: str
@@ -152,7 +152,7 @@ def load_bench(path: str) -> Bench:
         raise TunerError(f"cannot read {path}: {e}") from None
     except (ValueError, KeyError, TypeError, RecursionError):
         raise TunerError(
-            f"{path} is not a benchmark of python -m kernels.bench or kernels.bench_call "
+            f"{path} is not a benchmark of python -m sparse_mla_tuner.kernels.bench or kernels.bench_call "
             '(JSON with "env": {"device", "date"} and "rows")'
         ) from None
 

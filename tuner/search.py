@@ -23,17 +23,17 @@ import click
 import optuna
 import sqlalchemy.exc
 
-from tuner import strategies
-from tuner.errors import TunerError
-from tuner.feasibility import check_many
-from tuner.feasibility import warm
-from tuner.heartbeat import GRACE_S
-from tuner.heartbeat import HEARTBEAT_S
-from tuner.measure import MeasurementProcess
-from tuner.progress import Progress
-from tuner.space import SearchSpace
-from tuner.study import StudyPlan
-from tuner.study import StudyRun
+from sparse_mla_tuner.tuner import strategies
+from sparse_mla_tuner.tuner.errors import TunerError
+from sparse_mla_tuner.tuner.feasibility import check_many
+from sparse_mla_tuner.tuner.feasibility import warm
+from sparse_mla_tuner.tuner.heartbeat import GRACE_S
+from sparse_mla_tuner.tuner.heartbeat import HEARTBEAT_S
+from sparse_mla_tuner.tuner.measure import MeasurementProcess
+from sparse_mla_tuner.tuner.progress import Progress
+from sparse_mla_tuner.tuner.space import SearchSpace
+from sparse_mla_tuner.tuner.study import StudyPlan
+from sparse_mla_tuner.tuner.study import StudyRun
 
 
 @dataclass
@@ -186,7 +186,7 @@ def _source_and_storage(opts: Options, store) -> tuple:
     _quiet_optuna()
     if opts.backend != "replay":
         return None, _storage(store.url)
-    from tuner.replay import ReplaySource
+    from sparse_mla_tuner.tuner.replay import ReplaySource
 
     if not opts.replay_db:
         raise TunerError("--backend replay needs --replay-db URL (the database whose samples are replayed)")
@@ -224,7 +224,7 @@ def start_processes(opts: Options, source=None) -> list:
     the replay backend's stand-in."""
     n = opts.workers
     if source is not None:
-        from tuner.replay import ReplayProcess
+        from sparse_mla_tuner.tuner.replay import ReplayProcess
 
         return [ReplayProcess(source)]
     if opts.backend == "cuda":

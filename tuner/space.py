@@ -22,18 +22,18 @@ from pathlib import Path
 
 import yaml
 
-from db.paths import PathError
-from db.paths import read_bytes
-from db.paths import regular_or_missing
-from kernels.config import PARAM_NAMES
-from kernels.config import PARAMS
-from kernels.config import KernelConfig
-from kernels.kv_format import FORMATS
-from kernels.kv_format import get_format
-from kernels.table import MAX_BATCH
-from kernels.workload import Workload
-from tuner import strategies
-from tuner.errors import SpaceError
+from sparse_mla_tuner.db.paths import PathError
+from sparse_mla_tuner.db.paths import read_bytes
+from sparse_mla_tuner.db.paths import regular_or_missing
+from sparse_mla_tuner.kernels.config import PARAM_NAMES
+from sparse_mla_tuner.kernels.config import PARAMS
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.kv_format import FORMATS
+from sparse_mla_tuner.kernels.kv_format import get_format
+from sparse_mla_tuner.kernels.table import MAX_BATCH
+from sparse_mla_tuner.kernels.workload import Workload
+from sparse_mla_tuner.tuner import strategies
+from sparse_mla_tuner.tuner.errors import SpaceError
 
 MAX_CONFIGS = 100_000  # the grid is expanded and every config is compile-checked
 MAX_FILE_BYTES = 1_000_000

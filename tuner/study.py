@@ -23,43 +23,43 @@ from dataclasses import field
 
 import optuna
 
-from db import queries
-from db.verdicts import Phase
-from db.verdicts import Verdict
-from kernels.config import PARAM_NAMES
-from kernels.config import KernelConfig
-from kernels.config import launch_identity
-from kernels.workload import Workload
-from tuner import optuna_rows
-from tuner import stats
-from tuner import strategies
-from tuner.candidates import LAUNCHED
-from tuner.candidates import LevelView
-from tuner.candidates import new_value_variants  # noqa: F401 - part of this module's interface
-from tuner.clock import Clock
-from tuner.clock import TimedStore
-from tuner.feasibility import Feasibility
-from tuner.heartbeat import OWNER_ATTR
-from tuner.heartbeat import Heartbeat
-from tuner.heartbeat import owner
-from tuner.measure import MeasurementProcess
-from tuner.noise import StudyNoise
-from tuner.output import us
-from tuner.progress import Progress
-from tuner.protocol import MeasureReply
-from tuner.protocol import MeasureRequest
-from tuner.recorder import StudyRecorder
-from tuner.recorder import StudyRecords
-from tuner.recorder import baseline_median
-from tuner.recorder import measurement_seed
-from tuner.recorder import ok_attrs
-from tuner.recorder import shared_write
-from tuner.recorder import slug  # noqa: F401 - part of this module's interface
-from tuner.recorder import study_name  # noqa: F401
-from tuner.space import SearchSpace
-from tuner.space import WorkloadSpec
-from tuner.summary import postfix
-from tuner.summary import summary_row
+from sparse_mla_tuner.db import queries
+from sparse_mla_tuner.db.verdicts import Phase
+from sparse_mla_tuner.db.verdicts import Verdict
+from sparse_mla_tuner.kernels.config import PARAM_NAMES
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.config import launch_identity
+from sparse_mla_tuner.kernels.workload import Workload
+from sparse_mla_tuner.tuner import optuna_rows
+from sparse_mla_tuner.tuner import stats
+from sparse_mla_tuner.tuner import strategies
+from sparse_mla_tuner.tuner.candidates import LAUNCHED
+from sparse_mla_tuner.tuner.candidates import LevelView
+from sparse_mla_tuner.tuner.candidates import new_value_variants  # noqa: F401 - part of this module's interface
+from sparse_mla_tuner.tuner.clock import Clock
+from sparse_mla_tuner.tuner.clock import TimedStore
+from sparse_mla_tuner.tuner.feasibility import Feasibility
+from sparse_mla_tuner.tuner.heartbeat import OWNER_ATTR
+from sparse_mla_tuner.tuner.heartbeat import Heartbeat
+from sparse_mla_tuner.tuner.heartbeat import owner
+from sparse_mla_tuner.tuner.measure import MeasurementProcess
+from sparse_mla_tuner.tuner.noise import StudyNoise
+from sparse_mla_tuner.tuner.output import us
+from sparse_mla_tuner.tuner.progress import Progress
+from sparse_mla_tuner.tuner.protocol import MeasureReply
+from sparse_mla_tuner.tuner.protocol import MeasureRequest
+from sparse_mla_tuner.tuner.recorder import StudyRecorder
+from sparse_mla_tuner.tuner.recorder import StudyRecords
+from sparse_mla_tuner.tuner.recorder import baseline_median
+from sparse_mla_tuner.tuner.recorder import measurement_seed
+from sparse_mla_tuner.tuner.recorder import ok_attrs
+from sparse_mla_tuner.tuner.recorder import shared_write
+from sparse_mla_tuner.tuner.recorder import slug  # noqa: F401 - part of this module's interface
+from sparse_mla_tuner.tuner.recorder import study_name  # noqa: F401
+from sparse_mla_tuner.tuner.space import SearchSpace
+from sparse_mla_tuner.tuner.space import WorkloadSpec
+from sparse_mla_tuner.tuner.summary import postfix
+from sparse_mla_tuner.tuner.summary import summary_row
 
 EXPECTED_SHARE = 0.2  # a model strategy's share of a level's launches before any level finished (bench_search)
 PROMOTE = 1 / 3  # successive halving's share of screened launches that get the rest of the screening rounds

@@ -17,8 +17,8 @@ an ordinary Optuna study; TPE instead proposes through Optuna's own sampler (``a
 
 from __future__ import annotations
 
-from tuner.strategies.base import Level
-from tuner.strategies.base import Strategy
+from sparse_mla_tuner.tuner.strategies.base import Level
+from sparse_mla_tuner.tuner.strategies.base import Strategy
 
 DEFAULT = "surrogate"
 NAMES = ("grid", "tpe", "surrogate")
@@ -31,15 +31,15 @@ def make(name: str, seed: int = 0, refit: str = "deterministic") -> Strategy:
     hyperparameters swap in (:mod:`tuner.strategies.hpo`): ``deterministic`` (the same seed makes the same
     search: a replay, the tests) or ``background`` (a search on a GPU, which then never waits for the model)."""
     if name == "grid":
-        from tuner.strategies.grid import Grid
+        from sparse_mla_tuner.tuner.strategies.grid import Grid
 
         return Grid()
     if name == "tpe":
-        from tuner.strategies.tpe import Tpe
+        from sparse_mla_tuner.tuner.strategies.tpe import Tpe
 
         return Tpe()
     if name == "surrogate":
-        from tuner.strategies.surrogate import Surrogate
+        from sparse_mla_tuner.tuner.strategies.surrogate import Surrogate
 
         return Surrogate(seed=seed, refit=refit)
     raise ValueError(f"unknown search strategy {name!r}; allowed: {', '.join(NAMES)}")

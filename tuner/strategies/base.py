@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from dataclasses import field
 from typing import TYPE_CHECKING
 
-from kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.config import KernelConfig
 
 if TYPE_CHECKING:  # annotations only: the optimization worker imports this package without torch
-    from kernels.workload import Workload
+    from sparse_mla_tuner.kernels.workload import Workload
 
 
 @dataclass

@@ -3,9 +3,9 @@ first, then the space's order). Reliable, and the reference the others are judge
 
 from __future__ import annotations
 
-from kernels.config import KernelConfig
-from tuner.strategies.base import Level
-from tuner.strategies.base import Strategy
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.tuner.strategies.base import Level
+from sparse_mla_tuner.tuner.strategies.base import Strategy
 
 
 class Grid(Strategy):

@@ -53,16 +53,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 from scipy import stats as sps
 
-from kernels.config import PARAM_NAMES
-from kernels.config import KernelConfig
-from kernels.config import head_blocks_for
-from kernels.config import split_grid
-from tuner.strategies import hpo
-from tuner.strategies.base import Level
-from tuner.strategies.base import Strategy
+from sparse_mla_tuner.kernels.config import PARAM_NAMES
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.config import head_blocks_for
+from sparse_mla_tuner.kernels.config import split_grid
+from sparse_mla_tuner.tuner.strategies import hpo
+from sparse_mla_tuner.tuner.strategies.base import Level
+from sparse_mla_tuner.tuner.strategies.base import Strategy
 
 if TYPE_CHECKING:
-    from kernels.workload import Workload
+    from sparse_mla_tuner.kernels.workload import Workload
 
 STOP_P = 0.05  # stop a level when P(an open launch beats the best by more than the band) is below this
 N_INIT = 6  # random first picks when the model has no data at all
@@ -468,8 +468,8 @@ def _split_line(level: Level, cfg: KernelConfig) -> list[KernelConfig]:
 
 def _launch_only_variant(a: KernelConfig, b: KernelConfig) -> bool:
     """Whether ``a`` differs from ``b`` only in launch-only parameters (the grid, not the binary)."""
-    from kernels.config import BY_NAME
-    from kernels.config import Role
+    from sparse_mla_tuner.kernels.config import BY_NAME
+    from sparse_mla_tuner.kernels.config import Role
 
     return all(getattr(a, n) == getattr(b, n) for n in PARAM_NAMES if BY_NAME[n].role is not Role.LAUNCH)
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import optuna
 
-from kernels.config import KernelConfig
-from tuner.strategies.base import Level
-from tuner.strategies.base import Strategy
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.tuner.strategies.base import Level
+from sparse_mla_tuner.tuner.strategies.base import Strategy
 
 MAX_ASKS = 50  # suggestions per measurement before the first open candidate is taken instead
 
