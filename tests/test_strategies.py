@@ -580,5 +580,6 @@ def test_proposals_go_on_while_an_optimization_runs_and_use_its_result_after(mon
     pool.submit(lambda: None).result(timeout=60)  # the optimization finished
     after = _grow(s, lvl, rows, cands[40], 8)
     assert not np.array_equal(after, first)
-    assert s.refitter.fits == len(calls) and s.hpo_seconds > 0 and s.model_seconds > 0
+    # fits counts optimizations started: the last growth may have started one the worker has not run yet
+    assert len(calls) <= s.refitter.fits <= len(calls) + 1 and s.hpo_seconds > 0 and s.model_seconds > 0
     pool.shutdown()
