@@ -1,6 +1,7 @@
 """GPU benchmark of the whole DeepSeek-V4-Flash decode attention call against FlashMLA's same call.
 
-    python -m sparse_mla_tuner.kernels.bench_call [--concurrency 1,2,4,...,96] [--q-tokens 1] [--also single-table,T32-...]
+    python -m sparse_mla_tuner.kernels.bench_call [--concurrency 1,2,4,...,96] [--q-tokens 1]
+                                  [--also single-table,T32-...]
                                  [--out FILE.json]
 
 The call of one V4-Flash layer at TP4 (16 local heads): a sliding-window cache (topk 128 of a 128-token
@@ -142,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     env = {
         "device": dev,
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "command": "python -m sparse_mla_tuner.kernels.bench_call " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m sparse_mla_tuner.kernels.bench_call "
+        + shlex.join(argv if argv is not None else sys.argv[1:]),
         "kernel_hash": kernel_source_hash(),
         "torch": torch.__version__,
         "triton": __import__("triton").__version__,

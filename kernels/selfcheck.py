@@ -14,7 +14,11 @@ import torch
 def main() -> int:
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         # @triton.jit picks interpreter-or-compiler at import time: start again with it set
-        os.execve(sys.executable, [sys.executable, "-m", "sparse_mla_tuner.kernels.selfcheck"], {**os.environ, "TRITON_INTERPRET": "1"})
+        os.execve(
+            sys.executable,
+            [sys.executable, "-m", "sparse_mla_tuner.kernels.selfcheck"],
+            {**os.environ, "TRITON_INTERPRET": "1"},
+        )
     from tabulate import tabulate
 
     from sparse_mla_tuner.kernels import KernelConfig

@@ -403,7 +403,8 @@ def main() -> None:
     if args.overhead:
         r = overhead(args.space, args.replay_db, [int(c) for c in args.levels.split(",")], refit=args.refit)
         print(
-            f"{r['space']} C={args.levels} ({r['strategy']}, {args.refit or 'deterministic'}): {r['wall_s']:.1f} s in all, model {r['model_s']:.1f} s "
+            f"{r['space']} C={args.levels} ({r['strategy']}, {args.refit or 'deterministic'}): "
+            f"{r['wall_s']:.1f} s in all, model {r['model_s']:.1f} s "
             f"(waiting for an optimization {r['waiting_s']:.1f} s); {r['optimizations']} optimizations took "
             f"{r['optimizing_s']:.1f} s in their worker; ok launches per level {r['measured']}"
         )

@@ -4,8 +4,8 @@ help, the top-level help lists every command whole, and shell completion is docu
 import click
 import pytest
 
-from tests.conftest import tuner_in_process as tuner
 from sparse_mla_tuner.tuner.cli import cli
+from tests.conftest import tuner_in_process as tuner
 
 
 def _commands(group: click.Group, path: tuple[str, ...] = ()):

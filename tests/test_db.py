@@ -38,7 +38,9 @@ def test_fixture_of_schema_0001_upgrades_and_keeps_its_data(tmp_path):
     url = f"sqlite:///{path}"
     with pytest.raises(DatabaseError, match="older schema 0001.*tuner db upgrade"):
         Store(url)
-    proc = subprocess.run([sys.executable, "-m", "sparse_mla_tuner.tuner", "db", "upgrade", "--db", url], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparse_mla_tuner.tuner", "db", "upgrade", "--db", url], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
     store = Store(url)
     assert store.revision() == head_revision() != "0001"
@@ -77,7 +79,9 @@ def test_bad_locations_get_one_sentence_and_status_2(tmp_path, make_url, message
     url = make_url(tmp_path)
     with pytest.raises(DatabaseError, match=message):
         Store(url)
-    proc = subprocess.run([sys.executable, "-m", "sparse_mla_tuner.tuner", "trials", "--db", url], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparse_mla_tuner.tuner", "trials", "--db", url], capture_output=True, text=True
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     if "/missing/" in url:  # `trials` only reads: it never creates a database
         message = "no database at"
@@ -218,7 +222,9 @@ def test_fixture_of_schema_0004_upgrades_to_the_declared_parameters(tmp_path):
     path = tmp_path / "old4.db"
     shutil.copy("tests/fixtures/schema_0004.db", path)
     url = f"sqlite:///{path}"
-    proc = subprocess.run([sys.executable, "-m", "sparse_mla_tuner.tuner", "db", "upgrade", "--db", url], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparse_mla_tuner.tuner", "db", "upgrade", "--db", url], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
     store = Store(url)
     assert store.revision() == head_revision()

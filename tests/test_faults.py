@@ -19,10 +19,10 @@ from click.testing import CliRunner
 from sqlalchemy import create_engine
 from sqlalchemy import text
 
+from sparse_mla_tuner.tuner.cli import cli
 from tests.recorded import LEVELS
 from tests.recorded import SMALL_SPACE
 from tests.recorded import make_recorded
-from sparse_mla_tuner.tuner.cli import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 PHASES = ("compile", "aa", "screen", "finalist")

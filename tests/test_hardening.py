@@ -9,8 +9,8 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from tests.test_space import GOOD
 from sparse_mla_tuner.tuner.cli import cli
+from tests.test_space import GOOD
 
 SMOKE = "search_spaces/smoke.yaml"
 
@@ -180,9 +180,9 @@ def test_int_range_is_counted_not_built():
     """A billion-value range is refused from its size; building the list would take minutes and GBs."""
     import time
 
-    from tests.test_space import _write
     from sparse_mla_tuner.tuner.errors import SpaceError
     from sparse_mla_tuner.tuner.space import load_space
+    from tests.test_space import _write
 
     path = _write(_sub("TARGET_CTAS: [4]", "TARGET_CTAS: {type: int, low: 1, high: 1000000000}"))
     t0 = time.monotonic()
@@ -278,7 +278,10 @@ def test_write_failures_are_one_sentence(tmp_path):
 def _ro_run(directory, args):
     """Run the CLI where ``directory`` is read-only, also as root: a read-only bind mount in a private
     mount namespace (root ignores permission bits), else permission bits for other users."""
-    exe = [shutil.which("tuner") or sys.executable, *([] if shutil.which("tuner") else ["-m", "sparse_mla_tuner.tuner"])]
+    exe = [
+        shutil.which("tuner") or sys.executable,
+        *([] if shutil.which("tuner") else ["-m", "sparse_mla_tuner.tuner"]),
+    ]
     if os.geteuid() == 0:
         if not shutil.which("unshare"):
             pytest.skip("needs unshare(1) to make a read-only mount as root")
@@ -495,8 +498,8 @@ def test_an_overlong_database_file_name_is_one_sentence_in_every_command(tmp_pat
 
 @pytest.mark.parametrize("cmd", [["best", "--concurrency", BIG], ["show", BIG], ["search", SMOKE, "--timeout", "nan"]])
 def test_out_of_range_numbers_from_the_executable_are_one_line(cmd):
-    proc = subprocess.run([*(["tuner"] if shutil.which("tuner") else [sys.executable, "-m", "sparse_mla_tuner.tuner"]), *cmd],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    exe = ["tuner"] if shutil.which("tuner") else [sys.executable, "-m", "sparse_mla_tuner.tuner"]
+    proc = subprocess.run([*exe, *cmd], capture_output=True, text=True, timeout=120)
     _one_sentence(_Proc(proc))
 
 
@@ -605,7 +608,18 @@ def test_an_older_kernels_record_with_an_unknown_parameter_is_no_prior(tmp_path)
     recorded, space, db = make_recorded(tmp_path / "recorded.db"), tmp_path / "small.yaml", tmp_path / "r.db"
     space.write_text(SMALL_SPACE)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    cmd = [sys.executable, "-m", "sparse_mla_tuner.tuner", "search", str(space), "-q", "--backend", "replay", "--concurrency", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sparse_mla_tuner.tuner",
+        "search",
+        str(space),
+        "-q",
+        "--backend",
+        "replay",
+        "--concurrency",
+        "1",
+    ]
     cmd += ["--replay-db", f"sqlite:///{recorded}", "--db", f"sqlite:///{db}"]
     first = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=600)
     assert first.returncode == 0, first.stderr
@@ -829,7 +843,16 @@ def test_sigterm_stops_a_search_after_the_running_trial(tmp_path, h200_copy):
 
     db = tmp_path / "t.db"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    cmd = [sys.executable, "-m", "sparse_mla_tuner.tuner", "search", "search_spaces/v4_flash_tp4.yaml", "-q", "--backend", "replay"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sparse_mla_tuner.tuner",
+        "search",
+        "search_spaces/v4_flash_tp4.yaml",
+        "-q",
+        "--backend",
+        "replay",
+    ]
     cmd += ["--replay-db", h200_copy, "--replay-queue", "database", "--db", f"sqlite:///{db}"]
     proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": root})  # fmt: skip

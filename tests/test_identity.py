@@ -77,8 +77,8 @@ def _replay(tmp_path, space_text, db):
 
 
 def test_the_space_identity_ignores_comments_and_formatting():
-    from tests.recorded import SMALL_SPACE
     from sparse_mla_tuner.tuner.space import identity
+    from tests.recorded import SMALL_SPACE
 
     base = identity(SMALL_SPACE)
     assert identity("# tuned on the H200\n" + SMALL_SPACE.replace("\n", "  # note\n", 3)) == base

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import tuner_in_process as tuner  # read-only queries: no interpreter start per call
 from sparse_mla_tuner.tuner.output import WIDTH
 from sparse_mla_tuner.tuner.output import table
+from tests.conftest import tuner_in_process as tuner  # read-only queries: no interpreter start per call
 
 ROOT = Path(__file__).resolve().parent.parent
 H200_DB = ROOT / "results" / "h200.db"

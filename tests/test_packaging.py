@@ -91,7 +91,11 @@ def test_a_shipped_space_by_name_from_a_wheel_install(wheel_install, tmp_path):
 def test_an_unknown_space_name_is_one_sentence_naming_the_shipped_ones(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-m", "sparse_mla_tuner.tuner", "check", "v4_flash"], capture_output=True, text=True, cwd=tmp_path, env=env
+        [sys.executable, "-m", "sparse_mla_tuner.tuner", "check", "v4_flash"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
     )
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     msg = proc.stderr.strip()

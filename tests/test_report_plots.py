@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from sparse_mla_tuner.db.store import Store
-from tests.conftest import tuner_in_process as tuner
 from sparse_mla_tuner.tuner.report import load_bench
 from sparse_mla_tuner.tuner.report import render_report
+from tests.conftest import tuner_in_process as tuner
 
 pytest.importorskip("matplotlib")
 

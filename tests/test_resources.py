@@ -167,9 +167,9 @@ def test_a_disk_that_fills_mid_search_is_one_sentence_and_loses_nothing(tmp_path
     """The writes fail in the results database whatever measures, so the search replays a small recording
     (tests/recorded.py); the interpreter backend's measurement process stopping on a database error is
     test_search_stops_when_its_database_is_deleted_or_replaced's."""
+    from sparse_mla_tuner.tuner.space import load_space
     from tests.recorded import SMALL_SPACE
     from tests.recorded import make_recorded
-    from sparse_mla_tuner.tuner.space import load_space
 
     recorded, space = make_recorded(tmp_path / "recorded.db"), tmp_path / "small.yaml"
     space.write_text(SMALL_SPACE)

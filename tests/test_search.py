@@ -151,7 +151,13 @@ def test_kill_9_loses_at_most_the_running_trial_and_resume_completes(tmp_path, s
 def test_ctrl_c_stops_after_the_running_trial(tmp_path, smoke_db):
     path = tmp_path / "i.db"
     exe = shutil.which("tuner")
-    cmd = ([exe] if exe else [sys.executable, "-m", "sparse_mla_tuner.tuner"]) + ["search", SMOKE, "--db", f"sqlite:///{path}", "-q"]
+    cmd = ([exe] if exe else [sys.executable, "-m", "sparse_mla_tuner.tuner"]) + [
+        "search",
+        SMOKE,
+        "--db",
+        f"sqlite:///{path}",
+        "-q",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 5 * smoke_db["wall_s"]
     while time.monotonic() < deadline and _count(path) < 1:

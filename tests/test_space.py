@@ -101,7 +101,9 @@ def test_malformed_space_names_file_key_and_allowed(text, message):
 def test_cli_prints_one_sentence_and_exits_2(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(textwrap.dedent(GOOD).replace("tp: 4", "tp: 3"))
-    proc = subprocess.run([sys.executable, "-m", "sparse_mla_tuner.tuner", "check", str(path)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparse_mla_tuner.tuner", "check", str(path)], capture_output=True, text=True
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [f"error: {path}: `workloads[0].tp`: must divide heads (64), got 3"]

@@ -177,7 +177,9 @@ SMOKE = str(ROOT / "search_spaces" / "smoke.yaml")
 
 
 def _tuner(*args):
-    return subprocess.run([sys.executable, "-m", "sparse_mla_tuner.tuner", *args], capture_output=True, text=True, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "sparse_mla_tuner.tuner", *args], capture_output=True, text=True, cwd=ROOT
+    )
 
 
 @pytest.fixture(scope="module")

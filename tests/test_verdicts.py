@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from sparse_mla_tuner.db.verdicts import Effect
-from tests.conftest import tuner_in_process
 from sparse_mla_tuner.tuner import stats
+from tests.conftest import tuner_in_process
 
 ROUNDS, FINALIST_ROUNDS, FINALISTS = 10, 30, 3  # the shipped spaces' measurement settings
 

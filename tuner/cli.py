@@ -918,7 +918,8 @@ def export(out_dir, export_format, backend, record, shapes, db_url):
     "bench_files",
     multiple=True,
     type=click.Path(dir_okay=False),
-    help="A same-run benchmark of ours against FlashMLA (JSON of python -m sparse_mla_tuner.kernels.bench or kernels.bench_call; "
+    help="A same-run benchmark of ours against FlashMLA (JSON of python -m sparse_mla_tuner.kernels.bench or "
+    "kernels.bench_call; "
     "repeatable): the median plot of its device and call shows FlashMLA from it.",
 )
 @db_option

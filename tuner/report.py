@@ -115,8 +115,8 @@ def _groups(s) -> dict[tuple, list[TrialModel]]:
 
 @dataclass(frozen=True)
 class Bench:
-    """A same-run benchmark of ours against FlashMLA (``python -m sparse_mla_tuner.kernels.bench`` or ``kernels.bench_call``
-    JSON): its name as given, device, date and rows."""
+    """A same-run benchmark of ours against FlashMLA (``python -m sparse_mla_tuner.kernels.bench`` or
+    ``kernels.bench_call`` JSON): its name as given, device, date and rows."""
 
     name: str
     device: str

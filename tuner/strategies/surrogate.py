@@ -53,11 +53,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 from scipy import stats as sps
 
+import sparse_mla_tuner.tuner.strategies.hpo as hpo
 from sparse_mla_tuner.kernels.config import PARAM_NAMES
 from sparse_mla_tuner.kernels.config import KernelConfig
 from sparse_mla_tuner.kernels.config import head_blocks_for
 from sparse_mla_tuner.kernels.config import split_grid
-import sparse_mla_tuner.tuner.strategies.hpo as hpo
 from sparse_mla_tuner.tuner.strategies.base import Level
 from sparse_mla_tuner.tuner.strategies.base import Strategy
 
