@@ -17,7 +17,8 @@ own call (``kernels.flashmla_compat`` on the contiguous caches) at the same C, i
 hook / layer call. ``direct_us`` is the kernel call the hook makes (same engine tensors, same config) without the
 hook, so ``hook_vs_direct`` is what the wrapper costs; ``ratio`` also carries the engine's layout (256-token window
 pages, padded) against the benchmark's contiguous 64-token pages. The first eager call warms the shape up (every
-config the table can pick); the check also counts the Triton compilations that happen after it (``late_compiles``, which must be 0).
+config the table can pick); the check also counts the Triton compilations that happen after it
+(``late_compiles``, which must be 0).
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ and hands every other call, unchanged, to the original. Each distinct call shape
   (``SGLANG_CRASH_ON_TRITON_LOAD_AFTER_READY`` stays quiet). :func:`warm_up` does the same from shapes alone.
 
 The hook does not import SGLang: it can be called (and checked on a GPU,
-``python -m sparse_mla_tuner.kernels.sglang_check``) where SGLang is not installed. Only :func:`register` imports SGLang's ``HookRegistry``.
+``python -m sparse_mla_tuner.kernels.sglang_check``) where SGLang is not installed. Only :func:`register` imports
+SGLang's ``HookRegistry``.
 """
 
 from __future__ import annotations
