@@ -397,7 +397,7 @@ def test_decode_with_a_table_outside_the_bounds_or_a_fifo_falls_back(tmp_path, m
     os.mkfifo(fifo / name)
     script = (
         "import warnings, torch\n"
-        "from kernels import Workload, make_batch, sparse_mla_decode\n"
+        "from sparse_mla_tuner.kernels import Workload, make_batch, sparse_mla_decode\n"
         "bt = make_batch(Workload('fp8_v32', 16, 32, page_size=64, context=64), 1, device='cpu', seed=1)\n"
         "with warnings.catch_warnings(record=True) as w:\n"
         "    warnings.simplefilter('always')\n"
@@ -548,8 +548,8 @@ def test_a_yaml_alias_bomb_is_one_sentence_at_once(tmp_path, where):
     script = (
         "import resource, sys\n"
         "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
-        "from tuner.space import load_space\n"
-        "from tuner.errors import SpaceError\n"
+        "from sparse_mla_tuner.tuner.space import load_space\n"
+        "from sparse_mla_tuner.tuner.errors import SpaceError\n"
         "try:\n"
         "    load_space(sys.argv[1])\n"
         "except SpaceError as e:\n"

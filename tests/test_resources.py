@@ -222,7 +222,7 @@ def test_a_full_file_system_is_one_sentence_in_every_writing_command(tmp_path):
     db = f"sqlite:///{mnt}/t.db"
     script = f"""
         mount -t tmpfs -o size=4m tmpfs "{mnt}" || exit 77
-        {sys.executable} -c "from db.store import Store; Store('{db}')" || exit 78
+        {sys.executable} -c "from sparse_mla_tuner.db.store import Store; Store('{db}')" || exit 78
         dd if=/dev/zero of="{mnt}/filler" bs=4k 2>/dev/null
         for cmd in "search {SMOKE} -q --backend interpreter" "check {SMOKE} -q"; do
             {tuner} $cmd --db {db}; echo "rc=$?"
