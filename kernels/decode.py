@@ -63,6 +63,7 @@ the bit assembly); the GPU path feeds fp16 to the tensor cores with fp32 accumul
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -868,9 +869,18 @@ def _validate(q, fmt, main, extra, attn_sink) -> bool:
     return squeeze
 
 
+@functools.cache
+def _properties(device: torch.device):
+    """The GPU's properties, read once per device (a call's plan needs them three times)."""
+    return torch.cuda.get_device_properties(device)
+
+
 def _compiled_for(device: torch.device, capability: tuple[int, int]) -> bool:
     """The kernels are compiled (not interpreted) for a GPU of at least this compute capability."""
-    return device.type == "cuda" and not INTERPRET and torch.cuda.get_device_capability(device) >= capability
+    if device.type != "cuda" or INTERPRET:
+        return False
+    p = _properties(device)
+    return (p.major, p.minor) >= capability
 
 
 def native_fp8(device: torch.device) -> bool:
@@ -885,7 +895,7 @@ def use_pdl(device: torch.device) -> bool:
 
 def sm_count(device: torch.device) -> int | None:
     """The GPU's SMs, for the split kernel's trigger (None off CUDA: the early trigger)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
+    return _properties(device).multi_processor_count if device.type == "cuda" else None
 
 
 def kv_words(fmt: KVFormat, config: KernelConfig) -> bool:
@@ -936,6 +946,7 @@ def _plan(
     native: bool,
     pdl: bool,
     sms: int | None = None,
+    buffers: _Plan | None = None,
 ) -> _Plan:
     """Allocate the outputs and workspace and describe every launch of one call (nothing runs here).
 
@@ -947,12 +958,18 @@ def _plan(
     (``split_grid`` with both topks), each cache walked with its own format, page size and constexprs; the
     combine merges the splits and applies the sink. A call of one split per row skips the combine (the
     split kernel then writes the output and applies the sink itself).
+
+    ``buffers``: a plan of the same shapes and config whose output and workspace this one writes (the
+    measurement's request sets share them, as the calls of one captured graph share freed blocks).
     """
     B, s_q, H, _ = q.shape
     rows = B * s_q  # query tokens are folded into the batch: each is an independent row
     dev = q.device
-    out = torch.empty(B, s_q, H, 512, dtype=torch.bfloat16, device=dev)
-    lse = torch.empty(B, H, s_q, dtype=torch.float32, device=dev)
+    if buffers is not None:
+        out, lse = buffers.out, buffers.lse
+    else:
+        out = torch.empty(B, s_q, H, 512, dtype=torch.bfloat16, device=dev)
+        lse = torch.empty(B, H, s_q, dtype=torch.float32, device=dev)
     block_h = block_h_for(H)
     head_blocks = -(-H // block_h)
     main = caches[0]
@@ -966,6 +983,10 @@ def _plan(
     write_final = total_splits == 1
     if write_final:
         o_part, l_part = out, lse  # unused
+    elif buffers is not None:
+        o_part, l_part = buffers.workspace
+        if o_part.shape != (rows, total_splits, H, 512):
+            raise ValueError("buffers must be a prepared call of the same shapes and config")
     else:
         o_part = torch.empty(rows, total_splits, H, 512, dtype=torch.bfloat16, device=dev)
         l_part = torch.empty(rows, total_splits, H, dtype=torch.float32, device=dev)
@@ -1121,6 +1142,71 @@ def sparse_mla_decode(
 
     No host synchronisation and a workspace sized from shapes only, so the call is CUDA-graph capturable.
     """
+    return prepare_decode(
+        q,
+        kv_cache,
+        indices,
+        kv_format=kv_format,
+        sm_scale=sm_scale,
+        topk_length=topk_length,
+        attn_sink=attn_sink,
+        extra_kv_cache=extra_kv_cache,
+        extra_indices=extra_indices,
+        extra_kv_format=extra_kv_format,
+        extra_topk_length=extra_topk_length,
+        config=config,
+    )()
+
+
+@dataclass
+class DecodeCall:
+    """One call of :func:`sparse_mla_decode`, checked and planned once (:func:`prepare_decode`), run by calling it.
+
+    Each run writes the same output and workspace (returned by every run): graph-safe, and a replay of
+    a captured run costs only its launches. The tuner's measurement captures many of these (one per
+    request set); :func:`sparse_mla_decode` builds one and runs it once.
+    """
+
+    plan: _Plan | None  # None for an empty call (no rows or heads)
+    out: torch.Tensor
+    lse: torch.Tensor
+    config: KernelConfig
+    squeeze: bool
+
+    def __call__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.plan is not None:
+            if POISON_OUTPUTS:
+                for t in (self.plan.out, self.plan.lse, *self.plan.workspace):
+                    t.fill_(float("nan"))
+            for launch in self.plan.launches:
+                for listener in LAUNCH_LISTENERS:
+                    listener(launch.name, self.config, launch.grid)
+                options = {} if INTERPRET else launch.options
+                launch.kernel[launch.grid](**launch.args, **launch.constexprs, **options)
+        if self.squeeze:
+            return self.out.squeeze(1), self.lse.squeeze(2)
+        return self.out, self.lse
+
+
+def prepare_decode(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    *,
+    kv_format: str,
+    sm_scale: float | None = None,
+    topk_length: torch.Tensor | None = None,
+    attn_sink: torch.Tensor | None = None,
+    extra_kv_cache: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_kv_format: str | None = None,
+    extra_topk_length: torch.Tensor | None = None,
+    config: KernelConfig | None = None,
+    buffers: DecodeCall | None = None,
+) -> DecodeCall:
+    """:func:`sparse_mla_decode`'s checks and plan without running it: ``prepare_decode(...)()`` is
+    ``sparse_mla_decode(...)``. ``buffers``: a prepared call of the same shapes and config whose output
+    and workspace this one writes (otherwise it allocates its own)."""
     fmt = get_format(kv_format)
     if (extra_kv_cache is None) != (extra_indices is None):
         raise ValueError("extra_kv_cache and extra_indices must be given together")
@@ -1153,19 +1239,12 @@ def sparse_mla_decode(
         if extra is not None:
             caches.append(_Cache(extra_kv_cache, extra_indices, extra_topk_length, extra[3]))
         native, pdl, sms = native_fp8(q.device), use_pdl(q.device), sm_count(q.device)
-        plan = _plan(q, caches, attn_sink, config, sm_scale, native=native, pdl=pdl, sms=sms)
-        if POISON_OUTPUTS:
-            for t in (plan.out, plan.lse, *plan.workspace):
-                t.fill_(float("nan"))
-        for launch in plan.launches:
-            for listener in LAUNCH_LISTENERS:
-                listener(launch.name, config, launch.grid)
-            options = {} if INTERPRET else launch.options
-            launch.kernel[launch.grid](**launch.args, **launch.constexprs, **options)
-        out, lse = plan.out, plan.lse
-    if squeeze:
-        return out.squeeze(1), lse.squeeze(2)
-    return out, lse
+        shared = None if buffers is None else buffers.plan
+        if shared is not None and (tuple(shared.out.shape) != (B, s_q, H, 512) or buffers.config != config):
+            raise ValueError("buffers must be a prepared call of the same shapes and config")
+        plan = _plan(q, caches, attn_sink, config, sm_scale, native=native, pdl=pdl, sms=sms, buffers=shared)
+        return DecodeCall(plan, plan.out, plan.lse, config, squeeze)
+    return DecodeCall(None, out, lse, config, squeeze)
 
 
 # --- compile-only: what the launcher would compile, for any target arch ----------------------------

@@ -12,14 +12,16 @@ from collections.abc import Callable
 import torch
 
 
-def capture(step: Callable[[int], object], n_sets: int) -> torch.cuda.CUDAGraph:
-    """A graph of ``step(0) … step(n_sets - 1)``, warmed up (compiled, allocated) on a side stream first."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(n_sets):
-            step(i)
-    torch.cuda.current_stream().wait_stream(side)
+def capture(step: Callable[[int], object], n_sets: int, warm: bool = True) -> torch.cuda.CUDAGraph:
+    """A graph of ``step(0) … step(n_sets - 1)``, warmed up (compiled, allocated) on a side stream first
+    unless ``warm`` is false (the steps already ran: a recapture)."""
+    if warm:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for i in range(n_sets):
+                step(i)
+        torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for i in range(n_sets):

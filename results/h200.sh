@@ -53,7 +53,7 @@ case "${PHASE:-grids}" in
   search)  # a fresh $TUNER_DB starts with only results/h200.db's feasibility cache (compile checks, no timings)
     fresh=${DB#sqlite:///}
     if [ "$fresh" != results/h200.db ] && [ ! -e "$fresh" ]; then
-      python3 -c "import sqlite3, sys; from db.store import Store
+      python3 -c "import sqlite3, sys; from sparse_mla_tuner.db.store import Store
 with Store('sqlite:///' + sys.argv[1]).session(): pass
 con = sqlite3.connect(sys.argv[1]); con.execute('ATTACH ? AS src', ('results/h200.db',))
 con.execute('INSERT OR IGNORE INTO tuner_feasibility SELECT * FROM src.tuner_feasibility'); con.commit()" "$fresh"

@@ -27,6 +27,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 from dataclasses import dataclass
@@ -125,14 +126,18 @@ def compile_numbers(
     cc: int,
     on_progress: Callable[[int, int], None] | None = None,
     depth: str = "cubin",
+    on_start: Callable[[subprocess.Popen], None] | None = None,
+    jobs_env: dict[str, str] | None = None,
 ) -> list[dict]:
     """Compile each config's kernels for ``sm_<cc>`` in the compile process: ``{shared, registers, stack}``
     or ``{error}`` per config (``depth="shared"``: registers and stack None, see the module docstring).
 
     ``on_progress(done, total)`` is called with ``(0, total)`` before the first compile, then once per
-    finished compile as the process reports it (from this thread, in completion order).
+    finished compile as the process reports it (from this thread, in completion order). ``on_start(proc)``
+    gets the compile process as it starts (a background compile's owner kills it when no longer needed);
+    ``jobs_env`` adds environment variables (``TUNER_COMPILE_JOBS``: how many cores it uses).
     """
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | (jobs_env or {})
     jobs = [{"config": c.as_dict(), "workload": asdict(workload), "cc": cc, "depth": depth} for c in configs]
     if on_progress is not None:
         on_progress(0, len(jobs))
@@ -144,6 +149,8 @@ def compile_numbers(
         text=True,
         env=env,
     )
+    if on_start is not None:
+        on_start(proc)
     out: list[str] = []
     reader = threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)  # a full pipe blocks
     reader.start()
@@ -172,13 +179,56 @@ def compile_numbers(
     return json.loads(out[0])
 
 
-def warm(configs: list[KernelConfig], workload: Workload, cc: int) -> list[str]:
+def warm(configs: list[KernelConfig], workload: Workload, cc: int, **kw) -> list[str]:
     """Compile ``configs`` for the GPU's own arch before a search (fills Triton's on-disk cache, which
     the measurement process then hits); returns the compile errors, which the trials will meet again."""
     unique = list({c.compile_key(): c for c in configs}.values())
     return [
-        f"{c}: {n['error']}" for c, n in zip(unique, compile_numbers(unique, workload, cc), strict=True) if "error" in n
+        f"{c}: {n['error']}"
+        for c, n in zip(unique, compile_numbers(unique, workload, cc, **kw), strict=True)
+        if "error" in n
     ]
+
+
+class BackgroundWarm:
+    """:func:`warm` on a thread, while the search measures: the measurement process compiles what it
+    needs first itself (Triton's JIT, one config at a time) and finds the rest in Triton's on-disk cache
+    as this fills it. It leaves ``spare`` cores to the measurement process and the model's worker.
+    ``wait()`` returns the seconds it took; ``close()`` stops it (its compiles are not needed any more)."""
+
+    def __init__(self, configs: list[KernelConfig], workload: Workload, cc: int, spare: int = 2) -> None:
+        from sparse_mla_tuner.tuner.compile_process import usable_cores
+
+        self.proc: subprocess.Popen | None = None
+        self.errors: list[str] = []
+        self.seconds: float | None = None
+        self._closed = False
+        jobs = str(max(1, usable_cores() - spare))
+        t0 = time.monotonic()
+
+        def run() -> None:
+            try:
+                self.errors = warm(configs, workload, cc, on_start=self._started, jobs_env={"TUNER_COMPILE_JOBS": jobs})
+            except Exception as e:  # noqa: BLE001 - the trials compile (and fail) on their own
+                self.errors = [f"background compile: {e}"]
+            self.seconds = time.monotonic() - t0
+
+        self.thread = threading.Thread(target=run, name="background-compile", daemon=True)
+        self.thread.start()
+
+    def _started(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        if self._closed:
+            proc.kill()
+
+    def done(self) -> bool:
+        return not self.thread.is_alive()
+
+    def close(self) -> None:
+        self._closed = True
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+        self.thread.join(timeout=10)
 
 
 def _verdict(

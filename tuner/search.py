@@ -25,8 +25,8 @@ import sqlalchemy.exc
 
 from sparse_mla_tuner.tuner import strategies
 from sparse_mla_tuner.tuner.errors import TunerError
+from sparse_mla_tuner.tuner.feasibility import BackgroundWarm
 from sparse_mla_tuner.tuner.feasibility import check_many
-from sparse_mla_tuner.tuner.feasibility import warm
 from sparse_mla_tuner.tuner.heartbeat import GRACE_S
 from sparse_mla_tuner.tuner.heartbeat import HEARTBEAT_S
 from sparse_mla_tuner.tuner.measure import MeasurementProcess
@@ -127,6 +127,12 @@ def _serialized(engine) -> None:
     def _begin(con):
         con.exec_driver_sql("BEGIN IMMEDIATE")
 
+    @sqlalchemy.event.listens_for(engine, "connect")
+    def _connect(dbapi_con, _record):  # as the results store's own connections (db/store.py): WAL, no fsync per commit
+        dbapi_con.execute("PRAGMA synchronous=NORMAL")
+
+    engine.dispose()  # the connection Optuna opened to create its tables is replaced by one with the pragma
+
 
 def run_search(space: SearchSpace, store, opts: Options) -> list[dict]:
     """Run (or resume, or join) every study of ``space``; one summary row per workload x concurrency."""
@@ -143,6 +149,7 @@ def run_search(space: SearchSpace, store, opts: Options) -> list[dict]:
             err=True,
         )
     summary = []
+    background: list = []  # (workload, configs, BackgroundWarm) of each workload's compile for this GPU
     t_start = time.monotonic()
     try:
         with Stop() as stop, Progress(opts.quiet, total_studies=len(space.workloads) * len(levels)) as progress:
@@ -154,11 +161,10 @@ def run_search(space: SearchSpace, store, opts: Options) -> list[dict]:
                 sampler = opts.sampler or space.sampler.get("name") or strategies.DEFAULT
                 refit = "deterministic" if opts.backend == "replay" else "background"  # replay: a seed repeats
                 strategy = strategies.make(sampler, space.sampler.get("seed", 0) + opts.seed, refit)
-                if opts.backend == "cuda":
-                    t1 = time.monotonic()
-                    warm(feasible, wl, int(processes[0].info["compute_capability"].replace(".", "")))
-                    took = time.monotonic() - t1
-                    progress.message(f"{spec.name}: compiled {len(feasible)} feasible configs in {took:.0f} s")
+                if opts.backend == "cuda":  # the first level measures meanwhile (see BackgroundWarm)
+                    cc = int(processes[0].info["compute_capability"].replace(".", ""))
+                    background.append((spec.name, len(feasible), BackgroundWarm(feasible, wl, cc)))
+                    progress.message(f"{spec.name}: compiling {len(feasible)} feasible configs in the background")
                 compile_s = time.perf_counter() - t0  # counted in this workload's first level's row
                 shares: list[float] = []  # the share of launches each finished level measured (the ETA's guess)
                 for conc in levels:
@@ -174,11 +180,23 @@ def run_search(space: SearchSpace, store, opts: Options) -> list[dict]:
                     row["wall_s"] = round(row.get("wall_s", 0.0) + compile_s, 3)
                     compile_s = 0.0
                     summary.append(row)
+                    _report_warm(background, progress)
             opts.interrupted, opts.stop_signal = stop.signalled, stop.signum
     finally:
+        for _, _, bg in background:
+            bg.close()
         for p in processes:
             p.close()
     return summary
+
+
+def _report_warm(background: list, progress) -> None:
+    """Say once when a background compile has finished (and how long it took)."""
+    for item in list(background):
+        name, n, bg = item
+        if bg.done() and bg.seconds is not None:
+            progress.message(f"{name}: compiled {n} feasible configs in {bg.seconds:.0f} s (in the background)")
+            background.remove(item)
 
 
 def _source_and_storage(opts: Options, store) -> tuple:
