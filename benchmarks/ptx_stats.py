@@ -26,8 +26,8 @@ from triton.compiler import ASTSource
 from sparse_mla_tuner.kernels import KernelConfig
 from sparse_mla_tuner.kernels import Workload
 from sparse_mla_tuner.kernels.decode import compile_spec
-from sparse_mla_tuner.tuner.compile_process import _resources
 from sparse_mla_tuner.tuner.compile_process import cuobjdump
+from sparse_mla_tuner.tuner.compile_process import resources
 
 PATTERNS = {
     "ld_shared_b8": r"ld\.shared(?:\.v\d)?\.(?:u8|b8|s8)",
@@ -55,7 +55,7 @@ def stats(key: str, wl: Workload, arch: int = 120, batch: int | None = None, sas
         target=GPUTarget("cuda", arch, 32),
         options=spec.options,
     )
-    regs, stack = _resources(k.asm["cubin"])
+    regs, stack = resources(k.asm["cubin"])
     ptx = k.asm["ptx"]
     counts = {name: len(re.findall(pat, ptx)) for name, pat in PATTERNS.items()}
     if sass:
