@@ -1,8 +1,8 @@
 """Compile the split kernel (no GPU needed) and count, per config, what its PTX does.
 
-    python results/ptx_stats.py T32-w4-s2-c512 T32-w4-s1-c512-p1 ...   # fp8_v32, sm_120, one JSON line each
-    python results/ptx_stats.py --format fp8_model1 --arch 90 --batch 96 T32-w4-s1-c256-p1-b1
-    python results/ptx_stats.py --format fp8_model1 --arch 90 --batch 96 --sass T16-w4-s1-c512-p2   # + SASS counts
+    python benchmarks/ptx_stats.py T32-w4-s2-c512 T32-w4-s1-c512-p1 ...   # fp8_v32, sm_120, one JSON line each
+    python benchmarks/ptx_stats.py --format fp8_model1 --arch 90 --batch 96 T32-w4-s1-c256-p1-b1
+    python benchmarks/ptx_stats.py --format fp8_model1 --arch 90 --batch 96 --sass T16-w4-s1-c512-p2   # + SASS counts
 
 ``--batch`` compiles exactly the launch of a call at that batch (a ``BALANCED=1`` config's balanced
 kernel needs one: without it the first variant is the one-split kernel, which runs the per-row code).
