@@ -51,7 +51,8 @@ def db_url(request, tmp_path):
 def tuner_in_process(*args: str) -> subprocess.CompletedProcess:
     """``tuner ARGS`` run by its executable's own entry point (:func:`tuner.cli.main`) in this process: its exit
     status, stdout and stderr, without an interpreter start per call. For the commands that only read and write
-    the database and files (queries, export, report, check); a search runs as its own process."""
+    the database and files (queries, export, report, check) and for replay searches (``--backend replay``: no
+    kernel runs, no measurement process starts); a search that measures runs as its own process."""
     from click.testing import CliRunner
 
     from sparse_mla_tuner.tuner.cli import main

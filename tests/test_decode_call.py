@@ -242,7 +242,7 @@ from triton.compiler import ASTSource
 from sparse_mla_tuner.kernels.config import KernelConfig
 from sparse_mla_tuner.kernels.decode import compile_spec
 from sparse_mla_tuner.kernels.workload import Workload
-from sparse_mla_tuner.tuner.compile_process import _resources
+from sparse_mla_tuner.tuner.compile_process import resources
 
 out = {}
 for name in ("T16-w4-s1-c512-p2", "T32-w4-s1-c512-p1"):
@@ -250,7 +250,7 @@ for name in ("T16-w4-s1-c512-p2", "T32-w4-s1-c512-p1"):
         if spec.name == "split":
             k = triton.compile(ASTSource(spec.kernel, spec.signature, spec.constexprs, spec.attrs),
                                target=GPUTarget("cuda", 120, 32), options=spec.options)
-            out[name] = _resources(k.asm["cubin"])
+            out[name] = resources(k.asm["cubin"])
 json.dump(out, sys.stdout)
 """
 

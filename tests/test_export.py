@@ -619,17 +619,18 @@ def test_the_export_history_names_paths_inside_the_working_directory_relatively(
 
 @pytest.mark.parametrize("name", HOSTILE + ["", ".", "..", "a/../../b", "NVIDIA H200"])
 def test_stored_names_become_safe_file_stems_and_markdown(name, tmp_path):
-    from sparse_mla_tuner.tuner.quoting import file_stem
-    from sparse_mla_tuner.tuner.quoting import md_text
+    """The report's one quoting of stored strings (tuner.report), on every hostile name the exports see."""
+    from sparse_mla_tuner.tuner.report import file_stem
+    from sparse_mla_tuner.tuner.report import md
 
     stem = file_stem("space", "wl", name, "cuda")
-    assert re.fullmatch(r"[0-9A-Za-z_.+()\-]+", stem) and len(stem) <= kt.MAX_SLUG
+    assert re.fullmatch(r"[0-9A-Za-z_.\-]+", stem) and not stem.startswith(".") and len(stem) <= 150
     (tmp_path / f"{stem}_median.png").write_bytes(b"")  # a valid file name, inside the folder
     assert [p.name for p in tmp_path.iterdir()] == [f"{stem}_median.png"]
-    md = md_text(name)
-    assert "\n" not in md and "\x00" not in md and "\r" not in md
-    assert not re.search(r"(?<!\\)[`*_\[\]<>#|]", md)  # every Markdown/HTML special character escaped
-    assert file_stem("NVIDIA H200") == "NVIDIA_H200" and md_text("NVIDIA H200") == "NVIDIA H200"
+    text = md(name)
+    assert "\n" not in text and "\x00" not in text and "\r" not in text
+    assert not re.search(r"(?<!\\)[`*\[\]<|~$]", text)  # every character Markdown or a table reads, escaped
+    assert file_stem("NVIDIA H200") == "NVIDIA_H200" and md("NVIDIA H200") == "NVIDIA H200"
 
 
 @pytest.mark.parametrize("folder", ["x" * 5000, "/dev/null", "{fifo}"], ids=["long", "devnull", "fifo"])

@@ -20,6 +20,8 @@ from sqlalchemy import create_engine
 from sqlalchemy import text
 
 from sparse_mla_tuner.tuner.cli import cli
+from tests.conftest import PG
+from tests.conftest import _pg_database
 from tests.recorded import LEVELS
 from tests.recorded import SMALL_SPACE
 from tests.recorded import make_recorded
@@ -36,6 +38,33 @@ def recorded(tmp_path_factory):
     return make_recorded(folder / "recorded.db"), folder / "small.yaml"
 
 
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def killed(recorded, request, tmp_path_factory):
+    """The kill plans of the tests below on one database backend, run by one tests/kill_search.py process (one
+    import): ``whole``, one uninterrupted run on SQLite, which the others are compared with; ``finalist``, killed
+    in a finalist's rounds and resumed; ``random``, killed at random moments (:func:`_plan`) and resumed after
+    each; ``resume``, killed before the second level's A/A, resumed, then run again. Each is ``(url, results)``."""
+    folder = tmp_path_factory.mktemp(f"killed-{request.param}")
+    dbs = []
+    if request.param == "postgresql":
+        if not PG:
+            pytest.skip("TUNER_TEST_PG is not set (CI starts a PostgreSQL server and sets it)")
+        dbs = [_pg_database() for _ in range(3)]
+        urls = [next(db) for db in dbs]
+    else:
+        urls = [f"sqlite:///{folder / f'{name}.db'}" for name in ("finalist", "random", "resume")]
+    plans = {
+        "whole": (f"sqlite:///{folder / 'whole.db'}", [None]),
+        "finalist": (urls[0], [{"phase": "finalist", "k": 1, "where": "before"}, None]),
+        "random": (urls[1], _plan(random.Random(7))),
+        "resume": (urls[2], [{"phase": "aa", "k": 2, "where": "before"}, None, None]),
+    }
+    results = iter(_runs(recorded, folder, list(plans.values())))
+    yield {name: (url, [next(results) for _ in runs]) for name, (url, runs) in plans.items()}
+    for db in dbs:  # drop the PostgreSQL databases
+        next(db, None)
+
+
 def _argv(recorded, url, seed=1):
     db, space = recorded
     return [
@@ -44,18 +73,15 @@ def _argv(recorded, url, seed=1):
     ]  # fmt: skip
 
 
-def _runs(recorded, url, tmp_path, runs, seed=1, then=None):
-    """Run tests/kill_search.py's plan: one `tuner search` per entry of ``runs``, each killed as it says. ``then``,
-    ``(url, runs)``, is a second plan on another database run after it by the same process (one import):
-    its results follow the first plan's."""
-    plan = {"argv": _argv(recorded, url, seed), "url": url, "marker": str(tmp_path / "killed.json"), "runs": runs}
-    if then is not None:
-        second = {**plan, "argv": _argv(recorded, then[0], seed), "url": then[0], "runs": then[1]}
-        plan = {"plans": [plan, second]}
+def _runs(recorded, folder, plans, seed=1):
+    """Run tests/kill_search.py's plans, ``[(url, runs), ...]``, one after another in one process (one import):
+    one `tuner search` per entry of ``runs``, each killed as it says. Their results, in order."""
+    marker = str(folder / "killed.json")
+    given = [{"argv": _argv(recorded, url, seed), "url": url, "marker": marker, "runs": runs} for url, runs in plans]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "kill_search.py")],
-        input=json.dumps(plan), capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800,
+        input=json.dumps({"plans": given}), capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800,
     )  # fmt: skip  # the limit only guards against a hang: a loaded machine is slow, never wrong
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
@@ -128,17 +154,17 @@ def _optuna_view(url) -> dict:
     return out
 
 
-def test_a_kill_in_the_finalist_rounds_leaves_no_running_trial_after_the_resume(recorded, db_url, tmp_path):
+def test_a_kill_in_the_finalist_rounds_leaves_no_running_trial_after_the_resume(killed):
     """Killed while re-measuring a finalist, a search leaves its trial running in Optuna's table (recorded in the
     tuner's, Optuna not told). The resume fails it at once (its process is gone), tells Optuna the result
     with the finalist rounds the killed run did not finish, and ends with nothing running."""
-    killed, resumed = _runs(recorded, db_url, tmp_path, [{"phase": "finalist", "k": 1, "where": "before"}, None])
-    assert killed["rc"] == -9 and killed["killed"]["phase"] == "finalist"
-    assert killed["states"].get("RUNNING") == 1  # the trial whose finalist rounds were cut
+    db_url, (cut_run, resumed) = killed["finalist"]
+    assert cut_run["rc"] == -9 and cut_run["killed"]["phase"] == "finalist"
+    assert cut_run["states"].get("RUNNING") == 1  # the trial whose finalist rounds were cut
     assert resumed["rc"] == 0
     _check_database(db_url)
     assert all(v[3] for v in _optuna_view(db_url).values())  # every ok trial told to Optuna
-    (cut,) = {tuple(r[:2]) for r in killed["samples"]}  # the one config screened before the kill: the baseline
+    (cut,) = {tuple(r[:2]) for r in cut_run["samples"]}  # the one config screened before the kill: the baseline
     assert (*cut, "finalist") in _by_trial(resumed["samples"])  # its finalist rounds, measured by the resume
 
 
@@ -155,12 +181,13 @@ def _plan(rng: random.Random) -> list:
     return [{"phase": p, "k": k, "where": rng.choice(["before", "after"])} for p, k in kills] + [None]
 
 
-def test_searches_killed_at_random_moments_resume_to_the_picks_of_an_uninterrupted_run(recorded, db_url, tmp_path):
+def test_searches_killed_at_random_moments_resume_to_the_picks_of_an_uninterrupted_run(killed):
     """``tuner search`` killed with SIGKILL at least 10 times across the compile check, the A/A, screening and
     the finalists, and resumed after each kill. Every trial recorded before a kill keeps its samples, no config
     is measured twice, nothing is left running, and the picks are those of one uninterrupted run."""
-    plan = _plan(random.Random(7))
-    whole, *runs = _runs(recorded, f"sqlite:///{tmp_path / 'whole.db'}", tmp_path, [None], then=(db_url, plan))
+    plan = _plan(random.Random(7))  # the fixture's plan
+    whole_url, (whole,) = killed["whole"]
+    db_url, runs = killed["random"]
     assert whole["rc"] == 0 and len(runs) == len(plan)
     killed = [r["killed"] for r in runs[:-1]]
     for want, run in zip(plan[:-1], runs[:-1], strict=True):
@@ -173,9 +200,9 @@ def test_searches_killed_at_random_moments_resume_to_the_picks_of_an_uninterrupt
         for key, rows in _by_trial(run["samples"]).items():
             assert final.get(key) == rows, key
     _check_database(db_url)
-    assert _picks(db_url) == _picks(f"sqlite:///{tmp_path / 'whole.db'}")
+    assert _picks(db_url) == _picks(whole_url)
     view = _optuna_view(db_url)  # Optuna holds what an uninterrupted run's Optuna holds
-    assert view == _optuna_view(f"sqlite:///{tmp_path / 'whole.db'}") and all(v[3] for v in view.values()), view
+    assert view == _optuna_view(whole_url) and all(v[3] for v in view.values()), view
     screened = {k[:2]: v for k, v in final.items() if k[2] == "screen"}  # the same replayed rounds per config
     assert screened == {k[:2]: v for k, v in _by_trial(whole["samples"]).items() if k[2] == "screen"}
 
@@ -200,25 +227,21 @@ def _launches(url) -> dict:
         eng.dispose()
 
 
-def test_a_resume_and_a_rerun_measure_nothing_at_finished_levels(recorded, db_url, tmp_path):
+def test_a_resume_and_a_rerun_measure_nothing_at_finished_levels(killed):
     """Killed before the second level's A/A, the search has finished the first level; the resume measures nothing
     there, and a plain re-run of the finished search measures nothing at all (no sample, no Optuna trial). The
     picks and launch counts are those of one uninterrupted run."""
     first, second = LEVELS
-    whole, killed, resumed, rerun = _runs(
-        recorded,
-        f"sqlite:///{tmp_path / 'whole.db'}",
-        tmp_path,
-        [None],
-        then=(db_url, [{"phase": "aa", "k": 2, "where": "before"}, None, None]),
-    )
-    assert killed["rc"] == -9 and killed["killed"]["level"] == second
-    assert _level_samples(killed["samples"], first)  # the first level was measured before the kill
-    assert _level_samples(resumed["samples"], first) == _level_samples(killed["samples"], first)
+    whole_url, (whole,) = killed["whole"]
+    db_url, (cut, resumed, rerun) = killed["resume"]
+    assert whole["rc"] == 0
+    assert cut["rc"] == -9 and cut["killed"]["level"] == second
+    assert _level_samples(cut["samples"], first)  # the first level was measured before the kill
+    assert _level_samples(resumed["samples"], first) == _level_samples(cut["samples"], first)
     assert rerun["rc"] == 0 and rerun["samples"] == resumed["samples"] and rerun["states"] == resumed["states"]
     _check_database(db_url)
-    assert _picks(db_url) == _picks(f"sqlite:///{tmp_path / 'whole.db'}")
-    assert _launches(db_url) == _launches(f"sqlite:///{tmp_path / 'whole.db'}")
+    assert _picks(db_url) == _picks(whole_url)
+    assert _launches(db_url) == _launches(whole_url)
 
 
 def test_a_larger_n_trials_continues_a_finished_level_and_redo_searches_it_again(recorded, db_url):
@@ -240,13 +263,19 @@ def test_a_larger_n_trials_continues_a_finished_level_and_redo_searches_it_again
     _check_database(db_url)
 
 
-def test_every_config_has_at_most_one_complete_optuna_trial(recorded, db_url, tmp_path):
+def test_every_config_has_at_most_one_complete_optuna_trial(killed):
     """A finalist's rounds update its config's Optuna trial instead of adding one: each config has at most one
-    COMPLETE trial per study, and Optuna's best is the tuner's best."""
+    COMPLETE trial per study, and Optuna's best is the tuner's best: in an uninterrupted run, and in a run
+    resumed after every kill."""
+    for name in ("whole", "random"):
+        db_url, runs = killed[name]
+        assert runs[-1]["rc"] == 0
+        _one_complete_trial_per_config(db_url)
+
+
+def _one_complete_trial_per_config(db_url) -> None:
     import optuna
 
-    (done,) = _runs(recorded, db_url, tmp_path, [None])
-    assert done["rc"] == 0
     picks = _picks(db_url)
     for name in optuna.study.get_all_study_names(storage=db_url):
         study = optuna.load_study(study_name=name, storage=db_url)

@@ -107,21 +107,23 @@ def test_num_stages_is_a_real_lever_on_shared_memory(store):
     assert two.shared_bytes - one.shared_bytes == 16 * 644
 
 
-def test_second_check_is_cached_and_fast(tmp_path, monkeypatch):
+def test_second_check_is_cached(tmp_path, monkeypatch):
+    """The second check reads every verdict from the database: no compile process starts (counted, not timed:
+    a busy machine is slow, never wrong)."""
+    import subprocess as sp
+
     from sparse_mla_tuner.db.store import Store
+    from sparse_mla_tuner.tuner import feasibility
 
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))  # cold: Triton's own cache is empty too
     store = Store(f"sqlite:///{tmp_path / 'verdicts.db'}")
     configs = [KernelConfig(16, w, s, 256) for w in (4, 8) for s in (1, 2)]
-    t0 = time.perf_counter()
+    started, popen = [], sp.Popen
+    monkeypatch.setattr(feasibility.subprocess, "Popen", lambda *a, **k: started.append(a) or popen(*a, **k))
     first = check_many(configs, V32, "sm_120", store=store)
-    cold = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    assert len(started) == 1  # the first check compiles, in one compile process
     second = check_many(configs, V32, "sm_120", store=store)
-    warm = time.perf_counter() - t0
-    assert first == second
-    assert warm * 10 <= cold, (cold, warm)
-    assert warm / len(configs) <= 0.05  # read from the database, not compiled (a cold compile takes seconds)
+    assert first == second and len(started) == 1  # the second compiles nothing
 
 
 def test_target_ctas_does_not_recompile(store):

@@ -602,26 +602,15 @@ def test_an_older_kernels_record_with_an_unknown_parameter_is_no_prior(tmp_path)
     import sqlite3
 
     from sparse_mla_tuner.kernels.config import kernel_source_hash
+    from tests.conftest import tuner_in_process
     from tests.recorded import SMALL_SPACE
     from tests.recorded import make_recorded
 
     recorded, space, db = make_recorded(tmp_path / "recorded.db"), tmp_path / "small.yaml", tmp_path / "r.db"
     space.write_text(SMALL_SPACE)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    cmd = [
-        sys.executable,
-        "-m",
-        "sparse_mla_tuner.tuner",
-        "search",
-        str(space),
-        "-q",
-        "--backend",
-        "replay",
-        "--concurrency",
-        "1",
-    ]
+    cmd = ["search", str(space), "-q", "--backend", "replay", "--concurrency", "1"]
     cmd += ["--replay-db", f"sqlite:///{recorded}", "--db", f"sqlite:///{db}"]
-    first = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=600)
+    first = tuner_in_process(*cmd)  # the entry point in this process: one import for both searches
     assert first.returncode == 0, first.stderr
     old, current = "0ld0ld0ld0ld", kernel_source_hash()
     con = sqlite3.connect(db)
@@ -634,7 +623,7 @@ def test_an_older_kernels_record_with_an_unknown_parameter_is_no_prior(tmp_path)
         ).fetchone()
         con.execute("UPDATE tuner_trials SET config_key = config_key || '-x1' WHERE id = ?", (best,))
     con.close()
-    again = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=600)
+    again = tuner_in_process(*cmd)
     assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr
     con = sqlite3.connect(db)
     kernels = con.execute("SELECT COUNT(DISTINCT kernel_id) FROM tuner_trials").fetchone()

@@ -60,9 +60,8 @@ def test_a_code_edit_changes_the_kernel_hash():
 
 
 def _replay(tmp_path, space_text, db):
-    import subprocess
-    import sys
-
+    """A replay search of ``space_text`` at C=1, through the command's entry point in this process (one import)."""
+    from tests.conftest import tuner_in_process
     from tests.recorded import make_recorded
 
     recorded = tmp_path / "recorded.db"
@@ -70,10 +69,8 @@ def _replay(tmp_path, space_text, db):
         make_recorded(recorded)
     space = tmp_path / "small.yaml"
     space.write_text(space_text)
-    root = Path(__file__).resolve().parent.parent
-    cmd = [sys.executable, "-m", "sparse_mla_tuner.tuner", "search", str(space), "-q", "--backend", "replay"]
-    cmd += ["--replay-db", f"sqlite:///{recorded}", "--db", f"sqlite:///{db}", "--concurrency", "1"]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=600)
+    args = ["search", str(space), "-q", "--backend", "replay", "--replay-db", f"sqlite:///{recorded}"]
+    return tuner_in_process(*args, "--db", f"sqlite:///{db}", "--concurrency", "1")
 
 
 def test_the_space_identity_ignores_comments_and_formatting():

@@ -217,6 +217,14 @@ def tuner(*args):
     return subprocess.run(cmd + list(args), capture_output=True, text=True, env=env, timeout=600)
 
 
+def cached_check(*args):
+    """``tuner check ARGS`` when its verdicts are cached (nothing compiles): through the entry point in this
+    process, its stderr a pipe all the same."""
+    from tests.conftest import tuner_in_process
+
+    return tuner_in_process("check", *args)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """The tiny space, its database, and the first check (the one that compiles: 2 binaries, 6 configs)."""
@@ -247,7 +255,7 @@ def test_check_all_lists_every_config_in_the_old_field_order(tiny):
     from sparse_mla_tuner.tuner.cli import CHECK_FIELDS
 
     space, db, _ = tiny
-    proc = tuner("check", space, "--all", "-f", "json", "--db", db)
+    proc = cached_check(space, "--all", "-f", "json", "--db", db)
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)
     assert len(rows) == 6 and all(list(r) == list(CHECK_FIELDS) for r in rows)
@@ -258,7 +266,7 @@ def test_check_all_lists_every_config_in_the_old_field_order(tiny):
 
 def test_check_csv_joins_launch_values_and_quiet_is_silent(tiny):
     space, db, _ = tiny
-    proc = tuner("check", space, "-f", "csv", "-q", "--db", db)
+    proc = cached_check(space, "-f", "csv", "-q", "--db", db)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[1].startswith('16,4,1,"4,8,16",0,')
     assert proc.stderr.splitlines() == ["6 feasible / 0 infeasible for sm_120"]

@@ -11,8 +11,6 @@ import json
 import math
 import shutil
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +21,7 @@ from sparse_mla_tuner.kernels.workload import Workload
 from sparse_mla_tuner.tuner import strategies
 from sparse_mla_tuner.tuner.strategies import Level
 from sparse_mla_tuner.tuner.strategies import surrogate
+from tests.conftest import tuner_in_process
 
 ROOT = Path(__file__).resolve().parent.parent
 WL = Workload("fp8_model1", 16, 512)
@@ -177,9 +176,9 @@ SMOKE = str(ROOT / "search_spaces" / "smoke.yaml")
 
 
 def _tuner(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "sparse_mla_tuner.tuner", *args], capture_output=True, text=True, cwd=ROOT
-    )
+    """``tuner ARGS`` through its entry point in this process: the replay searches here need no process of their
+    own, and the imports are paid once per test process instead of once per search."""
+    return tuner_in_process(*args)
 
 
 @pytest.fixture(scope="module")

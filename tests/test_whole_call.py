@@ -155,7 +155,7 @@ from triton.compiler import ASTSource
 from sparse_mla_tuner.kernels.config import KernelConfig
 from sparse_mla_tuner.kernels.decode import compile_spec
 from sparse_mla_tuner.kernels.workload import Workload
-from sparse_mla_tuner.tuner.compile_process import _resources
+from sparse_mla_tuner.tuner.compile_process import resources
 
 window = Workload("fp8_model1", 16, 128, page_size=64, context=128)
 compressed = Workload("fp8_model1", 16, 512, page_size=64, context=8192)
@@ -165,7 +165,7 @@ for wl, extra in ((window, compressed), (compressed, None)):
         k = triton.compile(ASTSource(spec.kernel, spec.signature, spec.constexprs, spec.attrs),
                            target=GPUTarget("cuda", 90, 32), options=spec.options)
         out.append([spec.name, bool(spec.constexprs.get("HAS_EXTRA")), spec.constexprs.get("WRITE_FINAL"),
-                    *_resources(k.asm["cubin"])])
+                    *resources(k.asm["cubin"])])
 json.dump(out, sys.stdout)
 """
 

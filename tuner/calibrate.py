@@ -88,10 +88,13 @@ def measure(proc, space, workload, concurrency: int, config: KernelConfig, pairs
     return Calibration.of(reply.samples, m["rounds"], m["finalist_rounds"], min_effect)
 
 
-def store_calibration(session, cal: Calibration, info: dict, spec, concurrency: int, backend: str, config) -> int:
+def store_calibration(
+    session, cal: Calibration, info: dict, spec, concurrency: int, backend: str, config, kernel_hash: str | None = None
+) -> int:
+    """Records ``cal`` under ``kernel_hash`` (default: this code's :func:`kernel_source_hash`)."""
     env = queries.ensure_environment(session, info)
     wrow = queries.ensure_workload(session, **spec.fields())
-    kernel = queries.ensure_kernel(session, kernel_source_hash())
+    kernel = queries.ensure_kernel(session, kernel_hash or kernel_source_hash())
     row = record.add_calibration(
         session,
         cal.samples,

@@ -56,7 +56,7 @@ def cuobjdump(cubin: bytes, *flags: str) -> str:
         return subprocess.run([CUOBJDUMP, *flags, f.name], capture_output=True, text=True).stdout
 
 
-def _resources(cubin: bytes) -> tuple[int, int]:
+def resources(cubin: bytes) -> tuple[int, int]:
     """(registers per thread, stack frame bytes) from ``cuobjdump --dump-resource-usage``."""
     out = cuobjdump(cubin, "--dump-resource-usage")
     for line in out.splitlines():
@@ -148,7 +148,7 @@ def compile_kernel(spec, cc: int, depth: str = "cubin") -> dict:
             return {"error": f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"}
     out = {"shared": k.metadata.shared}  # a cache hit, or a Triton without the hook point: compiled in full
     if spec.name == "split" and not (truncated and stops):
-        out["registers"], out["stack"] = _resources(k.asm["cubin"])
+        out["registers"], out["stack"] = resources(k.asm["cubin"])
     return out
 
 

@@ -21,6 +21,7 @@ from sparse_mla_tuner.db.verdicts import Verdict
 from sparse_mla_tuner.tuner import calibrate
 from sparse_mla_tuner.tuner import stats
 from sparse_mla_tuner.tuner.recorder import measurement_seed
+from sparse_mla_tuner.tuner.recorder import recorded_kernel
 from sparse_mla_tuner.tuner.recorder import shared_write
 
 
@@ -49,11 +50,13 @@ class StudyNoise:
             base = plan.space.baseline
             pairs = calibrate.study_pairs(plan.space.measurement["rounds"])
             self.bar.phase(f"A/A of the baseline, {pairs} independent capture pairs")
-            seed = measurement_seed(getattr(self.opts, "seed", 0), base, f"{plan.concurrency}/aa")
+            seed = measurement_seed(self.opts.seed, base, f"{plan.concurrency}/aa")
             with self.clock.section("gpu"):
                 c = calibrate.measure(proc, plan.space, plan.workload, plan.concurrency, base, pairs, seed=seed)
             with self.store.session() as s:
-                calibrate.store_calibration(s, c, proc.info, plan.spec, plan.concurrency, self.opts.backend, base)
+                calibrate.store_calibration(
+                    s, c, proc.info, plan.spec, plan.concurrency, self.opts.backend, base, recorded_kernel(self.opts)
+                )
             spread, multimodal, samples = c.spread, c.multimodal, c.samples
         band = self.band = stats.band(spread, min_effect)
         self._aa_us = self._aa_us or float(np.median([a for a, _ in samples]))

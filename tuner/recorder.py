@@ -42,6 +42,13 @@ RUNNING, COMPLETE, FAIL = (
 )
 
 
+def recorded_kernel(opts) -> str:
+    """The kernel hash a search records its studies, trials and A/A under: this code's
+    (:func:`kernel_source_hash`), unless ``opts.record_kernel`` names another (a benchmark replaying one
+    kernel's records as another kernel's priors)."""
+    return opts.record_kernel or kernel_source_hash()
+
+
 def slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "_", s).strip("_")
 
@@ -284,12 +291,13 @@ class StudyRecords:
     def _open_rows(self) -> set[str]:
         """The study's database rows (created if new); returns the configs it has already recorded."""
         plan, info = self.plan, self.processes[0].info
+        kernel_hash = recorded_kernel(self.opts)
         base = study_name(
-            plan.space.name, plan.spec.name, plan.concurrency, info["gpu_name"], self.opts.backend, kernel_source_hash()
+            plan.space.name, plan.spec.name, plan.concurrency, info["gpu_name"], self.opts.backend, kernel_hash
         )
         with self.store.session() as s:
             env = queries.ensure_environment(s, info)
-            kernel = queries.ensure_kernel(s, kernel_source_hash())
+            kernel = queries.ensure_kernel(s, kernel_hash)
             wrow = queries.ensure_workload(s, **plan.spec.fields())
             srow = queries.ensure_space(s, plan.space.name, plan.space.text_hash, plan.space.text, plan.space.path)
             self.name = base
@@ -364,7 +372,7 @@ class StudyRecords:
             "backend": self.opts.backend,
             "target_arch": plan.space.target,
             "baseline": str(plan.space.baseline),
-            "kernel_hash": kernel_source_hash(),
+            "kernel_hash": recorded_kernel(self.opts),
             "strategy": self.strategy.name,
         }
         for k, v in attrs.items():

@@ -53,6 +53,9 @@ class Options:
     replay_kernel: str | None = None  # whose samples the replay backend draws (default: the newest kernel)
     replay_queue: str = "memory"  # where the replay backend keeps Optuna's queue: memory | database
     seed: int = 0  # seeds the strategy and the replay backend's draws
+    refit: str | None = None  # when re-fitted hyperparameters swap in (strategies.make; default: see make_strategy)
+    replay_source: object | None = None  # a ReplaySource to draw from instead of opening replay_db (benchmarks)
+    record_kernel: str | None = None  # the kernel hash the search records under (default: this code's)
     interrupted: bool = False  # set by run_search: Ctrl-C or SIGTERM stopped it (the CLI then exits 128 + signal)
     stop_signal: int = 0  # set by run_search: which signal (SIGINT 2: exit 130; SIGTERM 15: exit 143)
 
@@ -134,8 +137,18 @@ def _serialized(engine) -> None:
     engine.dispose()  # the connection Optuna opened to create its tables is replaced by one with the pragma
 
 
-def run_search(space: SearchSpace, store, opts: Options) -> list[dict]:
-    """Run (or resume, or join) every study of ``space``; one summary row per workload x concurrency."""
+def make_strategy(space: SearchSpace, opts: Options) -> strategies.Strategy:
+    """The strategy of a workload's studies: ``opts.sampler``, else the space's, else the default, seeded by the
+    space's seed plus ``opts.seed``. Its re-fits are ``opts.refit``, else deterministic when replaying (a seed
+    repeats the search) and in the background on a GPU (the search never waits for the model)."""
+    sampler = opts.sampler or space.sampler.get("name") or strategies.DEFAULT
+    refit = opts.refit or ("deterministic" if opts.backend == "replay" else "background")
+    return strategies.make(sampler, space.sampler.get("seed", 0) + opts.seed, refit)
+
+
+def run_search(space: SearchSpace, store, opts: Options, strategy: strategies.Strategy | None = None) -> list[dict]:
+    """Run (or resume, or join) every study of ``space``; one summary row per workload x concurrency. Every
+    study uses ``strategy`` when given (a caller that reads its timings), else one made per workload."""
     levels = opts.concurrency or space.concurrency
     unknown = [c for c in levels if c not in space.concurrency]
     if unknown:
@@ -159,8 +172,7 @@ def run_search(space: SearchSpace, store, opts: Options) -> list[dict]:
                 verdicts = _feasibility(space, spec.name, wl, levels, source, store, opts, progress)
                 feasible = [c for c, v in verdicts.items() if v.feasible]
                 sampler = opts.sampler or space.sampler.get("name") or strategies.DEFAULT
-                refit = "deterministic" if opts.backend == "replay" else "background"  # replay: a seed repeats
-                strategy = strategies.make(sampler, space.sampler.get("seed", 0) + opts.seed, refit)
+                level_strategy = strategy if strategy is not None else make_strategy(space, opts)
                 if opts.backend == "cuda":  # the first level measures meanwhile (see BackgroundWarm)
                     cc = int(processes[0].info["compute_capability"].replace(".", ""))
                     background.append((spec.name, len(feasible), BackgroundWarm(feasible, wl, cc)))
@@ -171,7 +183,7 @@ def run_search(space: SearchSpace, store, opts: Options) -> list[dict]:
                     if stop.requested or (opts.timeout_s and time.monotonic() - t_start > opts.timeout_s):
                         break
                     plan = StudyPlan(space, spec, wl, conc, verdicts, sampler)
-                    run = StudyRun(plan, store, storage, processes, opts, stop, t_start, progress, strategy)
+                    run = StudyRun(plan, store, storage, processes, opts, stop, t_start, progress, level_strategy)
                     run.expected_share = sum(shares) / len(shares) if shares else None
                     row = run.run()
                     if row.get("stopped") and getattr(run, "queue_order", None) and row["stopped"] != "interrupted":
@@ -206,12 +218,14 @@ def _source_and_storage(opts: Options, store) -> tuple:
         return None, _storage(store.url)
     from sparse_mla_tuner.tuner.replay import ReplaySource
 
-    if not opts.replay_db:
+    if not opts.replay_db and opts.replay_source is None:
         raise TunerError("--backend replay needs --replay-db URL (the database whose samples are replayed)")
     # by default one process replays alone: Optuna's queue lives in memory (the results go to the database);
     # `--replay-queue database` keeps it in the results database as a GPU search does, so several replaying
     # processes share each study's queue and a resumed one continues the trials a killed one left
-    source = ReplaySource(opts.replay_db, opts.replay_device, opts.replay_kernel)
+    source = opts.replay_source
+    if source is None:
+        source = ReplaySource(opts.replay_db, opts.replay_device, opts.replay_kernel)
     if opts.replay_queue == "database":
         return source, _storage(store.url)
     return source, optuna.storages.InMemoryStorage()

@@ -145,7 +145,7 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
         self.clock = Clock()  # where this level's time goes (compile, GPU, model, database, other)
         self.plan, self.store, self.storage, self.processes = plan, TimedStore(store, self.clock), storage, processes
         self.ui = ui or Progress(quiet=True, total_studies=1)  # tuner.progress: what the user sees
-        self.strategy = strategy or strategies.make(plan.sampler, getattr(opts, "seed", 0))
+        self.strategy = strategy or strategies.make(plan.sampler, opts.seed)
         self.reference_us: float | None = None  # this study's baseline median; Optuna's value = ratio x this
         self._baseline_us: float | None = None  # the baseline trial's own median, once measured here
         self._aa_us: float | None = None  # the median of the A/A this study's band comes from
@@ -163,7 +163,7 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
 
     def _load_study(self) -> None:
         """The Optuna study (created if new)."""
-        sampler = self.strategy.sampler(self.plan.space.sampler.get("seed", 0) + getattr(self.opts, "seed", 0))
+        sampler = self.strategy.sampler(self.plan.space.sampler.get("seed", 0) + self.opts.seed)
         self.study = optuna.create_study(
             study_name=self.name, storage=self.storage, direction="minimize", load_if_exists=True, sampler=sampler
         )
@@ -181,9 +181,9 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
             return None
         n, cap = self.opts.n_trials, attrs.get("n_trials")
         more = bool(n and n > self._n_launched() and (cap is None or n > cap))
-        if not (getattr(self.opts, "redo", False) or more):
+        if not (self.opts.redo or more):
             return stopped
-        self.more = more and not getattr(self.opts, "redo", False)
+        self.more = more and not self.opts.redo
         shared_write(lambda: self.study.set_user_attr("stopped", None))
         return None
 
@@ -210,8 +210,6 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
         for cfg in [c for c in self.queue_order if c in first]:
             if cfg not in level.measured and str(cfg) not in pending:
                 self.study.enqueue_trial(cfg.as_dict(), skip_if_exists=False)
-
-    # --- what the strategy sees ------------------------------------------------------------------
 
     # --- running -------------------------------------------------------------------------------
 
@@ -482,12 +480,10 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
         feas = self.plan.verdicts[cfg]
         if not feas.feasible:
             return MeasureReply(Verdict.INFEASIBLE, feas.reason)
-        seed = measurement_seed(getattr(self.opts, "seed", 0), cfg, f"{self.plan.concurrency}/{phase}")
+        seed = measurement_seed(self.opts.seed, cfg, f"{self.plan.concurrency}/{phase}")
         req = self.plan.request(cfg, seed, rounds, check)
         with self.clock.section("gpu"):
             return proc.measure(req, timeout_s=self.plan.space.measurement["trial_timeout_s"])
-
-    # --- noise and the reference ---------------------------------------------------------------
 
 
 def optuna_distributions(space: SearchSpace) -> dict[str, optuna.distributions.CategoricalDistribution]:
@@ -500,10 +496,3 @@ def launch_key(cfg: KernelConfig, workload: Workload, concurrency: int) -> str:
     rows = concurrency * workload.q_tokens  # every query token is a row of the grid
     extra_topk = workload.extra.topk if workload.extra is not None else 0  # one launch walks both caches
     return json.dumps(launch_identity(cfg, workload.heads, workload.topk, rows, extra_topk))
-
-
-def _key(params: dict) -> str:
-    try:
-        return str(KernelConfig.from_dict(params))
-    except (ValueError, TypeError):
-        return ""

@@ -37,7 +37,7 @@ proposals spread out instead of repeating. A level with no data from any level s
 best, the incumbent's neighbours and the lines (:meth:`Surrogate._lines`) are measured, it stops when
 ``P(an unmeasured launch beats the best by > band) < STOP_P``: each open candidate's posterior
 probability of a log ratio below ``log(best) + log(1 - band)``, summed (the union bound: no independence
-assumed). :data:`STOP_P` = 5 % is the threshold the search benchmark (``results/bench_search.py``) was
+assumed). :data:`STOP_P` = 5 % is the threshold the search benchmark (``benchmarks/bench_search.py``) was
 run with; ``--n-trials`` stays a hard cap.
 """
 

@@ -1,9 +1,9 @@
 """The search benchmark: every strategy over seeds, by replay of recorded full grids, on a CPU.
 
-    python results/bench_search.py                       # the default cases, 10 seeds, every strategy
-    python results/bench_search.py --strategies surrogate --seeds 3 --cases v4_216
-    python results/bench_search.py --jobs 2 ...            # two runs at once (results are the same)
-    python results/bench_search.py --overhead              # one replay search's time, and the model's share
+    python benchmarks/bench_search.py                       # the default cases, 10 seeds, every strategy
+    python benchmarks/bench_search.py --strategies surrogate --seeds 3 --cases v4_216
+    python benchmarks/bench_search.py --jobs 2 ...            # two runs at once (results are the same)
+    python benchmarks/bench_search.py --overhead              # one replay search's time, and the model's share
 
 Each run is a real ``tuner search --backend replay --seed N`` of a space version stored with the recorded
 full grid (``tuner_spaces``), against a fresh results database, so no run sees another's measurements and
@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import json
 import math
 import os
@@ -156,24 +155,6 @@ def prior_kernels(db: str, space: str, kernel: str) -> list[str]:
     return [h for _, h in before + after]
 
 
-@contextlib.contextmanager
-def replaying(source, kernel: str | None = None):
-    """``tuner search`` draws from ``source`` (an in-memory Optuna storage per run) and, with ``kernel``, records
-    its trials under that kernel's hash instead of this code's."""
-    from sparse_mla_tuner.tuner import calibrate
-    from sparse_mla_tuner.tuner import recorder
-    from sparse_mla_tuner.tuner import search as search_mod
-
-    saved = recorder.kernel_source_hash, calibrate.kernel_source_hash, search_mod._source_and_storage
-    search_mod._source_and_storage = lambda o, s: (source, __import__("optuna").storages.InMemoryStorage())
-    if kernel is not None:
-        recorder.kernel_source_hash = calibrate.kernel_source_hash = lambda: kernel
-    try:
-        yield
-    finally:
-        recorder.kernel_source_hash, calibrate.kernel_source_hash, search_mod._source_and_storage = saved
-
-
 def add_priors(case: Case, space, store, opts, seed: int) -> str | None:
     """Another kernel's records of the space, replayed into ``store`` first by the grid under that kernel's
     hash (a replay records the hash of the code that runs it): the surrogate's priors, and the previous picks
@@ -187,16 +168,24 @@ def add_priors(case: Case, space, store, opts, seed: int) -> str | None:
     from sparse_mla_tuner.tuner.replay import ReplaySource
 
     for prior in prior_kernels(case.replay_db, space.name, case.kernel):
-        with replaying(ReplaySource(opts.replay_db, None, prior), kernel=prior):
-            for c in case.levels:  # one at a time: a level whose baseline has no A/A of that kernel is left out
-                try:
-                    search_mod.run_search(
-                        space,
-                        store,
-                        dataclasses.replace(opts, sampler="grid", replay_kernel=prior, concurrency=[c], seed=seed),
-                    )
-                except TunerError:
-                    continue
+        source = ReplaySource(opts.replay_db, None, prior)
+        for c in case.levels:  # one at a time: a level whose baseline has no A/A of that kernel is left out
+            try:
+                search_mod.run_search(
+                    space,
+                    store,
+                    dataclasses.replace(
+                        opts,
+                        sampler="grid",
+                        replay_kernel=prior,
+                        replay_source=source,
+                        record_kernel=prior,
+                        concurrency=[c],
+                        seed=seed,
+                    ),
+                )
+            except TunerError:
+                continue
         with store.session() as s:
             if any(t.study.kernel.source_hash == prior for t in queries.trials(s)):
                 return prior
@@ -204,6 +193,8 @@ def add_priors(case: Case, space, store, opts, seed: int) -> str | None:
 
 
 def run_one(case: Case, strategy: str, seed: int, n_trials, landscape: str, priors: bool = False) -> dict:
+    import dataclasses
+
     from sparse_mla_tuner.db import queries
     from sparse_mla_tuner.db.store import Store
     from sparse_mla_tuner.db.verdicts import Verdict
@@ -232,8 +223,7 @@ def run_one(case: Case, strategy: str, seed: int, n_trials, landscape: str, prio
         if landscape == "shifted":
             shift_source(source, space.baseline, seed)
         t0 = time.monotonic()
-        with replaying(source):
-            rows = search_mod.run_search(space, store, opts)
+        rows = search_mod.run_search(space, store, dataclasses.replace(opts, replay_source=source))
         wall = time.monotonic() - t0
         wl = space.workloads[0].workload()
         truth = truths(source, space, wl, case.levels)
@@ -341,28 +331,18 @@ def overhead(space_path: str, replay_db: str, levels: list[int], seed: int = 0, 
     """One replay search (see the module's docstring) and where its time went."""
     from sparse_mla_tuner.db.store import Store
     from sparse_mla_tuner.tuner import search as search_mod
-    from sparse_mla_tuner.tuner import strategies
     from sparse_mla_tuner.tuner.search import Options
     from sparse_mla_tuner.tuner.space import load_space
 
-    made = []
-    make = strategies.make
-
-    def keep(name, seed, mode=None):
-        made.append(make(name, seed, refit or mode or "deterministic"))
-        return made[-1]
-
     space = load_space(space_path)
-    opts = Options(backend="replay", quiet=True, replay_db=f"sqlite:///{replay_db}", concurrency=levels, seed=seed)
+    opts = Options(
+        backend="replay", quiet=True, replay_db=f"sqlite:///{replay_db}", concurrency=levels, seed=seed, refit=refit
+    )
+    st = search_mod.make_strategy(space, opts)  # made here, so that its timings can be read afterwards
     with tempfile.TemporaryDirectory() as tmp:
-        strategies.make = keep
-        try:
-            t0 = time.monotonic()
-            rows = search_mod.run_search(space, Store(f"sqlite:///{tmp}/overhead.db"), opts)
-            wall = time.monotonic() - t0
-        finally:
-            strategies.make = make
-    st = made[-1]
+        t0 = time.monotonic()
+        rows = search_mod.run_search(space, Store(f"sqlite:///{tmp}/overhead.db"), opts, strategy=st)
+        wall = time.monotonic() - t0
     refitter = getattr(st, "refitter", None)
     return {
         "space": space.name,

@@ -1,8 +1,8 @@
 """Compile the split kernel (no GPU needed) and count, per config, what its PTX does.
 
-    python results/ptx_stats.py T32-w4-s2-c512 T32-w4-s1-c512-p1 ...   # fp8_v32, sm_120, one JSON line each
-    python results/ptx_stats.py --format fp8_model1 --arch 90 --batch 96 T32-w4-s1-c256-p1-b1
-    python results/ptx_stats.py --format fp8_model1 --arch 90 --batch 96 --sass T16-w4-s1-c512-p2   # + SASS counts
+    python benchmarks/ptx_stats.py T32-w4-s2-c512 T32-w4-s1-c512-p1 ...   # fp8_v32, sm_120, one JSON line each
+    python benchmarks/ptx_stats.py --format fp8_model1 --arch 90 --batch 96 T32-w4-s1-c256-p1-b1
+    python benchmarks/ptx_stats.py --format fp8_model1 --arch 90 --batch 96 --sass T16-w4-s1-c512-p2   # + SASS counts
 
 ``--batch`` compiles exactly the launch of a call at that batch (a ``BALANCED=1`` config's balanced
 kernel needs one: without it the first variant is the one-split kernel, which runs the per-row code).
@@ -26,8 +26,8 @@ from triton.compiler import ASTSource
 from sparse_mla_tuner.kernels import KernelConfig
 from sparse_mla_tuner.kernels import Workload
 from sparse_mla_tuner.kernels.decode import compile_spec
-from sparse_mla_tuner.tuner.compile_process import _resources
 from sparse_mla_tuner.tuner.compile_process import cuobjdump
+from sparse_mla_tuner.tuner.compile_process import resources
 
 PATTERNS = {
     "ld_shared_b8": r"ld\.shared(?:\.v\d)?\.(?:u8|b8|s8)",
@@ -55,7 +55,7 @@ def stats(key: str, wl: Workload, arch: int = 120, batch: int | None = None, sas
         target=GPUTarget("cuda", arch, 32),
         options=spec.options,
     )
-    regs, stack = _resources(k.asm["cubin"])
+    regs, stack = resources(k.asm["cubin"])
     ptx = k.asm["ptx"]
     counts = {name: len(re.findall(pat, ptx)) for name, pat in PATTERNS.items()}
     if sass:
