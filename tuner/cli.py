@@ -16,9 +16,10 @@ from sparse_mla_tuner.db.errors import DatabaseError
 from sparse_mla_tuner.db.errors import quote
 from sparse_mla_tuner.db.verdicts import Phase
 from sparse_mla_tuner.db.verdicts import Verdict
-from sparse_mla_tuner.kernels.config import PARAM_NAMES
-from sparse_mla_tuner.kernels.config import KernelConfig
 from sparse_mla_tuner.tuner import __version__
+from sparse_mla_tuner.tuner.adapters.sparse_mla import BENCH_MODULE
+from sparse_mla_tuner.tuner.adapters.sparse_mla import PARAM_NAMES
+from sparse_mla_tuner.tuner.adapters.sparse_mla import KernelConfig
 from sparse_mla_tuner.tuner.errors import TunerError
 from sparse_mla_tuner.tuner.output import format_option
 from sparse_mla_tuner.tuner.output import pct
@@ -181,7 +182,7 @@ def _values_text(v) -> str:
 
 
 def _check_brief(rows: list[dict]) -> list[dict]:
-    from sparse_mla_tuner.kernels.config import PARAMS
+    from sparse_mla_tuner.tuner.adapters.sparse_mla import PARAMS
 
     out = []
     for r in rows:
@@ -344,7 +345,7 @@ def check(
     target, and registers and spills stay empty; --registers compiles through ptxas for them.
     """
     from sparse_mla_tuner.db.store import Store
-    from sparse_mla_tuner.kernels.config import PARAMS
+    from sparse_mla_tuner.tuner.adapters.sparse_mla import PARAMS
     from sparse_mla_tuner.tuner.feasibility import check_many
     from sparse_mla_tuner.tuner.progress import Progress
     from sparse_mla_tuner.tuner.space import TARGETS
@@ -558,7 +559,7 @@ def search(
 
 def _first_configs(text: str | None, space) -> list:
     """``--first``: config keys of the space, in the order given."""
-    from sparse_mla_tuner.kernels import KernelConfig
+    from sparse_mla_tuner.tuner.adapters.sparse_mla import KernelConfig
 
     if not text:
         return []
@@ -918,7 +919,7 @@ def export(out_dir, export_format, backend, record, shapes, db_url):
     "bench_files",
     multiple=True,
     type=click.Path(dir_okay=False),
-    help="A same-run benchmark of ours against FlashMLA (JSON of python -m sparse_mla_tuner.kernels.bench or "
+    help=f"A same-run benchmark of ours against FlashMLA (JSON of python -m {BENCH_MODULE} or "
     "kernels.bench_call; "
     "repeatable): the median plot of its device and call shows FlashMLA from it.",
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from sparse_mla_tuner.kernels.table import raw_slug
+from sparse_mla_tuner.tuner.adapters.sparse_mla import raw_slug
 
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#+\-.!|~])")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]+")

@@ -25,10 +25,9 @@ from sparse_mla_tuner.db.models import get_or_create
 from sparse_mla_tuner.db.verdicts import Effect
 from sparse_mla_tuner.db.verdicts import Phase
 from sparse_mla_tuner.db.verdicts import Verdict
-from sparse_mla_tuner.kernels.config import KernelConfig
-from sparse_mla_tuner.kernels.config import kernel_source_hash
 from sparse_mla_tuner.tuner import optuna_rows
 from sparse_mla_tuner.tuner import stats
+from sparse_mla_tuner.tuner.adapters.sparse_mla import KernelConfig
 from sparse_mla_tuner.tuner.errors import SpaceError
 from sparse_mla_tuner.tuner.heartbeat import OWNER_ATTR
 from sparse_mla_tuner.tuner.heartbeat import owner
@@ -285,11 +284,16 @@ class StudyRecords:
         """The study's database rows (created if new); returns the configs it has already recorded."""
         plan, info = self.plan, self.processes[0].info
         base = study_name(
-            plan.space.name, plan.spec.name, plan.concurrency, info["gpu_name"], self.opts.backend, kernel_source_hash()
+            plan.space.name,
+            plan.spec.name,
+            plan.concurrency,
+            info["gpu_name"],
+            self.opts.backend,
+            plan.space.adapter.source_hash(),
         )
         with self.store.session() as s:
             env = queries.ensure_environment(s, info)
-            kernel = queries.ensure_kernel(s, kernel_source_hash())
+            kernel = queries.ensure_kernel(s, plan.space.adapter.source_hash())
             wrow = queries.ensure_workload(s, **plan.spec.fields())
             srow = queries.ensure_space(s, plan.space.name, plan.space.text_hash, plan.space.text, plan.space.path)
             self.name = base
@@ -364,7 +368,7 @@ class StudyRecords:
             "backend": self.opts.backend,
             "target_arch": plan.space.target,
             "baseline": str(plan.space.baseline),
-            "kernel_hash": kernel_source_hash(),
+            "kernel_hash": plan.space.adapter.source_hash(),
             "strategy": self.strategy.name,
         }
         for k, v in attrs.items():
