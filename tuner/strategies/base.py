@@ -28,6 +28,12 @@ class Level:
     order: tuple[int, ...] = ()  # the space's levels in search order (empty: ascending concurrency)
     adapter: KernelAdapter | None = None  # the kernel's (its encoding, its shapes, which parameters compile)
 
+    def __post_init__(self) -> None:
+        if self.adapter is None:  # a level made without a space: the kernel a space that names none gets
+            from sparse_mla_tuner.tuner.adapter import default_adapter
+
+            self.adapter = default_adapter()
+
     def open(self) -> list[KernelConfig]:
         """Candidates neither measured nor pending, in queue order."""
         return [c for c in self.candidates if c not in self.measured and c not in self.pending]

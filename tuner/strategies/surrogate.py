@@ -260,7 +260,7 @@ class Surrogate(Strategy):
                 out.append(cand)
             if len(out) == CARRY:
                 break
-        for cfg in _best_shapes([(c, y) for y, c in ranked], CARRY_LINES):
+        for cfg in _best_shapes([(c, y) for y, c in ranked], CARRY_LINES, level.adapter.family):
             if (cand := rep(cfg)) is not None:
                 out += [cand, *_split_line(level, cand)]
         return list(dict.fromkeys(out))
