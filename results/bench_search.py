@@ -161,17 +161,18 @@ def replaying(source, kernel: str | None = None):
     """``tuner search`` draws from ``source`` (an in-memory Optuna storage per run) and, with ``kernel``, records
     its trials under that kernel's hash instead of this code's."""
     from sparse_mla_tuner.tuner import calibrate
-    from sparse_mla_tuner.tuner import recorder
     from sparse_mla_tuner.tuner import search as search_mod
+    from sparse_mla_tuner.tuner.adapters.sparse_mla import SparseMlaAdapter
 
-    saved = recorder.kernel_source_hash, calibrate.kernel_source_hash, search_mod._source_and_storage
+    saved = SparseMlaAdapter.source_hash, calibrate.kernel_source_hash, search_mod._source_and_storage
     search_mod._source_and_storage = lambda o, s: (source, __import__("optuna").storages.InMemoryStorage())
     if kernel is not None:
-        recorder.kernel_source_hash = calibrate.kernel_source_hash = lambda: kernel
+        calibrate.kernel_source_hash = lambda: kernel
+        SparseMlaAdapter.source_hash = lambda self: kernel
     try:
         yield
     finally:
-        recorder.kernel_source_hash, calibrate.kernel_source_hash, search_mod._source_and_storage = saved
+        SparseMlaAdapter.source_hash, calibrate.kernel_source_hash, search_mod._source_and_storage = saved
 
 
 def add_priors(case: Case, space, store, opts, seed: int) -> str | None:

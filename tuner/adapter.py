@@ -62,6 +62,19 @@ class Tunable:
         return isinstance(v, int) and not isinstance(v, bool) and self.check(v)
 
 
+@dataclass(frozen=True)
+class CompileSpec:
+    """One kernel a launch compiles: what ``triton.compile(ASTSource(kernel, signature, constexprs, attrs),
+    target=..., options=options)`` takes (see :meth:`KernelAdapter.compile_specs`)."""
+
+    name: str
+    kernel: object  # the @triton.jit function, as imported without TRITON_INTERPRET
+    signature: dict[str, str]
+    constexprs: dict
+    attrs: dict
+    options: dict
+
+
 class KernelAdapter(abc.ABC):
     """One kernel, as the tuner sees it. Subclass it and implement the abstract methods.
 

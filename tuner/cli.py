@@ -352,6 +352,7 @@ def check(
     from sparse_mla_tuner.tuner.space import load_space
 
     space = load_space(space_file)
+    _database_kernel(space, "check")
     store = Store(db_url)
     target = target or space.target
     if target not in TARGETS:
@@ -516,6 +517,7 @@ def search(
     from sparse_mla_tuner.tuner.summary import time_lines
 
     space = load_space(space_file)
+    _database_kernel(space, "search")
     levels = _levels(concurrency)
     first_configs = _first_configs(first, space)
     if (replay_db or replay_kernel or replay_queue != "memory") and backend != "replay":
@@ -579,6 +581,19 @@ def _first_configs(text: str | None, space) -> list:
             )
         configs.append(cfg)
     return configs
+
+
+def _database_kernel(space, command: str) -> None:
+    """The results database's columns are the built-in kernel's parameters and workload shape: a space of
+    another adapter cannot be recorded there yet, and says so before anything starts."""
+    from sparse_mla_tuner.tuner.adapter import DEFAULT
+
+    if space.kernel != DEFAULT:
+        raise TunerError(
+            f"{space.path}: `kernel`: tuner {command} works on the results database, whose columns hold the "
+            f"{DEFAULT} kernel's parameters only, not those of {space.kernel!r}; run that space's study with "
+            "tuner.local_study.run_local_study (docs/adapters.md)"
+        )
 
 
 def _levels(text: str | None) -> list[int] | None:
@@ -647,6 +662,7 @@ def calibrate(space_file, workload_name, concurrency, pairs, backend, quiet, fmt
     from sparse_mla_tuner.tuner.space import load_space
 
     space = load_space(space_file)
+    _database_kernel(space, "calibrate")
     workloads = [w for w in space.workloads if workload_name in (None, w.name)]
     if not workloads:
         raise TunerError(
