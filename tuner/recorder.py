@@ -27,12 +27,13 @@ from sparse_mla_tuner.db.verdicts import Phase
 from sparse_mla_tuner.db.verdicts import Verdict
 from sparse_mla_tuner.tuner import optuna_rows
 from sparse_mla_tuner.tuner import stats
-from sparse_mla_tuner.tuner.adapters.sparse_mla import KernelConfig
 from sparse_mla_tuner.tuner.errors import SpaceError
 from sparse_mla_tuner.tuner.heartbeat import OWNER_ATTR
 from sparse_mla_tuner.tuner.heartbeat import owner
 from sparse_mla_tuner.tuner.heartbeat import owner_alive
 from sparse_mla_tuner.tuner.protocol import MeasureReply
+
+KernelConfig = object  # annotations: the adapter's config type
 
 RUNNING, COMPLETE, FAIL = (
     optuna.trial.TrialState.RUNNING,
