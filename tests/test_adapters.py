@@ -59,6 +59,8 @@ def test_a_study_of_the_example_adapter_alone(example, sampler):
         assert r.ratios[example.baseline] == 1.0
         fastest = min(r.ratios, key=r.ratios.get)
         assert r.pick == (fastest if r.ratios[fastest] < 1.0 else example.baseline)
+    table = example.adapter.export_table({r.concurrency: r.pick for r in results})
+    assert table == {str(r.concurrency): r.pick.as_dict() for r in results}
 
 
 def test_the_example_gate_catches_a_wrong_output(example):

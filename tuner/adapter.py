@@ -80,7 +80,8 @@ class KernelAdapter(abc.ABC):
 
     ``config_type`` is a frozen type whose fields are the parameters' names; it must offer ``from_dict``
     (a mapping of parameter names; a missing one takes its default; raises ``ValueError`` in one sentence),
-    ``as_dict()``, ``replace(**changes)`` and ``str()`` (the printed key, for display and storage).
+    ``parse(text)`` (the inverse of ``str()``, the printed key, for display and storage), ``as_dict()`` and
+    ``replace(**changes)``.
     """
 
     name: str = ""  # shown in messages and stored with results

@@ -20,6 +20,7 @@ from sparse_mla_tuner.tuner import __version__
 from sparse_mla_tuner.tuner.adapters.sparse_mla import BENCH_MODULE
 from sparse_mla_tuner.tuner.adapters.sparse_mla import PARAM_NAMES
 from sparse_mla_tuner.tuner.adapters.sparse_mla import KernelConfig
+from sparse_mla_tuner.tuner.adapters.sparse_mla import SparseMlaAdapter
 from sparse_mla_tuner.tuner.errors import TunerError
 from sparse_mla_tuner.tuner.output import format_option
 from sparse_mla_tuner.tuner.output import pct
@@ -724,7 +725,7 @@ def _best_row(t) -> dict:
         "phase": st.phase,
     }
     wl = t.workload
-    nbytes = wl.workload().min_bytes(t.concurrency)  # the whole call: both caches, every query token
+    nbytes = SparseMlaAdapter().bytes_moved(wl.workload(), t.concurrency)  # the whole call: both caches, every token
     gbps = nbytes / (st.median_us * 1e-6) / 1e9
     row["GBps"] = round(gbps, 1) if t.backend == "cuda" else None
     row["pct_copy_bw"] = round(100 * gbps / env.copy_gbps, 1) if (env.copy_gbps and t.backend == "cuda") else None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Hashable
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sparse_mla_tuner.kernels import decode
@@ -225,10 +224,6 @@ class SparseMlaAdapter(KernelAdapter):
 
     def source_hash(self) -> str:
         return kernel_source_hash()
-
-    def export_table(self, picks: Mapping[int, KernelConfig]) -> dict:
-        """SGLang's table form: batch size -> the config as ``triton.Config`` takes it (see :mod:`tuner.export`)."""
-        return {str(b): cfg.as_dict() for b, cfg in sorted(picks.items())}
 
 
 _TUNABLES = tuple(
