@@ -255,3 +255,37 @@ def test_no_import_cycles():
     for m in sorted(graph):
         if m not in state:
             visit(m, [])
+
+
+# --- the kernel adapter ----------------------------------------------------------------------------------
+
+KERNEL_DOORS = {"tuner/adapters/sparse_mla.py", "tuner/measure_main.py"}  # the adapter; the measurement program
+GENERIC = (  # the tuner's core: it speaks of configs, workloads and launches through an adapter object only
+    "tuner/adapter.py",
+    "tuner/space.py",
+    "tuner/study.py",
+    "tuner/candidates.py",
+    "tuner/recorder.py",
+    "tuner/local_study.py",
+    "tuner/stats.py",
+    "tuner/strategies",
+)
+
+
+def test_tuner_names_the_kernel_package_in_at_most_two_modules():
+    """tuner/ reaches kernels/ through its adapter (tuner/adapters/sparse_mla.py), and the measurement process's
+    program; no other module of tuner/ names the package, in an import or anywhere in its text."""
+    naming = {
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "tuner").rglob("*.py")
+        if "sparse_mla_tuner.kernels" in p.read_text() or any(m.split(".")[0] == "kernels" for m in _imports(p))
+    }
+    assert naming <= KERNEL_DOORS and len(naming) <= 2, sorted(naming - KERNEL_DOORS)
+
+
+@pytest.mark.parametrize("where", GENERIC)
+def test_the_tuner_core_imports_no_kernel_adapter(where):
+    paths = [ROOT / where] if where.endswith(".py") else sorted((ROOT / where).rglob("*.py"))
+    for path in paths:
+        bad = [m for m in _imports(path) if m.startswith(("kernels", "tuner.adapters"))]
+        assert not bad, f"{path.relative_to(ROOT)} imports {bad}"

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from sparse_mla_tuner.db import queries
 from sparse_mla_tuner.db import record
 from sparse_mla_tuner.db.verdicts import Verdict
-from sparse_mla_tuner.kernels.config import KernelConfig
-from sparse_mla_tuner.kernels.config import kernel_source_hash
 from sparse_mla_tuner.tuner import stats
+from sparse_mla_tuner.tuner.adapters.sparse_mla import KernelConfig
+from sparse_mla_tuner.tuner.adapters.sparse_mla import kernel_source_hash
 from sparse_mla_tuner.tuner.errors import TunerError
 from sparse_mla_tuner.tuner.protocol import WARNING_AS_ERROR
 from sparse_mla_tuner.tuner.protocol import CalibrateRequest

@@ -13,21 +13,18 @@ import optuna
 
 from sparse_mla_tuner.db import queries
 from sparse_mla_tuner.db.verdicts import Verdict
-from sparse_mla_tuner.kernels.config import BY_NAME
-from sparse_mla_tuner.kernels.config import KernelConfig
-from sparse_mla_tuner.kernels.config import Role
 from sparse_mla_tuner.tuner import strategies
 
 WAITING, RUNNING = optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING
-MODES = ("PREFETCH",)  # parameters whose values are modes, not a scale (kernels/config.py): any steps to any
+KernelConfig = object  # annotations: the adapter's config type
 LAUNCHED = {Verdict.OK, Verdict.WRONG, Verdict.CRASHED, Verdict.TIMEOUT, Verdict.MISSING}  # measured, for the budget
 
 
-def _known_config(key: str) -> KernelConfig | None:
+def _known_config(config_type, key: str) -> KernelConfig | None:
     """A stored config key as this version's config; None when it names a parameter or value this version does
     not know (a record of an older or newer kernel): such a record cannot be a prior here."""
     try:
-        return KernelConfig.parse(key)
+        return config_type.parse(key)
     except (TypeError, ValueError):
         return None
 
@@ -51,7 +48,9 @@ class LevelView:
                 device=info["gpu_name"],
                 backend=self.opts.backend,
             )
-        known = [c for c in map(_known_config, ranked) if c is not None]  # another version's parameter: skipped
+        known = [
+            c for c in (_known_config(self.plan.space.adapter.config_type, k) for k in ranked) if c is not None
+        ]  # another version's parameter: skipped
         best = known[:5]
         variants = new_value_variants(best, known, plan.space.parameters)
         return [
@@ -99,7 +98,7 @@ class LevelView:
         pending = {
             rep[k]
             for t in self.study.get_trials(deepcopy=False, states=(WAITING, RUNNING))
-            if (k := _key(t.params)) in rep
+            if (k := _key(self.plan.space.adapter.config_type, t.params)) in rep
         }
         self.n_measured = len(measured)
         return strategies.Level(
@@ -113,6 +112,7 @@ class LevelView:
             self._neighbours,
             lambda cfg: rep.get(str(cfg)),
             tuple(self.plan.space.concurrency),  # the space's levels in search order
+            self.plan.space.adapter,
         )
 
     def _refresh(self) -> dict[KernelConfig, float | None]:
@@ -139,13 +139,15 @@ class LevelView:
         a launch-only parameter (``TARGET_CTAS``: the split count whose best value moves with C) or of one whose
         values are modes rather than a scale (``PREFETCH``)."""
         rep, params = self.plan.representatives(), self.plan.space.parameters
+        adapter = self.plan.space.adapter
+        launch_only = {p.name for p in adapter.params if not p.compiled}
         out = {}
         for cand in self.queue_order:
             near = []
             for name, values in params.items():
                 if getattr(cand, name) not in values:
                     continue
-                if BY_NAME[name].role is Role.LAUNCH or name in MODES:
+                if name in launch_only or name in adapter.modes:
                     near += [o for v in values if (o := rep.get(str(cand.replace(**{name: v})))) not in (None, cand)]
                     continue
                 i = values.index(getattr(cand, name))
@@ -208,8 +210,9 @@ def new_value_variants(
     return list(dict.fromkeys(cfg.replace(**{name: v}) for cfg in best for name, vs in new.items() for v in vs))
 
 
-def _key(params: dict) -> str:
+def _key(config_type, params: dict) -> str:
+    """A trial's printed config key ("" for parameters this kernel does not take)."""
     try:
-        return str(KernelConfig.from_dict(params))
+        return str(config_type.from_dict(params))
     except (ValueError, TypeError):
         return ""

@@ -16,9 +16,11 @@ from sparse_mla_tuner.db.errors import DatabaseError
 from sparse_mla_tuner.db.errors import quote
 from sparse_mla_tuner.db.verdicts import Phase
 from sparse_mla_tuner.db.verdicts import Verdict
-from sparse_mla_tuner.kernels.config import PARAM_NAMES
-from sparse_mla_tuner.kernels.config import KernelConfig
 from sparse_mla_tuner.tuner import __version__
+from sparse_mla_tuner.tuner.adapters.sparse_mla import BENCH_MODULE
+from sparse_mla_tuner.tuner.adapters.sparse_mla import PARAM_NAMES
+from sparse_mla_tuner.tuner.adapters.sparse_mla import KernelConfig
+from sparse_mla_tuner.tuner.adapters.sparse_mla import SparseMlaAdapter
 from sparse_mla_tuner.tuner.errors import TunerError
 from sparse_mla_tuner.tuner.output import format_option
 from sparse_mla_tuner.tuner.output import pct
@@ -181,7 +183,7 @@ def _values_text(v) -> str:
 
 
 def _check_brief(rows: list[dict]) -> list[dict]:
-    from sparse_mla_tuner.kernels.config import PARAMS
+    from sparse_mla_tuner.tuner.adapters.sparse_mla import PARAMS
 
     out = []
     for r in rows:
@@ -344,13 +346,14 @@ def check(
     target, and registers and spills stay empty; --registers compiles through ptxas for them.
     """
     from sparse_mla_tuner.db.store import Store
-    from sparse_mla_tuner.kernels.config import PARAMS
+    from sparse_mla_tuner.tuner.adapters.sparse_mla import PARAMS
     from sparse_mla_tuner.tuner.feasibility import check_many
     from sparse_mla_tuner.tuner.progress import Progress
     from sparse_mla_tuner.tuner.space import TARGETS
     from sparse_mla_tuner.tuner.space import load_space
 
     space = load_space(space_file)
+    _database_kernel(space, "check")
     store = Store(db_url)
     target = target or space.target
     if target not in TARGETS:
@@ -515,6 +518,7 @@ def search(
     from sparse_mla_tuner.tuner.summary import time_lines
 
     space = load_space(space_file)
+    _database_kernel(space, "search")
     levels = _levels(concurrency)
     first_configs = _first_configs(first, space)
     if (replay_db or replay_kernel or replay_queue != "memory") and backend != "replay":
@@ -558,7 +562,7 @@ def search(
 
 def _first_configs(text: str | None, space) -> list:
     """``--first``: config keys of the space, in the order given."""
-    from sparse_mla_tuner.kernels import KernelConfig
+    from sparse_mla_tuner.tuner.adapters.sparse_mla import KernelConfig
 
     if not text:
         return []
@@ -578,6 +582,19 @@ def _first_configs(text: str | None, space) -> list:
             )
         configs.append(cfg)
     return configs
+
+
+def _database_kernel(space, command: str) -> None:
+    """The results database's columns are the built-in kernel's parameters and workload shape: a space of
+    another adapter cannot be recorded there yet, and says so before anything starts."""
+    from sparse_mla_tuner.tuner.adapter import DEFAULT
+
+    if space.kernel != DEFAULT:
+        raise TunerError(
+            f"{space.path}: `kernel`: tuner {command} works on the results database, whose columns hold the "
+            f"{DEFAULT} kernel's parameters only, not those of {space.kernel!r}; run that space's study with "
+            "tuner.local_study.run_local_study (docs/adapters.md)"
+        )
 
 
 def _levels(text: str | None) -> list[int] | None:
@@ -646,6 +663,7 @@ def calibrate(space_file, workload_name, concurrency, pairs, backend, quiet, fmt
     from sparse_mla_tuner.tuner.space import load_space
 
     space = load_space(space_file)
+    _database_kernel(space, "calibrate")
     workloads = [w for w in space.workloads if workload_name in (None, w.name)]
     if not workloads:
         raise TunerError(
@@ -707,7 +725,7 @@ def _best_row(t) -> dict:
         "phase": st.phase,
     }
     wl = t.workload
-    nbytes = wl.workload().min_bytes(t.concurrency)  # the whole call: both caches, every query token
+    nbytes = SparseMlaAdapter().bytes_moved(wl.workload(), t.concurrency)  # the whole call: both caches, every token
     gbps = nbytes / (st.median_us * 1e-6) / 1e9
     row["GBps"] = round(gbps, 1) if t.backend == "cuda" else None
     row["pct_copy_bw"] = round(100 * gbps / env.copy_gbps, 1) if (env.copy_gbps and t.backend == "cuda") else None
@@ -918,7 +936,7 @@ def export(out_dir, export_format, backend, record, shapes, db_url):
     "bench_files",
     multiple=True,
     type=click.Path(dir_okay=False),
-    help="A same-run benchmark of ours against FlashMLA (JSON of python -m sparse_mla_tuner.kernels.bench or "
+    help=f"A same-run benchmark of ours against FlashMLA (JSON of python -m {BENCH_MODULE} or "
     "kernels.bench_call; "
     "repeatable): the median plot of its device and call shows FlashMLA from it.",
 )

@@ -38,9 +38,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from sparse_mla_tuner.kernels.config import KernelConfig
-from sparse_mla_tuner.kernels.decode import compile_spec
-from sparse_mla_tuner.kernels.workload import Workload
+from sparse_mla_tuner.tuner.adapters.sparse_mla import KernelConfig
+from sparse_mla_tuner.tuner.adapters.sparse_mla import SparseMlaAdapter
+from sparse_mla_tuner.tuner.adapters.sparse_mla import Workload
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 # one stderr line per finished job; tuner.feasibility.PROGRESS_LINE parses it (kept apart: importing this
@@ -126,7 +126,7 @@ def _stop_after_shared_allocation():
 
 def specs_of(job: dict) -> list:
     cfg, wl, cc = KernelConfig.from_dict(job["config"]), Workload(**job["workload"]), job["cc"]
-    return compile_spec(cfg, wl, cc, extra=wl.extra, attn_sink=wl.attn_sink, q_tokens=wl.q_tokens)
+    return SparseMlaAdapter().compile_specs(cfg, wl, cc)
 
 
 def compile_kernel(spec, cc: int, depth: str = "cubin") -> dict:

@@ -45,16 +45,16 @@ from sparse_mla_tuner.db.paths import write_atomic
 from sparse_mla_tuner.db.store import Store
 from sparse_mla_tuner.db.store import redact_url
 from sparse_mla_tuner.db.verdicts import Verdict
-from sparse_mla_tuner.kernels.config import PARAMS
-from sparse_mla_tuner.kernels.config import Role
-from sparse_mla_tuner.kernels.table import ENV_DIR
-from sparse_mla_tuner.kernels.table import device_slug
-from sparse_mla_tuner.kernels.table import nearest_shape
-from sparse_mla_tuner.kernels.table import raw_slug
-from sparse_mla_tuner.kernels.table import sidecar_path
-from sparse_mla_tuner.kernels.table import table_name
-from sparse_mla_tuner.kernels.table import triton_folder
-from sparse_mla_tuner.kernels.table import version_tuple
+from sparse_mla_tuner.tuner.adapters.sparse_mla import ENV_DIR
+from sparse_mla_tuner.tuner.adapters.sparse_mla import PARAMS
+from sparse_mla_tuner.tuner.adapters.sparse_mla import Role
+from sparse_mla_tuner.tuner.adapters.sparse_mla import device_slug
+from sparse_mla_tuner.tuner.adapters.sparse_mla import nearest_shape
+from sparse_mla_tuner.tuner.adapters.sparse_mla import raw_slug
+from sparse_mla_tuner.tuner.adapters.sparse_mla import sidecar_path
+from sparse_mla_tuner.tuner.adapters.sparse_mla import table_name
+from sparse_mla_tuner.tuner.adapters.sparse_mla import triton_folder
+from sparse_mla_tuner.tuner.adapters.sparse_mla import version_tuple
 from sparse_mla_tuner.tuner.errors import TunerError
 
 FORMATS = ("engine", "sglang", "triton")

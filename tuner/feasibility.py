@@ -35,11 +35,11 @@ from dataclasses import dataclass
 import triton
 
 from sparse_mla_tuner.db import queries
-from sparse_mla_tuner.kernels.config import KernelConfig
-from sparse_mla_tuner.kernels.config import block_h_for
-from sparse_mla_tuner.kernels.config import kernel_source_hash
-from sparse_mla_tuner.kernels.kv_format import get_format
-from sparse_mla_tuner.kernels.workload import Workload
+from sparse_mla_tuner.tuner.adapters.sparse_mla import KernelConfig
+from sparse_mla_tuner.tuner.adapters.sparse_mla import Workload
+from sparse_mla_tuner.tuner.adapters.sparse_mla import block_h_for
+from sparse_mla_tuner.tuner.adapters.sparse_mla import get_format
+from sparse_mla_tuner.tuner.adapters.sparse_mla import kernel_source_hash
 from sparse_mla_tuner.tuner.errors import FeasibilityError
 from sparse_mla_tuner.tuner.space import TARGETS
 

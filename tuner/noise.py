@@ -55,7 +55,14 @@ class StudyNoise:
                 c = calibrate.measure(proc, plan.space, plan.workload, plan.concurrency, base, pairs, seed=seed)
             with self.store.session() as s:
                 calibrate.store_calibration(
-                    s, c, proc.info, plan.spec, plan.concurrency, self.opts.backend, base, recorded_kernel(self.opts)
+                    s,
+                    c,
+                    proc.info,
+                    plan.spec,
+                    plan.concurrency,
+                    self.opts.backend,
+                    base,
+                    recorded_kernel(self.opts, plan.space.adapter),
                 )
             spread, multimodal, samples = c.spread, c.multimodal, c.samples
         band = self.band = stats.band(spread, min_effect)

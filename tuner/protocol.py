@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from dataclasses import field
 
 from sparse_mla_tuner.db.verdicts import Verdict
-from sparse_mla_tuner.kernels.config import KernelConfig
-from sparse_mla_tuner.kernels.workload import Workload
+from sparse_mla_tuner.tuner.adapters.sparse_mla import KernelConfig
+from sparse_mla_tuner.tuner.adapters.sparse_mla import Workload
 
 # a reply's reason starts so when the config raised no error of its own, but Python's warnings filter
 # (PYTHONWARNINGS=error..., -W error) turned a warning into one: the environment's failure, not the config's

@@ -25,8 +25,6 @@ from sparse_mla_tuner.db.models import get_or_create
 from sparse_mla_tuner.db.verdicts import Effect
 from sparse_mla_tuner.db.verdicts import Phase
 from sparse_mla_tuner.db.verdicts import Verdict
-from sparse_mla_tuner.kernels.config import KernelConfig
-from sparse_mla_tuner.kernels.config import kernel_source_hash
 from sparse_mla_tuner.tuner import optuna_rows
 from sparse_mla_tuner.tuner import stats
 from sparse_mla_tuner.tuner.errors import SpaceError
@@ -35,6 +33,8 @@ from sparse_mla_tuner.tuner.heartbeat import owner
 from sparse_mla_tuner.tuner.heartbeat import owner_alive
 from sparse_mla_tuner.tuner.protocol import MeasureReply
 
+KernelConfig = object  # annotations: the adapter's config type
+
 RUNNING, COMPLETE, FAIL = (
     optuna.trial.TrialState.RUNNING,
     optuna.trial.TrialState.COMPLETE,
@@ -42,11 +42,11 @@ RUNNING, COMPLETE, FAIL = (
 )
 
 
-def recorded_kernel(opts) -> str:
-    """The kernel hash a search records its studies, trials and A/A under: this code's
-    (:func:`kernel_source_hash`), unless ``opts.record_kernel`` names another (a benchmark replaying one
-    kernel's records as another kernel's priors)."""
-    return opts.record_kernel or kernel_source_hash()
+def recorded_kernel(opts, adapter) -> str:
+    """The kernel hash a search records its studies, trials and A/A under: this code's (the space's adapter's
+    :meth:`~tuner.adapter.KernelAdapter.source_hash`), unless ``opts.record_kernel`` names another (a benchmark
+    replaying one kernel's records as another kernel's priors)."""
+    return opts.record_kernel or adapter.source_hash()
 
 
 def slug(s: str) -> str:
@@ -291,9 +291,14 @@ class StudyRecords:
     def _open_rows(self) -> set[str]:
         """The study's database rows (created if new); returns the configs it has already recorded."""
         plan, info = self.plan, self.processes[0].info
-        kernel_hash = recorded_kernel(self.opts)
+        kernel_hash = recorded_kernel(self.opts, plan.space.adapter)
         base = study_name(
-            plan.space.name, plan.spec.name, plan.concurrency, info["gpu_name"], self.opts.backend, kernel_hash
+            plan.space.name,
+            plan.spec.name,
+            plan.concurrency,
+            info["gpu_name"],
+            self.opts.backend,
+            kernel_hash,
         )
         with self.store.session() as s:
             env = queries.ensure_environment(s, info)
@@ -372,7 +377,7 @@ class StudyRecords:
             "backend": self.opts.backend,
             "target_arch": plan.space.target,
             "baseline": str(plan.space.baseline),
-            "kernel_hash": recorded_kernel(self.opts),
+            "kernel_hash": recorded_kernel(self.opts, self.plan.space.adapter),
             "strategy": self.strategy.name,
         }
         for k, v in attrs.items():

@@ -34,8 +34,8 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from sparse_mla_tuner.db.store import check_url
 from sparse_mla_tuner.db.verdicts import Verdict
-from sparse_mla_tuner.kernels.config import KernelConfig
-from sparse_mla_tuner.kernels.workload import Workload
+from sparse_mla_tuner.tuner.adapters.sparse_mla import KernelConfig
+from sparse_mla_tuner.tuner.adapters.sparse_mla import Workload
 from sparse_mla_tuner.tuner.errors import TunerError
 from sparse_mla_tuner.tuner.feasibility import Feasibility
 from sparse_mla_tuner.tuner.protocol import CalibrateRequest

@@ -30,9 +30,10 @@ from sparse_mla_tuner.db.store import redact_url
 from sparse_mla_tuner.db.verdicts import Effect
 from sparse_mla_tuner.db.verdicts import Phase
 from sparse_mla_tuner.db.verdicts import Verdict
-from sparse_mla_tuner.kernels.config import PARAM_NAMES
-from sparse_mla_tuner.kernels.config import KernelConfig
-from sparse_mla_tuner.kernels.workload import Workload
+from sparse_mla_tuner.tuner.adapters.sparse_mla import BENCH_MODULE
+from sparse_mla_tuner.tuner.adapters.sparse_mla import PARAM_NAMES
+from sparse_mla_tuner.tuner.adapters.sparse_mla import KernelConfig
+from sparse_mla_tuner.tuner.adapters.sparse_mla import Workload
 from sparse_mla_tuner.tuner.errors import TunerError
 from sparse_mla_tuner.tuner.output import gbps
 from sparse_mla_tuner.tuner.output import pct
@@ -115,7 +116,7 @@ def _groups(s) -> dict[tuple, list[TrialModel]]:
 
 @dataclass(frozen=True)
 class Bench:
-    """A same-run benchmark of ours against FlashMLA (``python -m sparse_mla_tuner.kernels.bench`` or
+    """A same-run benchmark of ours against FlashMLA (``python -m kernels.bench`` or
     ``kernels.bench_call`` JSON): its name as given, device, date and rows."""
 
     name: str
@@ -152,7 +153,7 @@ def load_bench(path: str) -> Bench:
         raise TunerError(f"cannot read {path}: {e}") from None
     except (ValueError, KeyError, TypeError, RecursionError):
         raise TunerError(
-            f"{path} is not a benchmark of python -m sparse_mla_tuner.kernels.bench or kernels.bench_call "
+            f"{path} is not a benchmark of python -m {BENCH_MODULE} or kernels.bench_call "
             '(JSON with "env": {"device", "date"} and "rows")'
         ) from None
 

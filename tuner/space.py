@@ -25,20 +25,18 @@ import yaml
 from sparse_mla_tuner.db.paths import PathError
 from sparse_mla_tuner.db.paths import read_bytes
 from sparse_mla_tuner.db.paths import regular_or_missing
-from sparse_mla_tuner.kernels.config import PARAM_NAMES
-from sparse_mla_tuner.kernels.config import PARAMS
-from sparse_mla_tuner.kernels.config import KernelConfig
-from sparse_mla_tuner.kernels.kv_format import FORMATS
-from sparse_mla_tuner.kernels.kv_format import get_format
-from sparse_mla_tuner.kernels.table import MAX_BATCH
-from sparse_mla_tuner.kernels.workload import Workload
 from sparse_mla_tuner.tuner import strategies
+from sparse_mla_tuner.tuner.adapter import BUILTIN
+from sparse_mla_tuner.tuner.adapter import DEFAULT as DEFAULT_KERNEL
+from sparse_mla_tuner.tuner.adapter import KernelAdapter
+from sparse_mla_tuner.tuner.adapter import load_adapter
 from sparse_mla_tuner.tuner.errors import SpaceError
 
 MAX_CONFIGS = 100_000  # the grid is expanded and every config is compile-checked
 MAX_FILE_BYTES = 1_000_000
 MAX_INT = 2**31 - 1  # every integer of a space must fit the kernel launch's and the database's int32
-MAX_CONCURRENCY = MAX_BATCH  # a level's batch size must be a key an exported table can hold (kernels.table)
+# a level's batch size must be a key an exported table can hold: nine digits (kernels/table.py's MAX_BATCH, tested)
+MAX_CONCURRENCY = 999_999_999
 MAX_NODES = 100_000  # values a space file may expand to, YAML aliases counted as often as they are used
 MAX_NAME = 64
 MAX_CONSTRAINT = 500  # characters of one constraint expression
@@ -55,66 +53,21 @@ TARGETS: dict[str, int] = {
 
 TOP_KEYS = {
     "name": "a name for the space (letters, digits, '_', '-')",
+    "kernel": f"the kernel's adapter: one of {sorted(BUILTIN)} (default {DEFAULT_KERNEL}) or `module:Class`",
     "target": f"the arch whose limits feasibility enforces: one of {sorted(TARGETS)}",
     "workloads": "a list of workloads",
     "concurrency": "a list of positive batch sizes",
-    "parameters": f"a mapping of {list(PARAM_NAMES)} to distributions",
+    "parameters": "a mapping of the kernel's parameters to distributions",
     "constraints": "a list of expressions over the parameters",
     "baseline": "a config inside the space",
     "measurement": "rounds, screen_rounds, finalists, finalist_rounds, trial_timeout_s, min_effect",
     "sampler": "name (grid | tpe | surrogate), seed, n_trials",
     "max_spill_bytes": "a non-negative integer; configs that spill more are infeasible",
 }
-WORKLOAD_KEYS = ("name", "kv_format", "heads", "tp", "topk", "page_size", "context", "extra", "attn_sink", "q_tokens")
-EXTRA_KEYS = ("kv_format", "topk", "page_size", "context")  # the second cache of a whole V4 call
-MAX_Q_TOKENS = 16
 MEASUREMENT_DEFAULTS = {"rounds": 10, "finalists": 3, "finalist_rounds": 30, "trial_timeout_s": 60}
 MEASUREMENT_MAX = {"rounds": 10_000, "finalists": 1_000, "finalist_rounds": 10_000, "trial_timeout_s": 86_400}
 SAMPLER_KEYS = ("name", "seed", "n_trials")
 SAMPLERS = strategies.NAMES
-
-
-@dataclass(frozen=True)
-class WorkloadSpec:
-    """A model's attention shape at one TP degree; ``local_heads = heads // tp`` run on one GPU."""
-
-    name: str
-    kv_format: str
-    heads: int
-    tp: int
-    topk: int
-    page_size: int
-    context: int
-    extra: tuple | None = None  # (kv_format, topk, page_size, context) of the extra cache
-    attn_sink: bool = False
-    q_tokens: int = 1
-
-    @property
-    def local_heads(self) -> int:
-        return self.heads // self.tp
-
-    def workload(self) -> Workload:
-        heads = self.local_heads
-        extra = None if self.extra is None else Workload(self.extra[0], heads, *self.extra[1:])
-        return Workload(
-            self.kv_format, heads, self.topk, self.page_size, self.context, extra, self.attn_sink, self.q_tokens
-        )
-
-    def fields(self) -> dict:
-        """The database row of this workload (:func:`db.queries.ensure_workload`)."""
-        fmt = get_format(self.kv_format)
-        return {
-            "name": self.name,
-            "kv_format": self.kv_format,
-            "heads": self.local_heads,
-            "tp": self.tp,
-            "topk": self.topk,
-            "page_size": self.page_size,
-            "context": self.context,
-            "d_qk": fmt.d_qk,
-            "d_v": fmt.d_v,
-            "call": None if (call := self.workload().call()) is None else json.dumps(call, sort_keys=True),
-        }
 
 
 @dataclass
@@ -123,16 +76,18 @@ class SearchSpace:
     path: str
     text: str
     target: str
-    workloads: list[WorkloadSpec]
+    workloads: list  # the adapter's parsed workload entries
     concurrency: list[int]
     parameters: dict[str, list[int]]  # expanded choices per parameter (one value when the file omits it)
     constraints: list[str]
-    baseline: KernelConfig
+    baseline: object  # the adapter's config type
     measurement: dict[str, int | float]
     sampler: dict
     max_spill_bytes: int | None = None
     _compiled: list = field(default_factory=list, repr=False)
     _configs: list | None = field(default=None, repr=False)
+    adapter: KernelAdapter = field(default=None, repr=False)  # type: ignore[assignment] - set by load_space
+    kernel: str = DEFAULT_KERNEL  # the space's `kernel:`, as written
 
     @property
     def text_hash(self) -> str:
@@ -141,7 +96,7 @@ class SearchSpace:
         return identity(self.text)
 
     def resume_problem(
-        self, stored_text: str, study: str, stored_workload: dict | None = None, workload: WorkloadSpec | None = None
+        self, stored_text: str, study: str, stored_workload: dict | None = None, workload=None
     ) -> str | None:
         """Why an existing study made from the space ``stored_text`` cannot go on with this space, or None.
 
@@ -159,7 +114,7 @@ class SearchSpace:
                     "give the changed workload a new `name`"
                 )
         try:
-            before = _stored_baseline(stored_text)
+            before = _stored_baseline(stored_text, self.adapter)
         except Exception:  # noqa: BLE001 - a stored text this version cannot read says nothing against going on
             return None
         if before is not None and before != self.baseline:
@@ -174,7 +129,7 @@ class SearchSpace:
     def limit_bytes(self) -> int:
         return TARGETS[self.target]
 
-    def satisfies(self, cfg: KernelConfig) -> bool:
+    def satisfies(self, cfg) -> bool:
         env = cfg.as_dict()
         for text, code in zip(self.constraints, self._compiled, strict=True):
             try:
@@ -186,12 +141,13 @@ class SearchSpace:
                 ) from None
         return True
 
-    def configs(self) -> list[KernelConfig]:
+    def configs(self) -> list:
         """Every config of the grid that satisfies the constraints, in a stable order."""
         if self._configs is None:
             out = []
-            for values in itertools.product(*(self.parameters[p] for p in PARAM_NAMES)):
-                cfg = KernelConfig(**dict(zip(PARAM_NAMES, values, strict=True)))
+            names, make = self.adapter.param_names, self.adapter.config_type
+            for values in itertools.product(*(self.parameters[p] for p in names)):
+                cfg = make(**dict(zip(names, values, strict=True)))
                 if self.satisfies(cfg):
                     out.append(cfg)
             self._configs = out
@@ -222,10 +178,10 @@ def identity(text: str) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
-def _stored_baseline(text: str) -> KernelConfig | None:
+def _stored_baseline(text: str, adapter: KernelAdapter):
     doc = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
     given = doc.get("baseline") if isinstance(doc, dict) else None
-    return KernelConfig.from_dict(given) if isinstance(given, dict) else None
+    return adapter.config(given) if isinstance(given, dict) else None
 
 
 def _key(k) -> str:
@@ -260,37 +216,6 @@ def _choice(path, key, v, allowed) -> str:
     if not isinstance(v, str) or v not in allowed:
         raise _err(path, key, f"must be one of {sorted(allowed)}, got {_show(v)}")
     return v
-
-
-def _call(path, key, w, kv_format) -> dict:
-    """A workload's whole-call keys: ``extra: {kv_format, topk, page_size, context}``, ``attn_sink``, ``q_tokens``."""
-    out: dict = {}
-    if "extra" in w:
-        e = w["extra"]
-        _check_keys(path, f"{key}.extra", e, EXTRA_KEYS)
-        for req in ("kv_format", "topk"):
-            if req not in e:
-                raise _err(path, f"{key}.extra.{req}", "is required")
-        fmt = _choice(path, f"{key}.extra.kv_format", e["kv_format"], FORMATS)
-        if FORMATS[fmt].d_qk != FORMATS[kv_format].d_qk:
-            raise _err(
-                path,
-                f"{key}.extra.kv_format",
-                f"must have the main cache's head dim ({kv_format}: "
-                f"{FORMATS[kv_format].d_qk}); {fmt} has {FORMATS[fmt].d_qk}",
-            )
-        nums = [
-            _pos_int(path, f"{key}.extra.{k}", e.get(k, d))
-            for k, d in (("topk", None), ("page_size", 64), ("context", 8192))
-        ]
-        out["extra"] = (fmt, *nums)
-    if "attn_sink" in w:
-        if not isinstance(w["attn_sink"], bool):
-            raise _err(path, f"{key}.attn_sink", f"must be true or false, got {_show(w['attn_sink'])}")
-        out["attn_sink"] = w["attn_sink"]
-    if "q_tokens" in w:
-        out["q_tokens"] = _pos_int(path, f"{key}.q_tokens", w["q_tokens"], maximum=MAX_Q_TOKENS)
-    return out
 
 
 def _check_keys(path, where, d, allowed) -> None:
@@ -360,7 +285,7 @@ _ALLOWED_NODES = (
 )
 
 
-def _constraint(path, key, expr):
+def _constraint(path, key, expr, PARAM_NAMES: tuple[str, ...]):  # noqa: N803 - named as in the messages
     """Compile one constraint; only parameters, numbers, arithmetic and comparisons, and ``**`` only with
     a small constant exponent, so that no expression can take long or grow without bound."""
     if not isinstance(expr, str):
@@ -522,15 +447,17 @@ def load_space(path: str | Path) -> SearchSpace:
         if req not in doc:
             raise _err(path, req, f"is required: {TOP_KEYS[req]}")
     name = _name(path, "name", doc["name"], strict=True)  # checked in the order the file reads
+    kernel = doc.get("kernel", DEFAULT_KERNEL)
+    adapter = load_adapter(kernel, f"{path}: `kernel`")
     target = _choice(path, "target", doc.get("target", "sm_120"), TARGETS)
-    workloads = _workloads(path, doc["workloads"])
+    workloads = _workloads(path, doc["workloads"], adapter)
     concurrency = _concurrency(path, doc["concurrency"])
-    parameters = _parameters(path, doc["parameters"])
+    parameters = _parameters(path, doc["parameters"], adapter)
     cons = doc.get("constraints") or []
     if not isinstance(cons, list):
         raise _err(path, "constraints", f"must be a list of expression strings, got {_show(cons)}")
-    compiled = [_constraint(path, f"constraints[{i}]", c) for i, c in enumerate(cons)]
-    baseline = _baseline(path, doc["baseline"], parameters)
+    compiled = [_constraint(path, f"constraints[{i}]", c, adapter.param_names) for i, c in enumerate(cons)]
+    baseline = _baseline(path, doc["baseline"], parameters, adapter)
     measurement = _measurement(path, doc.get("measurement") or {})
     sampler = _sampler(path, doc.get("sampler") or {})
     spill = doc.get("max_spill_bytes")
@@ -550,6 +477,8 @@ def load_space(path: str | Path) -> SearchSpace:
         sampler,
         spill,
         compiled,
+        adapter=adapter,
+        kernel=kernel,
     )
     if not space.satisfies(baseline):
         raise _err(path, "baseline", f"violates the constraints {_show(cons, 200)}")
@@ -557,26 +486,18 @@ def load_space(path: str | Path) -> SearchSpace:
     return space
 
 
-def _workloads(path: str, wls) -> list[WorkloadSpec]:
+def _workloads(path: str, wls, adapter: KernelAdapter) -> list:
     if not isinstance(wls, list) or not wls:
         raise _err(path, "workloads", f"must be a non-empty list of workloads, got {_show(wls)}")
     workloads = []
     for i, w in enumerate(wls):
         key = f"workloads[{i}]"
-        _check_keys(path, key, w, WORKLOAD_KEYS)
-        missing = [k for k in ("name", "kv_format", "heads", "topk") if k not in w]  # the rest have defaults
-        if missing:
-            raise _err(path, f"{key}.{missing[0]}", "is required")
-        wname = _name(path, f"{key}.name", w["name"], strict=False)
-        kv_format = _choice(path, f"{key}.kv_format", w["kv_format"], FORMATS)
-        vals = {
-            k: _pos_int(path, f"{key}.{k}", w.get(k, d))
-            for k, d in (("heads", None), ("tp", 1), ("topk", None), ("page_size", 64), ("context", 8192))
-        }
-        if vals["heads"] % vals["tp"]:
-            raise _err(path, f"{key}.tp", f"must divide heads ({vals['heads']}), got {vals['tp']}")
-        call = _call(path, key, w, kv_format)
-        workloads.append(WorkloadSpec(wname, kv_format, **vals, **call))
+        try:
+            workloads.append(adapter.parse_workload(path, key, w))
+        except SpaceError:
+            raise
+        except (ValueError, TypeError) as e:  # a user's adapter says what is wrong; this says where
+            raise _err(path, key, " ".join(str(e).split())) from None
     if len({w.name for w in workloads}) != len(workloads):
         raise _err(path, "workloads", "names must be unique")
     return workloads
@@ -591,18 +512,22 @@ def _concurrency(path: str, conc) -> list[int]:
     return concurrency
 
 
-REQUIRED_PARAMS = [p.name for p in PARAMS if p.always_in_key]  # the rest default (e.g. maxnreg 0)
+def _required(adapter: KernelAdapter) -> list[str]:
+    """The parameters a space must give; the rest keep their default (e.g. maxnreg 0)."""
+    return [p.name for p in adapter.params if p.required]
 
 
-def _parameters(path: str, given) -> dict[str, list]:
+def _parameters(path: str, given, adapter: KernelAdapter) -> dict[str, list]:
     """Each declared parameter's choices (a parameter the file omits keeps its default)."""
-    _check_keys(path, "parameters", given, PARAM_NAMES)
+    params = adapter.params
+    REQUIRED_PARAMS = _required(adapter)  # noqa: N806 - named as in the message
+    _check_keys(path, "parameters", given, adapter.param_names)
     missing = [p for p in REQUIRED_PARAMS if p not in given]
     if missing:
         raise _err(path, f"parameters.{missing[0]}", f"is required; every one of {REQUIRED_PARAMS} must be given")
     choices = {
         p.name: _distribution(path, f"parameters.{p.name}", given[p.name]) if p.name in given else [p.default]
-        for p in PARAMS
+        for p in params
     }
     n_configs = math.prod(len(v) for v in choices.values())  # before anything is expanded
     if n_configs > MAX_CONFIGS:
@@ -613,25 +538,25 @@ def _parameters(path: str, given) -> dict[str, list]:
             f"span {n_configs} configs ({counts}); at most {MAX_CONFIGS} are allowed, narrow the ranges",
         )
     parameters = {p: list(v) for p, v in choices.items()}
-    for p in PARAMS:
+    for p in params:
         for v in parameters[p.name]:
             if not p.valid(v):
                 raise _err(path, f"parameters.{p.name}", f"{p.name} must be {p.rule}, got {_show(v)}")
     return parameters
 
 
-def _baseline(path: str, given, parameters: dict[str, list]) -> KernelConfig:
-    _check_keys(path, "baseline", given, PARAM_NAMES)
-    for p in REQUIRED_PARAMS:
+def _baseline(path: str, given, parameters: dict[str, list], adapter: KernelAdapter):
+    _check_keys(path, "baseline", given, adapter.param_names)
+    for p in _required(adapter):
         if p not in given:
             raise _err(path, f"baseline.{p}", "is required")
     for p, v in given.items():
         _pos_int(path, f"baseline.{p}", v, minimum=0)
     try:
-        baseline = KernelConfig.from_dict(given)
+        baseline = adapter.config(given)
     except (ValueError, TypeError) as e:
         raise _err(path, "baseline", str(e)) from None
-    for p in PARAM_NAMES:
+    for p in adapter.param_names:
         if getattr(baseline, p) not in parameters[p]:
             raise _err(
                 path,

@@ -26,13 +26,11 @@ import optuna
 from sparse_mla_tuner.db import queries
 from sparse_mla_tuner.db.verdicts import Phase
 from sparse_mla_tuner.db.verdicts import Verdict
-from sparse_mla_tuner.kernels.config import PARAM_NAMES
-from sparse_mla_tuner.kernels.config import KernelConfig
-from sparse_mla_tuner.kernels.config import launch_identity
-from sparse_mla_tuner.kernels.workload import Workload
 from sparse_mla_tuner.tuner import optuna_rows
 from sparse_mla_tuner.tuner import stats
 from sparse_mla_tuner.tuner import strategies
+from sparse_mla_tuner.tuner.adapter import KernelAdapter
+from sparse_mla_tuner.tuner.adapter import default_adapter
 from sparse_mla_tuner.tuner.candidates import LAUNCHED
 from sparse_mla_tuner.tuner.candidates import LevelView
 from sparse_mla_tuner.tuner.candidates import new_value_variants  # noqa: F401 - part of this module's interface
@@ -57,9 +55,10 @@ from sparse_mla_tuner.tuner.recorder import shared_write
 from sparse_mla_tuner.tuner.recorder import slug  # noqa: F401 - part of this module's interface
 from sparse_mla_tuner.tuner.recorder import study_name  # noqa: F401
 from sparse_mla_tuner.tuner.space import SearchSpace
-from sparse_mla_tuner.tuner.space import WorkloadSpec
 from sparse_mla_tuner.tuner.summary import postfix
 from sparse_mla_tuner.tuner.summary import summary_row
+
+KernelConfig = Workload = object  # annotations: the adapter's config and workload types
 
 EXPECTED_SHARE = 0.2  # a model strategy's share of a level's launches before any level finished (bench_search)
 PROMOTE = 1 / 3  # successive halving's share of screened launches that get the rest of the screening rounds
@@ -76,7 +75,7 @@ class StudyPlan:
     """What one study measures: one workload at one concurrency, with the feasibility verdicts."""
 
     space: SearchSpace
-    spec: WorkloadSpec
+    spec: object  # the adapter's parsed workload entry (name, workload(), fields())
     workload: Workload
     concurrency: int
     verdicts: dict[KernelConfig, Feasibility]
@@ -92,7 +91,7 @@ class StudyPlan:
         groups: dict[str, list[KernelConfig]] = {}
         for cfg in self.order():
             if self.verdicts[cfg].feasible:
-                groups.setdefault(launch_key(cfg, self.workload, self.concurrency), []).append(cfg)
+                groups.setdefault(launch_key(cfg, self.workload, self.concurrency, self.space.adapter), []).append(cfg)
         return groups
 
     @functools.cached_property
@@ -356,7 +355,7 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
         return trial
 
     def _run_trial(self, proc: MeasurementProcess, trial: optuna.Trial, env_id: int, band: float) -> None:
-        cfg = KernelConfig.from_dict(trial.params)
+        cfg = self.plan.space.adapter.config_type.from_dict(trial.params)
         why = self._not_a_candidate(cfg)
         if why is not None and self._tell_recorded(proc, trial, cfg, band):
             return  # the retry of a trial whose process recorded it and ended before Optuna was told
@@ -472,7 +471,7 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
 
     def _duplicate_of(self, cfg: KernelConfig) -> tuple[str, int | None]:
         """The config's launch key, and the trial of this study that already measured that launch."""
-        key = launch_key(cfg, self.plan.workload, self.plan.concurrency)
+        key = launch_key(cfg, self.plan.workload, self.plan.concurrency, self.plan.space.adapter)
         with self.store.session() as s:
             return key, queries.measured_launch(s, self.study_id, key)
 
@@ -488,11 +487,10 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
 
 def optuna_distributions(space: SearchSpace) -> dict[str, optuna.distributions.CategoricalDistribution]:
     """Every declared parameter as the categorical distribution of its values in ``space`` (how a trial asks)."""
-    return {p: optuna.distributions.CategoricalDistribution(space.parameters[p]) for p in PARAM_NAMES}
+    return {p: optuna.distributions.CategoricalDistribution(space.parameters[p]) for p in space.adapter.param_names}
 
 
-def launch_key(cfg: KernelConfig, workload: Workload, concurrency: int) -> str:
-    """The launch identity (compiled binary + split geometry) as a string the database can index."""
-    rows = concurrency * workload.q_tokens  # every query token is a row of the grid
-    extra_topk = workload.extra.topk if workload.extra is not None else 0  # one launch walks both caches
-    return json.dumps(launch_identity(cfg, workload.heads, workload.topk, rows, extra_topk))
+def launch_key(cfg: KernelConfig, workload: Workload, concurrency: int, adapter: KernelAdapter | None = None) -> str:
+    """The launch identity (compiled binary + grid, :meth:`KernelAdapter.launch_identity`) as a string the
+    database can index (``adapter``: the space's; by default the one a space that names none gets)."""
+    return json.dumps((adapter or default_adapter()).launch_identity(cfg, workload, concurrency))

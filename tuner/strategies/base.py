@@ -6,10 +6,10 @@ from dataclasses import dataclass
 from dataclasses import field
 from typing import TYPE_CHECKING
 
-from sparse_mla_tuner.kernels.config import KernelConfig
+if TYPE_CHECKING:  # annotations only
+    from sparse_mla_tuner.tuner.adapter import KernelAdapter
 
-if TYPE_CHECKING:  # annotations only: the optimization worker imports this package without torch
-    from sparse_mla_tuner.kernels.workload import Workload
+KernelConfig = Workload = object  # annotations: the adapter's config and workload types
 
 
 @dataclass
@@ -26,6 +26,13 @@ class Level:
     neighbours: dict[KernelConfig, list[KernelConfig]] = field(default_factory=dict)  # one step in one parameter
     representative: object = None  # config -> the candidate that stands for its launch here (or None)
     order: tuple[int, ...] = ()  # the space's levels in search order (empty: ascending concurrency)
+    adapter: KernelAdapter | None = None  # the kernel's (its encoding, its shapes, which parameters compile)
+
+    def __post_init__(self) -> None:
+        if self.adapter is None:  # a level made without a space: the kernel a space that names none gets
+            from sparse_mla_tuner.tuner.adapter import default_adapter
+
+            self.adapter = default_adapter()
 
     def open(self) -> list[KernelConfig]:
         """Candidates neither measured nor pending, in queue order."""

@@ -3,7 +3,6 @@ first, then the space's order). Reliable, and the reference the others are judge
 
 from __future__ import annotations
 
-from sparse_mla_tuner.kernels.config import KernelConfig
 from sparse_mla_tuner.tuner.strategies.base import Level
 from sparse_mla_tuner.tuner.strategies.base import Strategy
 
@@ -11,5 +10,5 @@ from sparse_mla_tuner.tuner.strategies.base import Strategy
 class Grid(Strategy):
     name = "grid"
 
-    def propose(self, level: Level, n: int) -> list[KernelConfig]:
+    def propose(self, level: Level, n: int) -> list:
         return level.open()[:n]

@@ -54,15 +54,13 @@ import numpy as np
 from scipy import stats as sps
 
 import sparse_mla_tuner.tuner.strategies.hpo as hpo
-from sparse_mla_tuner.kernels.config import PARAM_NAMES
-from sparse_mla_tuner.kernels.config import KernelConfig
-from sparse_mla_tuner.kernels.config import head_blocks_for
-from sparse_mla_tuner.kernels.config import split_grid
 from sparse_mla_tuner.tuner.strategies.base import Level
 from sparse_mla_tuner.tuner.strategies.base import Strategy
 
 if TYPE_CHECKING:
-    from sparse_mla_tuner.kernels.workload import Workload
+    from sparse_mla_tuner.tuner.adapter import KernelAdapter
+
+KernelConfig = object  # annotations: the adapter's config type
 
 STOP_P = 0.05  # stop a level when P(an open launch beats the best by more than the band) is below this
 N_INIT = 6  # random first picks when the model has no data at all
@@ -83,7 +81,6 @@ NOISE_MIN = 1e-3  # the white noise's smallest level (normalized units): at 1e-6
 BLIND_C = 1e5  # the shared kernel's log2 C length scale: its correlation across the levels is 1
 CARRY = 3  # the previous level's best launches measured first at each level
 CARRY_LINES = 2  # ... and its best tile shapes' best launches at every split target
-FAMILY = ("BLOCK_T", "num_warps")  # a tile shape
 LINES = 3  # the best tile shapes whose best launch is tried at every split target ...
 LINE_WITHIN = 0.10  # ... among those whose best launch is within this share of the level's best
 
@@ -122,31 +119,12 @@ class Surrogate(Strategy):
 
     # --- features ------------------------------------------------------------------------------
 
-    def features(self, cfg: KernelConfig, wl: Workload, concurrency: int) -> list[float]:
-        """Parameters (log2), PREFETCH one-hot, the split geometry of every cache at this batch, log2 C."""
+    def features(self, adapter: KernelAdapter, cfg, wl, concurrency: int) -> list[float]:
+        """The adapter's encoding of a config at a level (:meth:`tuner.adapter.KernelAdapter.encode`), kept."""
         key = (cfg, wl, concurrency)
         if key not in self._features:
-            self._features[key] = self._compute_features(cfg, wl, concurrency)
+            self._features[key] = adapter.encode(cfg, wl, concurrency)
         return self._features[key]
-
-    def _compute_features(self, cfg: KernelConfig, wl: Workload, concurrency: int) -> list[float]:
-        out = [math.log2(concurrency)]
-        for name in PARAM_NAMES:
-            v = getattr(cfg, name)
-            out.append(math.log2(v + 1))
-        out += [float(cfg.PREFETCH == k) for k in range(4)]
-        rows = concurrency * wl.q_tokens
-        for cache in wl.caches():
-            g = split_grid(cfg, rows, wl.heads, cache.topk)
-            row_tiles = max(1, -(-cache.topk // cfg.BLOCK_T))
-            programs = g.programs * head_blocks_for(wl.heads)
-            out += [
-                math.log2(programs),
-                math.log2(g.slots),
-                math.log2(rows * row_tiles / g.programs),
-                float(g.balanced),
-            ]
-        return out
 
     # --- the model -----------------------------------------------------------------------------
 
@@ -168,7 +146,7 @@ class Surrogate(Strategy):
             pts.append((near, c, cfg, value, extra))
         pts.sort(key=lambda p: p[0])
         pts = pts[:MAX_TRAIN]
-        X = np.array([self.features(cfg, level.workload, c) for _, c, cfg, _, _ in pts])
+        X = np.array([self.features(level.adapter, cfg, level.workload, c) for _, c, cfg, _, _ in pts])
         y = np.array([p[3] for p in pts])
         extra = np.array([p[4] for p in pts])
         return X, y, extra
@@ -282,7 +260,7 @@ class Surrogate(Strategy):
                 out.append(cand)
             if len(out) == CARRY:
                 break
-        for cfg in _best_shapes([(c, y) for y, c in ranked], CARRY_LINES):
+        for cfg in _best_shapes([(c, y) for y, c in ranked], CARRY_LINES, level.adapter.family):
             if (cand := rep(cfg)) is not None:
                 out += [cand, *_split_line(level, cand)]
         return list(dict.fromkeys(out))
@@ -295,10 +273,12 @@ class Surrogate(Strategy):
 
     def _lines(self, level: Level) -> list[KernelConfig]:
         """The split-target line of the best launch of each of the :data:`LINES` best tile shapes measured here
-        (:data:`FAMILY`) whose best is within :data:`LINE_WITHIN` of the level's: the best ``TARGET_CTAS``
+        (the adapter's `family`) whose best is within :data:`LINE_WITHIN` of the level's: the best ``TARGET_CTAS``
         moves with C and is sharp (one wave more or less), so a shape is judged at its best split count, not
         at the one it happened to be measured with."""
-        out = [c for b in _best_shapes(level.measured.items(), LINES) for c in _split_line(level, b)]
+        out = [
+            c for b in _best_shapes(level.measured.items(), LINES, level.adapter.family) for c in _split_line(level, b)
+        ]
         return [c for c in dict.fromkeys(out) if c not in level.measured and c not in level.pending]
 
     def propose(self, level: Level, n: int) -> list[KernelConfig]:
@@ -342,7 +322,7 @@ class Surrogate(Strategy):
         return chosen
 
     def _X(self, configs, level: Level) -> np.ndarray:
-        return np.array([self.features(c, level.workload, level.concurrency) for c in configs])
+        return np.array([self.features(level.adapter, c, level.workload, level.concurrency) for c in configs])
 
     def _believe(self, gp, level: Level, believed):
         X, y, extra = self._training(level)
@@ -449,12 +429,12 @@ def _loo_scale(gp, X, y, here) -> float:
     return max(1.0, float(np.sqrt(np.mean(z[sel] ** 2))))
 
 
-def _best_shapes(pairs, n: int) -> list[KernelConfig]:
-    """The best launch of each of the ``n`` best tile shapes (:data:`FAMILY`) among ``(config, log ratio)``
-    pairs, best first, of those within :data:`LINE_WITHIN` of the best."""
+def _best_shapes(pairs, n: int, family: tuple[str, ...]) -> list[KernelConfig]:
+    """The best launch of each of the ``n`` best tile shapes (``family``: the adapter's parameters of a shape) among
+    ``(config, log ratio)`` pairs, best first, of those within :data:`LINE_WITHIN` of the best."""
     best: dict = {}
     for c, y in pairs:
-        f = tuple(getattr(c, p) for p in FAMILY)
+        f = tuple(getattr(c, p) for p in family)
         if y is not None and (f not in best or y < best[f][0]):
             best[f] = (y, c)
     ranked = sorted(best.values(), key=lambda t: t[0])[:n]
@@ -463,15 +443,12 @@ def _best_shapes(pairs, n: int) -> list[KernelConfig]:
 
 def _split_line(level: Level, cfg: KernelConfig) -> list[KernelConfig]:
     """``cfg``'s neighbours at the other split targets (``TARGET_CTAS`` and the like: the same binary)."""
-    return [c for c in level.neighbours.get(cfg, []) if _launch_only_variant(c, cfg)]
+    return [c for c in level.neighbours.get(cfg, []) if _launch_only_variant(level.adapter, c, cfg)]
 
 
-def _launch_only_variant(a: KernelConfig, b: KernelConfig) -> bool:
+def _launch_only_variant(adapter: KernelAdapter, a: KernelConfig, b: KernelConfig) -> bool:
     """Whether ``a`` differs from ``b`` only in launch-only parameters (the grid, not the binary)."""
-    from sparse_mla_tuner.kernels.config import BY_NAME
-    from sparse_mla_tuner.kernels.config import Role
-
-    return all(getattr(a, n) == getattr(b, n) for n in PARAM_NAMES if BY_NAME[n].role is not Role.LAUNCH)
+    return all(getattr(a, p.name) == getattr(b, p.name) for p in adapter.params if p.compiled)
 
 
 def _expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:

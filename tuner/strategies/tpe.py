@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import optuna
 
-from sparse_mla_tuner.kernels.config import KernelConfig
 from sparse_mla_tuner.tuner.strategies.base import Level
 from sparse_mla_tuner.tuner.strategies.base import Strategy
 
@@ -24,5 +23,5 @@ class Tpe(Strategy):
     def sampler(self, seed: int):
         return optuna.samplers.TPESampler(seed=seed)
 
-    def propose(self, level: Level, n: int) -> list[KernelConfig]:
+    def propose(self, level: Level, n: int) -> list:
         return level.open()[:n]  # the fallback when TPE keeps suggesting what is not a candidate

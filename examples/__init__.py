@@ -1,0 +1,1 @@
+"""Kernels of others wrapped as tuner adapters (``docs/adapters.md``)."""

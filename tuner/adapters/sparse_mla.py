@@ -1,0 +1,240 @@
+"""The sparse-MLA decode kernel (``kernels/``) as the tuner's first adapter (``kernel: sparse_mla``).
+
+This module and :mod:`tuner.measure_main` (the measurement process's program) are the only modules of
+``tuner/`` that import ``kernels/``. The names below the adapter are the kernel's own types and helpers, which
+the parts of the tuner that still speak of this kernel's records (the database's columns, the engine tables,
+the report) take from here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+from sparse_mla_tuner.kernels import decode
+from sparse_mla_tuner.kernels.config import BY_NAME
+from sparse_mla_tuner.kernels.config import PARAM_NAMES
+from sparse_mla_tuner.kernels.config import PARAMS
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.config import Role
+from sparse_mla_tuner.kernels.config import block_h_for
+from sparse_mla_tuner.kernels.config import head_blocks_for
+from sparse_mla_tuner.kernels.config import kernel_source_hash
+from sparse_mla_tuner.kernels.config import launch_identity
+from sparse_mla_tuner.kernels.config import split_grid
+from sparse_mla_tuner.kernels.kv_format import FORMATS
+from sparse_mla_tuner.kernels.kv_format import get_format
+from sparse_mla_tuner.kernels.reference import compare
+from sparse_mla_tuner.kernels.reference import sparse_mla_decode_ref
+from sparse_mla_tuner.kernels.table import ENV_DIR
+from sparse_mla_tuner.kernels.table import device_slug
+from sparse_mla_tuner.kernels.table import nearest_shape
+from sparse_mla_tuner.kernels.table import raw_slug
+from sparse_mla_tuner.kernels.table import sidecar_path
+from sparse_mla_tuner.kernels.table import table_name
+from sparse_mla_tuner.kernels.table import triton_folder
+from sparse_mla_tuner.kernels.table import version_tuple
+from sparse_mla_tuner.kernels.workload import Workload
+from sparse_mla_tuner.kernels.workload import make_batch
+from sparse_mla_tuner.tuner.adapter import KernelAdapter
+from sparse_mla_tuner.tuner.adapter import Tunable
+from sparse_mla_tuner.tuner.space import _check_keys
+from sparse_mla_tuner.tuner.space import _choice
+from sparse_mla_tuner.tuner.space import _err
+from sparse_mla_tuner.tuner.space import _name
+from sparse_mla_tuner.tuner.space import _pos_int
+from sparse_mla_tuner.tuner.space import _show
+
+__all__ = [
+    "BENCH_MODULE",
+    "ENV_DIR",
+    "PARAMS",
+    "PARAM_NAMES",
+    "KernelConfig",
+    "Role",
+    "SparseMlaAdapter",
+    "Workload",
+    "WorkloadSpec",
+    "block_h_for",
+    "device_slug",
+    "get_format",
+    "kernel_source_hash",
+    "nearest_shape",
+    "raw_slug",
+    "sidecar_path",
+    "table_name",
+    "triton_folder",
+    "version_tuple",
+]
+
+BENCH_MODULE = "sparse_mla_tuner.kernels.bench"  # the same-run benchmark against FlashMLA (``tuner report --bench``)
+WORKLOAD_KEYS = ("name", "kv_format", "heads", "tp", "topk", "page_size", "context", "extra", "attn_sink", "q_tokens")
+EXTRA_KEYS = ("kv_format", "topk", "page_size", "context")  # the second cache of a whole V4 call
+MAX_Q_TOKENS = 16
+MODES = ("PREFETCH",)  # parameters whose values are modes, not a scale: any value is one step from any other
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """A model's attention shape at one TP degree; ``local_heads = heads // tp`` run on one GPU."""
+
+    name: str
+    kv_format: str
+    heads: int
+    tp: int
+    topk: int
+    page_size: int
+    context: int
+    extra: tuple | None = None  # (kv_format, topk, page_size, context) of the extra cache
+    attn_sink: bool = False
+    q_tokens: int = 1
+
+    @property
+    def local_heads(self) -> int:
+        return self.heads // self.tp
+
+    def workload(self) -> Workload:
+        heads = self.local_heads
+        extra = None if self.extra is None else Workload(self.extra[0], heads, *self.extra[1:])
+        return Workload(
+            self.kv_format, heads, self.topk, self.page_size, self.context, extra, self.attn_sink, self.q_tokens
+        )
+
+    def fields(self) -> dict:
+        """The database row of this workload (:func:`db.queries.ensure_workload`)."""
+        fmt = get_format(self.kv_format)
+        return {
+            "name": self.name,
+            "kv_format": self.kv_format,
+            "heads": self.local_heads,
+            "tp": self.tp,
+            "topk": self.topk,
+            "page_size": self.page_size,
+            "context": self.context,
+            "d_qk": fmt.d_qk,
+            "d_v": fmt.d_v,
+            "call": None if (call := self.workload().call()) is None else json.dumps(call, sort_keys=True),
+        }
+
+
+def _call(path, key, w, kv_format) -> dict:
+    """A workload's whole-call keys: ``extra: {kv_format, topk, page_size, context}``, ``attn_sink``, ``q_tokens``."""
+    out: dict = {}
+    if "extra" in w:
+        e = w["extra"]
+        _check_keys(path, f"{key}.extra", e, EXTRA_KEYS)
+        for req in ("kv_format", "topk"):
+            if req not in e:
+                raise _err(path, f"{key}.extra.{req}", "is required")
+        fmt = _choice(path, f"{key}.extra.kv_format", e["kv_format"], FORMATS)
+        if FORMATS[fmt].d_qk != FORMATS[kv_format].d_qk:
+            raise _err(
+                path,
+                f"{key}.extra.kv_format",
+                f"must have the main cache's head dim ({kv_format}: "
+                f"{FORMATS[kv_format].d_qk}); {fmt} has {FORMATS[fmt].d_qk}",
+            )
+        nums = [
+            _pos_int(path, f"{key}.extra.{k}", e.get(k, d))
+            for k, d in (("topk", None), ("page_size", 64), ("context", 8192))
+        ]
+        out["extra"] = (fmt, *nums)
+    if "attn_sink" in w:
+        if not isinstance(w["attn_sink"], bool):
+            raise _err(path, f"{key}.attn_sink", f"must be true or false, got {_show(w['attn_sink'])}")
+        out["attn_sink"] = w["attn_sink"]
+    if "q_tokens" in w:
+        out["q_tokens"] = _pos_int(path, f"{key}.q_tokens", w["q_tokens"], maximum=MAX_Q_TOKENS)
+    return out
+
+
+class SparseMlaAdapter(KernelAdapter):
+    """The sparse-MLA decode call: one split launch over the caches, then one combine (``kernels/decode.py``)."""
+
+    name = "sparse_mla"
+    config_type = KernelConfig
+    modes = MODES
+    family = ("BLOCK_T", "num_warps")  # a tile shape
+
+    @property
+    def params(self) -> tuple[Tunable, ...]:
+        return _TUNABLES
+
+    def parse_workload(self, path: str, key: str, w) -> WorkloadSpec:
+        _check_keys(path, key, w, WORKLOAD_KEYS)
+        missing = [k for k in ("name", "kv_format", "heads", "topk") if k not in w]  # the rest have defaults
+        if missing:
+            raise _err(path, f"{key}.{missing[0]}", "is required")
+        wname = _name(path, f"{key}.name", w["name"], strict=False)
+        kv_format = _choice(path, f"{key}.kv_format", w["kv_format"], FORMATS)
+        vals = {
+            k: _pos_int(path, f"{key}.{k}", w.get(k, d))
+            for k, d in (("heads", None), ("tp", 1), ("topk", None), ("page_size", 64), ("context", 8192))
+        }
+        if vals["heads"] % vals["tp"]:
+            raise _err(path, f"{key}.tp", f"must divide heads ({vals['heads']}), got {vals['tp']}")
+        return WorkloadSpec(wname, kv_format, **vals, **_call(path, key, w, kv_format))
+
+    def encode(self, cfg: KernelConfig, wl: Workload, concurrency: int) -> list[float]:
+        """log2 C, the parameters (log2), PREFETCH one-hot, the split geometry of every cache at this batch."""
+        out = [math.log2(concurrency)]
+        for name in PARAM_NAMES:
+            out.append(math.log2(getattr(cfg, name) + 1))
+        out += [float(cfg.PREFETCH == k) for k in range(BY_NAME["PREFETCH"].low, BY_NAME["PREFETCH"].high + 1)]
+        rows = concurrency * wl.q_tokens
+        for cache in wl.caches():
+            g = split_grid(cfg, rows, wl.heads, cache.topk)
+            row_tiles = max(1, -(-cache.topk // cfg.BLOCK_T))
+            programs = g.programs * head_blocks_for(wl.heads)
+            out += [
+                math.log2(programs),
+                math.log2(g.slots),
+                math.log2(rows * row_tiles / g.programs),
+                float(g.balanced),
+            ]
+        return out
+
+    def inputs(self, workload: Workload, batch: int, device: str, seed: int = 0):
+        return make_batch(workload, batch, device=device, seed=seed)
+
+    def launch(self, config: KernelConfig, inputs):
+        return decode.sparse_mla_decode(*inputs.args(), **inputs.kwargs(), config=config)
+
+    def reference(self, inputs):
+        return sparse_mla_decode_ref(*inputs.args(), **inputs.kwargs())
+
+    def check(self, outputs, expected) -> str:
+        ok, _, _, reason = compare(*outputs, *expected)
+        return "" if ok else reason
+
+    def launch_identity(self, config: KernelConfig, workload: Workload, batch: int) -> Hashable:
+        rows = batch * workload.q_tokens  # every query token is a row of the grid
+        extra_topk = workload.extra.topk if workload.extra is not None else 0  # one launch walks both caches
+        return launch_identity(config, workload.heads, workload.topk, rows, extra_topk)
+
+    def bytes_moved(self, workload: Workload, batch: int) -> int:
+        return workload.min_bytes(batch)
+
+    def compile_specs(self, config: KernelConfig, workload: Workload, cc: int, batch: int | None = None) -> list:
+        return decode.compile_spec(
+            config, workload, cc, batch, extra=workload.extra, attn_sink=workload.attn_sink, q_tokens=workload.q_tokens
+        )
+
+    def source_hash(self) -> str:
+        return kernel_source_hash()
+
+
+_TUNABLES = tuple(
+    Tunable(
+        p.name,
+        p.default,
+        p.rule,
+        p.valid,
+        compiled=p.role is not Role.LAUNCH,
+        required=p.always_in_key,
+        doc=p.doc,
+    )
+    for p in PARAMS
+)
