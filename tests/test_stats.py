@@ -1,5 +1,7 @@
 """The paired A/B statistics against synthetic timers of known distributions."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -56,3 +58,14 @@ def test_regression_and_flat():
 def test_rejects_unpaired_samples():
     with pytest.raises(ValueError, match="equal-length"):
         stats.paired([1.0, 2.0], [1.0])
+
+
+def test_a_band_of_100_percent_or_more_allows_no_win_and_breaks_nothing():
+    """An A/A so noisy that its spread (the band) reaches 1: no ratio is a win, and nothing raises."""
+    from sparse_mla_tuner.tuner.stats import mde
+    from sparse_mla_tuner.tuner.stats import win_edge
+
+    assert win_edge(1.0) == -math.inf and win_edge(1.7) == -math.inf
+    assert win_edge(0.01) == pytest.approx(math.log(0.99))
+    assert mde(1.2, 10, 1.2) == 1.0
+    assert mde(0.01, 10, 0.01) < 0.05

@@ -74,7 +74,7 @@ class PairedStats:
         """The smaller of the two one-sided p-values against the band's edges, and its direction."""
         if self.n < 2:
             return 1.0, Effect.FLAT
-        lo, hi = math.log(1.0 - band), math.log(1.0 + band)
+        lo, hi = win_edge(band), math.log(1.0 + band)
         if self.se_log == 0.0:  # identical samples: the sign alone decides
             p_win = 0.0 if self.mean_log < lo else 1.0
             p_reg = 0.0 if self.mean_log > hi else 1.0
@@ -141,9 +141,15 @@ def spread(pairs) -> float:
     return float(d.std(ddof=1)) if len(d) > 1 else 0.0
 
 
+def win_edge(band_: float) -> float:
+    """``log(1 - band)``, the log ratio a win must be below: ``-inf`` for a band of 100 % or more (an A/A so
+    noisy that no ratio is a win), where the logarithm itself is undefined."""
+    return math.log1p(-band_) if band_ < 1.0 else -math.inf
+
+
 def mde(spread_: float, rounds: int, band_: float, alpha: float = ALPHA) -> float:
-    """The smallest true effect a trial of ``rounds`` rounds calls a win half of the time."""
-    margin = -math.log(1.0 - band_) + float(sps.t.ppf(1 - alpha, rounds - 1)) * spread_ / math.sqrt(rounds)
+    """The smallest true effect a trial of ``rounds`` rounds calls a win half of the time (1.0: none can be)."""
+    margin = -win_edge(band_) + float(sps.t.ppf(1 - alpha, rounds - 1)) * spread_ / math.sqrt(rounds)
     return 1.0 - math.exp(-margin)
 
 

@@ -54,6 +54,7 @@ import numpy as np
 from scipy import stats as sps
 
 import sparse_mla_tuner.tuner.strategies.hpo as hpo
+from sparse_mla_tuner.tuner.stats import win_edge
 from sparse_mla_tuner.tuner.strategies.base import Level
 from sparse_mla_tuner.tuner.strategies.base import Strategy
 
@@ -355,7 +356,7 @@ class Surrogate(Strategy):
             return None
         gp, scale = fitted
         mu, sd = self._posterior(gp, self._X(open_, level))
-        target = best[1] + math.log(1.0 - level.band)
+        target = best[1] + win_edge(level.band)
         p_each = sps.norm.cdf((target - mu) / (sd * scale))
         p = float(min(1.0, p_each.sum()))  # the union bound: no independence assumed
         self.last_p = p
