@@ -144,7 +144,7 @@ def spread(pairs) -> float:
 def win_edge(band_: float) -> float:
     """``log(1 - band)``, the log ratio a win must be below: ``-inf`` for a band of 100 % or more (an A/A so
     noisy that no ratio is a win), where the logarithm itself is undefined."""
-    return math.log1p(-band_) if band_ < 1.0 else -math.inf
+    return math.log(1.0 - band_) if band_ < 1.0 else -math.inf
 
 
 def mde(spread_: float, rounds: int, band_: float, alpha: float = ALPHA) -> float:
