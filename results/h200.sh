@@ -11,6 +11,10 @@
 #                                               # v4, v32, layer); each search's summary rows (with the time split) in
 #                                               # $OUT/NAME.json, its log in $OUT/NAME.log; the tables are exported from
 #                                               # the database afterwards (`tuner export --db sqlite:///results/h200.db`)
+#   OUT=out PHASE=ab OLD=path/decode.py bash results/h200.sh   # a kernel change against the kernel before it
+#                                               # (OLD: that kernel's kernels/decode.py), same configs (the shipped
+#                                               # tables), same run, in the order new, old, new: the single-cache
+#                                               # bench of both formats at AB_LEVELS (default 16,48,96); JSON in $OUT
 #   OUT=out PHASE=call bash results/h200.sh     # the V4 layer call (window + compressed cache + sink, one
 #                                               # split launch) against FlashMLA: its GPU tests, kernels.bench_call at
 #                                               # the 15 levels, the single-cache bench of both formats at the 15 levels
@@ -63,15 +67,36 @@ con.execute('INSERT OR IGNORE INTO tuner_feasibility SELECT * FROM src.tuner_fea
       v32) search v32_search search_spaces/v32_tp8.yaml 1,8,48,96 ;;
       *) echo "unknown search $g (allowed: v4, v32)"; exit 2 ;;
     esac; done ;;
+  ab)
+    new=$OUT/decode_new.py; cp kernels/decode.py "$new"
+    for v in new old new2; do
+      if [ $v = old ]; then cp "${OLD:?PHASE=ab needs OLD=the previous kernels/decode.py}" kernels/decode.py
+      else cp "$new" kernels/decode.py; fi
+      step "ab_$v" 150 python3 -m sparse_mla_tuner.kernels.bench --formats fp8_model1,fp8_v32 --configs table \
+        --concurrency "${AB_LEVELS:-16,48,96}" --no-ref --no-flashmla --samples 5 --out "$OUT/ab_$v.json"
+    done
+    cp "$new" kernels/decode.py
+    python3 - "$OUT" <<'PY'
+import json, math, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+runs = {v: {(r["format"], r["C"]): r["us"] for r in json.loads((out / f"ab_{v}.json").read_text())["rows"]}
+        for v in ("new", "old", "new2")}
+print(f"{'format':<12} {'C':>4} {'new us':>8} {'old us':>8} {'new2 us':>8} {'new/old':>8}")
+for k in runs["old"]:
+    n = math.sqrt(runs["new"][k] * runs["new2"][k])
+    print(f"{k[0]:<12} {k[1]:>4} {runs['new'][k]:8.2f} {runs['old'][k]:8.2f} {runs['new2'][k]:8.2f} {n / runs['old'][k]:8.3f}")
+PY
+    exit 0 ;;
   call)
     levels=1,2,4,8,16,24,32,40,48,56,64,72,80,88,96
     step call_tests 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_flashmla_gpu.py \
       tests/test_gpu.py::test_full_size_layer_call_matches_reference
     step bench_call $(( $(left) / 2 )) python3 -m sparse_mla_tuner.kernels.bench_call --concurrency $levels --samples 5 \
       --also single-table --out "$OUT/bench_call_h200.json"
-    step bench_single "$(left)" python3 -m sparse_mla_tuner.kernels.bench --formats fp8_model1,fp8_v32 --configs table \
-      --concurrency $levels --no-ref --samples 5 --out "$OUT/bench_single_h200.json"
-    for f in "$OUT"/call_tests.log "$OUT"/bench_call.log "$OUT"/bench_single.log; do echo "== $f"; tail -5 "$f" | cut -c1-150; done
+    step bench_single $(( $(left) * 2 / 3 )) python3 -m sparse_mla_tuner.kernels.bench --formats fp8_model1,fp8_v32 \
+      --configs table --concurrency $levels --no-ref --samples 5 --out "$OUT/bench_single_h200.json"
+    step sglang_check "$(left)" python3 -m sparse_mla_tuner.kernels.sglang_check --out "$OUT/sglang_check_h200.json"
+    for f in "$OUT"/call_tests.log "$OUT"/bench_call.log "$OUT"/bench_single.log "$OUT"/sglang_check.log; do echo "== $f"; tail -5 "$f" | cut -c1-150; done
     python3 - "$OUT" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
@@ -99,7 +124,7 @@ except (OSError, KeyError, ValueError) as e:
     print(f"no single-cache table: {e}")
 PY
     exit 0 ;;
-  *) echo "unknown PHASE=$PHASE (allowed: grids, search, retune, call)"; exit 2 ;;
+  *) echo "unknown PHASE=$PHASE (allowed: grids, search, retune, ab, call)"; exit 2 ;;
 esac
 for f in "$OUT"/*.log; do echo "== $f"; tail -22 "$f" | cut -c1-150; done
 db=${DB#sqlite:///}; gzip -c "$db" > "$OUT/$(basename "$db").gz"

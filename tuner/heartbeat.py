@@ -17,11 +17,13 @@ OWNER_ATTR = "tuner_owner"  # a running trial's system attribute: the process me
 
 
 class Heartbeat:
-    """Records a heartbeat for ``trial_id`` every ``interval_s`` on a thread, until :meth:`stop`."""
+    """Records a heartbeat for ``trial_id`` every ``interval_s`` on a thread, until :meth:`stop` (the first at once,
+    unless ``beaten``: the caller has just recorded one)."""
 
-    def __init__(self, storage, trial_id: int, interval_s: float = HEARTBEAT_S) -> None:
+    def __init__(self, storage, trial_id: int, interval_s: float = HEARTBEAT_S, beaten: bool = False) -> None:
         self._stop = threading.Event()
-        storage.record_heartbeat(trial_id)
+        if not beaten:
+            storage.record_heartbeat(trial_id)
         self._thread = threading.Thread(target=self._run, args=(storage, trial_id, interval_s), daemon=True)
         self._thread.start()
 

@@ -9,6 +9,7 @@ models in one session, and keeps this process's cached copy of a revised trial i
 
 from __future__ import annotations
 
+import datetime
 import json
 
 import optuna
@@ -70,6 +71,59 @@ def add_finished(study: optuna.Study, trials: list[FrozenTrial]) -> None:
                 for k_, v in t.user_attrs.items()
             ]
         session.add_all(extra)
+
+
+def start_trial(study: optuna.Study, params: dict, distributions: dict, system_attrs: dict) -> optuna.Trial:
+    """A RUNNING trial of ``params`` with its heartbeat, created in one transaction: an ``enqueue_trial`` and
+    ``ask`` write the queued trial, take it and set each parameter (about ten transactions), and even Optuna's
+    ``create_new_trial`` looks the trial up again for each parameter. Its ``fixed_params`` system attribute is
+    an enqueued trial's, so a stale one's retry is queued the same way."""
+    system_attrs = {"fixed_params": dict(params), **system_attrs}
+    storage, study_id = study._storage, study._study_id
+    rdb = _backend(storage)
+    if not isinstance(rdb, optuna.storages.RDBStorage):
+        frozen = FrozenTrial(
+            number=-1,
+            state=optuna.trial.TrialState.RUNNING,
+            value=None,
+            datetime_start=datetime.datetime.now(),
+            datetime_complete=None,
+            params=dict(params),
+            distributions=dict(distributions),
+            user_attrs={},
+            system_attrs=system_attrs,
+            intermediate_values={},
+            trial_id=-1,
+        )
+        return optuna.Trial(study, storage.create_new_trial(study_id, template_trial=frozen))
+    with _create_scoped_session(rdb.scoped_session) as session:
+        om.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)  # numbers are counted under it
+        row = om.TrialModel(
+            study_id=study_id, number=None, state=optuna.trial.TrialState.RUNNING, datetime_start=datetime.datetime.now()
+        )
+        session.add(row)
+        session.flush()
+        row.number = row.count_past_trials(session)
+        trial_id = row.trial_id
+        session.add_all(
+            [
+                *(
+                    om.TrialParamModel(
+                        trial_id=trial_id,
+                        param_name=name,
+                        param_value=distributions[name].to_internal_repr(value),
+                        distribution_json=distribution_to_json(distributions[name]),
+                    )
+                    for name, value in params.items()
+                ),
+                *(
+                    om.TrialSystemAttributeModel(trial_id=trial_id, key=k, value_json=json.dumps(v))
+                    for k, v in system_attrs.items()
+                ),
+                om.TrialHeartbeatModel(trial_id=trial_id),  # at once: a trial with no heartbeat never goes stale
+            ]
+        )
+    return optuna.Trial(study, trial_id)
 
 
 def revise(study: optuna.Study, number: int, value: float, attrs: dict) -> None:

@@ -37,6 +37,7 @@ from sparse_mla_tuner.tuner.candidates import new_value_variants  # noqa: F401 -
 from sparse_mla_tuner.tuner.clock import Clock
 from sparse_mla_tuner.tuner.clock import TimedStore
 from sparse_mla_tuner.tuner.feasibility import Feasibility
+from sparse_mla_tuner.tuner.heartbeat import HEARTBEAT_S
 from sparse_mla_tuner.tuner.heartbeat import OWNER_ATTR
 from sparse_mla_tuner.tuner.heartbeat import Heartbeat
 from sparse_mla_tuner.tuner.heartbeat import owner
@@ -151,6 +152,7 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
         self._beats = hasattr(storage, "record_heartbeat")  # the replay backend's in-memory queue has none
         self._beaten: set[int] = set()  # running trials of other processes given one heartbeat here
         self._owner = owner()  # this process, as the owner of the trials it asks
+        self._stale_checked = -math.inf  # when this run last failed stale trials (at most every HEARTBEAT_S)
         self.opts, self.stop, self.t_start = opts, stop, t_start
         self.dists = optuna_distributions(plan.space)
         self.recorder = StudyRecorder(self)
@@ -323,7 +325,10 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
     def _next_trial(self) -> optuna.Trial | None:
         """The next trial to measure, or None to wait (or when the level stopped). Under the progress lock."""
         study, pg = self.study, self.progress
-        optuna.storages.fail_stale_trials(study)  # a dead host's trial is failed and re-queued (heartbeat)
+        now = time.monotonic()
+        if now - self._stale_checked >= HEARTBEAT_S:  # a dead host's trial is failed and re-queued (heartbeat)
+            optuna.storages.fail_stale_trials(study)
+            self._stale_checked = now
         if not study.get_trials(deepcopy=False, states=(WAITING,)):
             level = self._level()
             with self.clock.section("model"):
@@ -339,15 +344,17 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
                     proposals = self.strategy.propose(level, 1)
                 if not proposals:
                     return None  # the rest is running elsewhere
-                for cfg in proposals:
-                    study.enqueue_trial(cfg.as_dict(), skip_if_exists=False)
+                # the proposal runs here and now: created running, with its owner, in one transaction
+                # (and its first heartbeat: a trial without any is never failed as stale)
+                owned = {OWNER_ATTR: self._owner} if self._beats and self._owner else {}
+                return optuna_rows.start_trial(study, proposals[0].as_dict(), self.dists, owned)
         trial = study.ask(fixed_distributions=self.dists)
-        trial_id = self._trial_id(trial)
+        trial_id = trial._trial_id
         if self._beats:  # at once: a trial without any heartbeat is never failed as stale
             self.storage.record_heartbeat(trial_id)
             if self._owner:  # and who runs it: a resumed search fails it at once if this process has ended
                 self.storage.set_trial_system_attr(trial_id, OWNER_ATTR, self._owner)
-        queued = "fixed_params" in self.storage.get_trial(trial_id).system_attrs
+        queued = "fixed_params" in trial.storage.get_trial(trial_id).system_attrs
         if not (queued or self.strategy.asks):
             trial.set_user_attr("reason", "another process took the last queued trial first")
             study.tell(trial, state=PRUNED)
@@ -368,7 +375,7 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
             return
         key, original = self._duplicate_of(cfg) if self.plan.verdicts[cfg].feasible else (None, None)
         # the heartbeat runs until Optuna is told: a finalist re-measurement can take longer than the grace
-        beat = Heartbeat(self.storage, self._trial_id(trial)) if self._beats else None
+        beat = Heartbeat(self.storage, trial._trial_id, beaten=True) if self._beats else None
         t0 = time.monotonic()
         try:
             if not self.plan.verdicts[cfg].feasible:
@@ -436,15 +443,15 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
             optuna_rows.set_attrs(trial, {**attrs, "reason": reply.reason[:500] or reply.verdict.value})
             self.study.tell(trial, state=PRUNED)
             return
-        optuna_rows.set_attrs(trial, attrs)
         if cfg == self.plan.space.baseline:
             self._baseline_us = baseline_median(reply.samples)
-        self._tell_ok(proc, trial, cfg, stat, self._record_finalist(proc, trial_id, cfg, stat, band))
+        self._tell_ok(proc, trial, cfg, stat, self._record_finalist(proc, trial_id, cfg, stat, band), attrs)
 
-    def _tell_ok(self, proc, trial, cfg: KernelConfig, stat, final) -> None:
-        """Optuna is told an ok trial's value: its finalist estimate if it has one, else its screening one."""
+    def _tell_ok(self, proc, trial, cfg: KernelConfig, stat, final, attrs: dict) -> None:
+        """Optuna is told an ok trial's value (its finalist estimate if it has one, else its screening one),
+        with ``attrs`` and what :func:`ok_attrs` shows (one transaction for the attributes)."""
         pg = self.progress
-        optuna_rows.set_attrs(trial, ok_attrs(stat, final))
+        optuna_rows.set_attrs(trial, {**attrs, **ok_attrs(stat, final)})
         told = final or stat
         with pg.lock:
             pg.told_min = told.ratio if pg.told_min is None else min(pg.told_min, told.ratio)
@@ -463,10 +470,10 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
         told = (x.user_attrs.get("tuner_trial_id") for x in self.study.get_trials(deepcopy=False, states=(COMPLETE,)))
         if trial_id in set(told):
             return False
-        optuna_rows.set_attrs(trial, {"tuner_trial_id": trial_id, "verdict": Verdict.OK.value})
+        attrs = {"tuner_trial_id": trial_id, "verdict": Verdict.OK.value}
         if cfg == self.plan.space.baseline:
             self._baseline_us = stat.baseline_median_us
-        self._tell_ok(proc, trial, cfg, stat, final or self._record_finalist(proc, trial_id, cfg, stat, band))
+        self._tell_ok(proc, trial, cfg, stat, final or self._record_finalist(proc, trial_id, cfg, stat, band), attrs)
         return True
 
     def _duplicate_of(self, cfg: KernelConfig) -> tuple[str, int | None]:

@@ -70,7 +70,8 @@ MAX_TRAIN = 250  # points the model is fitted to: this level's, then the nearest
 REFIT_HERE = 2  # ... and when the level's own measurements grew by this factor
 REFIT_GROWTH = 1.5  # hyperparameters are re-optimized when the training set grew by this factor, and at each level
 HPO_MAX = 150  # training points an optimization sees: this level's, then a seeded sample of the rest
-HPO_RESTARTS = 1  # random starts besides the last optimum, per optimization
+HPO_RESTARTS = 1  # random starts besides the start point, at a level's first optimization; the level's later ones
+# start only from the last optimum (a warm start converges in 20-40 iterations, a random one runs to 90 and more)
 HPO_MAXITER = hpo.MAXITER  # L-BFGS-B iterations per start
 HPO_LAG = 2  # deterministic mode: an optimization started at a level's n-th measurement is used from its (n+LAG)-th
 FAIL_MARGIN = math.log(1.5)  # a failed launch enters the model this much above the worst value seen
@@ -101,6 +102,9 @@ class Surrogate(Strategy):
         self.last_p: float | None = None
         self._features: dict = {}
         self._last = None  # (data key, fitted model)
+        self._version = 0  # bumped whenever ``rows`` change: what the training set and the model are cached by
+        self._cached: dict = {}  # kind -> (rows version, level, ...) and the last result of that kind
+        self._theta_of = None  # (kernel, its theta)
         self.refitter = hpo.Refitter(refit, HPO_LAG)
         weakref.finalize(self, self.refitter.close)  # the worker ends with the strategy
         self.model_seconds = 0.0  # time spent in propose and stop_reason (the proposal path), waits included
@@ -115,7 +119,10 @@ class Surrogate(Strategy):
         self.refitter.close()
 
     def history(self, rows) -> None:
-        self.rows = list(rows)
+        rows = list(rows)
+        if rows != self.rows:
+            self.rows = rows
+            self._version += 1
         self.refitter.start()  # a search is starting: the optimization worker starts beside it
 
     # --- features ------------------------------------------------------------------------------
@@ -129,8 +136,20 @@ class Surrogate(Strategy):
 
     # --- the model -----------------------------------------------------------------------------
 
+    def _memo(self, kind: str, key: tuple, make):
+        """``make()``, or its last result for the same rows and ``key`` (propose and the stop rule of one
+        measurement ask for the same training set and model)."""
+        full = (self._version, *key)
+        hit = self._cached.get(kind)
+        if hit is None or hit[0] != full:
+            hit = self._cached[kind] = (full, make())
+        return hit[1]
+
     def _training(self, level: Level):
         """(X, y, noise) from every row: this kernel's at weight 1, priors with noise by how they predict."""
+        return self._memo("training", (level.concurrency,), lambda: self._make_training(level))
+
+    def _make_training(self, level: Level):
         own = [(c, cfg, y) for c, cfg, y, src in self.rows if src is None]
         if not own and not self.rows:
             return None
@@ -176,7 +195,7 @@ class Surrogate(Strategy):
         from sklearn.gaussian_process import GaussianProcessRegressor
 
         digest = hashlib.blake2b(digest_size=16)
-        for a in (X, y, extra, self._kernel.theta):
+        for a in (X, y, extra, self._theta()):
             digest.update(np.ascontiguousarray(a, dtype=float).tobytes())
         key = (level.concurrency, X.shape, digest.digest())
         if self._last is not None and self._last[0] == key:
@@ -187,6 +206,12 @@ class Surrogate(Strategy):
             gp.fit(X, y)
         self._last = (key, gp)
         return gp
+
+    def _theta(self) -> np.ndarray:
+        """The hyperparameters in use (scikit-learn builds ``theta`` anew at every access: kept per kernel)."""
+        if self._theta_of is None or self._theta_of[0] is not self._kernel:
+            self._theta_of = (self._kernel, self._kernel.theta)
+        return self._theta_of[1]
 
     def _refit(self, level: Level, X, y, extra, here: int, at_level) -> None:
         """Swap in a finished optimization, and start one when due (see the module's docstring)."""
@@ -210,7 +235,8 @@ class Surrogate(Strategy):
             k = max(0, HPO_MAX - len(mine))
             sel = np.sort(np.concatenate([mine[:HPO_MAX], rng.choice(rest, size=min(k, len(rest)), replace=False)]))
         start = _kernel(X.shape[1]) if first else self._kernel  # warm-started from the last optimum
-        args = (X[sel], y[sel], _alpha(y[sel], extra[sel]), start, HPO_RESTARTS, self.seed, HPO_MAXITER)
+        restarts = HPO_RESTARTS if first or new_level else 0
+        args = (X[sel], y[sel], _alpha(y[sel], extra[sel]), start, restarts, self.seed, HPO_MAXITER)
         # the first optimization has no hyperparameters to go on with: it swaps in at once, in every mode
         self.refitter.submit(args, level.concurrency, here, lag=0 if first else None)
         if first:
@@ -225,6 +251,12 @@ class Surrogate(Strategy):
         noise = gp.kernel_.k2.noise_level * gp._y_train_std**2
         return mu, np.sqrt(np.maximum(sd**2 - noise, 1e-12))
 
+    def _open_posterior(self, gp, level: Level, configs: list) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_posterior` of ``configs`` under the level's model, kept: the stop rule and the next proposal
+        ask for the same one (the open candidates, when no neighbour or line comes first)."""
+        key = (level.concurrency, gp, tuple(configs))  # the model itself (compared by identity), held
+        return self._memo("posterior", key, lambda: self._posterior(gp, self._X(configs, level)))
+
     # --- the strategy --------------------------------------------------------------------------
 
     def _model(self, level: Level):
@@ -236,6 +268,10 @@ class Surrogate(Strategy):
         at_level = data[0][:, 0] == math.log2(level.concurrency)
         here = int(at_level.sum())
         self._refit(level, *data, here, at_level)
+        key = (level.concurrency, self._theta().tobytes())
+        return self._memo("model", key, lambda: self._fitted(level, data, at_level))
+
+    def _fitted(self, level: Level, data, at_level):
         gp = self._fit(level, *data)
         return gp, _loo_scale(gp, data[0], data[1], here=at_level)
 
@@ -312,10 +348,10 @@ class Surrogate(Strategy):
             pool = [c for c in pool if c not in chosen] or [c for c in open_ if c not in chosen]
             if not pool:
                 break
-            model = gp
             if believed:  # kriging believer: pending and chosen launches at their predicted values
-                model = self._believe(gp, level, believed)
-            mu, sd = self._posterior(model, self._X(pool, level))
+                mu, sd = self._posterior(self._believe(gp, level, believed), self._X(pool, level))
+            else:
+                mu, sd = self._open_posterior(gp, level, pool)
             ei = _expected_improvement(mu, sd * scale, here_best)
             pick = pool[int(np.argmax(ei))]
             chosen.append(pick)
@@ -355,7 +391,7 @@ class Surrogate(Strategy):
         if fitted is None:
             return None
         gp, scale = fitted
-        mu, sd = self._posterior(gp, self._X(open_, level))
+        mu, sd = self._open_posterior(gp, level, open_)
         target = best[1] + win_edge(level.band)
         p_each = sps.norm.cdf((target - mu) / (sd * scale))
         p = float(min(1.0, p_each.sum()))  # the union bound: no independence assumed
@@ -419,11 +455,12 @@ def _loo_scale(gp, X, y, here) -> float:
     """How much wider the model's standard deviations must be to match its own leave-one-out errors: the
     root mean square of the standardized LOO residuals (closed form for a GP) over this level's points, or
     all points while the level has fewer than 3; never below 1."""
-    from scipy.linalg import cho_solve
+    from scipy.linalg.lapack import dtrtri
 
-    L = gp.L_
-    Kinv = cho_solve((L, True), np.eye(len(L)))
-    d = np.diag(Kinv)
+    Linv, info = dtrtri(gp.L_, lower=1)  # K = L L^T, so diag(K^-1) = column sums of (L^-1)^2
+    if info != 0:
+        return 1.0
+    d = np.einsum("ij,ij->j", Linv, Linv)
     resid = gp.alpha_.ravel() / d  # y - mu_loo, normalized units
     z = resid * np.sqrt(d)  # over sigma_loo
     sel = here if here.sum() >= 3 else np.ones_like(here)
