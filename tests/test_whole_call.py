@@ -185,7 +185,6 @@ def test_the_layer_call_compiles_for_sm90_without_a_gpu_in_one_split_launch():
     assert {r[0] for r in rows} == {"split", "combine"}
     assert all(r[4] == 0 for r in rows), rows  # no spill
     # the splits that write partials (every level of the shipped tables) keep the single-cache kernel's registers
-    # as allocated, in units of 8 per thread (Triton 3.6: 184 and 182, both 184; with one q.k mma chain 168 and 168;
-    # a loop per cache took 222); one split per row, which writes the output, takes 223 (193 with one chain)
-    most = max(-(-r[3] // 8) * 8 for r in single)
+    # (168 on Triton 3.6; a loop per cache took 222); one split per row, which writes the output, took 191
+    most = max(r[3] for r in single)
     assert all(r[3] <= most for r in layer if not r[2]), rows
