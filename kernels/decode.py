@@ -46,7 +46,10 @@ per program. With one dot over all 512 dims every warp held the whole q operand 
 warps split the tokens and the output columns, not the reduced dims): 128 registers per thread at 16 heads.
 In chunks, T32-w4-s1 with PREFETCH=1 (V4's pick from C=48 up) keeps 255 registers and loses its 64 B spill,
 and T16-w4-s1 with PREFETCH=2 drops from 254 to 168 (compiled for sm_90). Measured on the H200
-(docs/benchmarks.md, kernel v10 candidate): V4 C=96 38.0 -> 33.6 us at v9's config.
+(docs/benchmarks.md, kernel v10 candidate): V4 C=96 38.0 -> 33.6 us at v9's config. At BLOCK_T >= 32, q . k's
+four dots (the word path's five: its slices and the rope) are independent, each scaled before a tree sum, so their
+mma chains are a quarter as long (added straight together, Triton's combiner fuses them back: dot(a, b, 0) + c ->
+dot(a, b, c)); at BLOCK_T 16 that cost T16-w4-s1-p2 14 registers and a CTA per SM, so it keeps one chain (168).
 
 Dequantization (see :func:`_dequant`): the dots take fp16 operands on the GPU. e4m3 converts to fp16
 exactly (one native cvt per byte pair on sm_89+, sm_120 included), and one fp16 multiply applies the
@@ -259,12 +262,22 @@ def _tile_step(
         b_qa, b_qb = tl.split(tl.reshape(b_q, (b_q.shape[0], 128, 2, 2)))  # b = 0, 1
         b_q0, b_q2 = tl.split(b_qa)
         b_q1, b_q3 = tl.split(b_qb)
-        b_s = tl.dot(b_q0, tl.trans(b_k0))
-        b_s = tl.dot(b_q1, tl.trans(b_k1), b_s)
-        b_s = tl.dot(b_q2, tl.trans(b_k2), b_s)
-        b_s = tl.dot(b_q3, tl.trans(b_k3), b_s)
         b_qr = tl.load(p_q + 512 + tl.arange(0, 64)[None, :], mask=m_h[:, None], other=0.0).to(dt)
-        b_s = tl.dot(b_qr, tl.trans(c_rope.to(dt)), b_s)
+        if BLOCK_T >= 32:
+            # five independent dots (short mma chains), each scaled before the sum: a dot added straight
+            # to another would be fused back into one chain (Triton's combiner: dot(a, b, 0) + c -> dot(a, b, c))
+            b_s0 = tl.dot(b_q0, tl.trans(b_k0)) * qk_scale  # [BLOCK_H, BLOCK_T]
+            b_s1 = tl.dot(b_q1, tl.trans(b_k1)) * qk_scale
+            b_s2 = tl.dot(b_q2, tl.trans(b_k2)) * qk_scale
+            b_s3 = tl.dot(b_q3, tl.trans(b_k3)) * qk_scale
+            b_sr = tl.dot(b_qr, tl.trans(c_rope.to(dt))) * qk_scale
+            b_s = ((b_s0 + b_s1) + (b_s2 + b_s3)) + b_sr
+        else:  # one chain: at BLOCK_T 16 the independent dots cost 14 registers, a CTA per SM (168 -> 182)
+            b_s = tl.dot(b_q0, tl.trans(b_k0))
+            b_s = tl.dot(b_q1, tl.trans(b_k1), b_s)
+            b_s = tl.dot(b_q2, tl.trans(b_k2), b_s)
+            b_s = tl.dot(b_q3, tl.trans(b_k3), b_s)
+            b_s = tl.dot(b_qr, tl.trans(c_rope.to(dt)), b_s) * qk_scale
     elif FORMAT == 0:
         # four dots of 128 contiguous dims each, so that no dot's q operand is the whole [BLOCK_H, 512]
         # (chunk j = dims 128j..128j+127; the reshape's dims are (a, b) with j = 2a + b)
@@ -274,10 +287,22 @@ def _tile_step(
         b_k0, b_k2 = tl.split(b_x0)  # dims 0..127 and 256..383
         b_k1, b_k3 = tl.split(b_x1)
         o_c = tl.arange(0, 128)
-        b_s = tl.dot(tl.load(p_q + o_c[None, :], mask=m_h[:, None], other=0.0).to(dt), tl.trans(b_k0))
-        b_s = tl.dot(tl.load(p_q + 128 + o_c[None, :], mask=m_h[:, None], other=0.0).to(dt), tl.trans(b_k1), b_s)
-        b_s = tl.dot(tl.load(p_q + 256 + o_c[None, :], mask=m_h[:, None], other=0.0).to(dt), tl.trans(b_k2), b_s)
-        b_s = tl.dot(tl.load(p_q + 384 + o_c[None, :], mask=m_h[:, None], other=0.0).to(dt), tl.trans(b_k3), b_s)
+        b_q0 = tl.load(p_q + o_c[None, :], mask=m_h[:, None], other=0.0).to(dt)
+        b_q1 = tl.load(p_q + 128 + o_c[None, :], mask=m_h[:, None], other=0.0).to(dt)
+        b_q2 = tl.load(p_q + 256 + o_c[None, :], mask=m_h[:, None], other=0.0).to(dt)
+        b_q3 = tl.load(p_q + 384 + o_c[None, :], mask=m_h[:, None], other=0.0).to(dt)
+        if BLOCK_T >= 32:
+            # four independent dots (mma chains of 128 dims, not one of 512), scaled before the tree sum (see WORDS)
+            b_s0 = tl.dot(b_q0, tl.trans(b_k0)) * qk_scale
+            b_s1 = tl.dot(b_q1, tl.trans(b_k1)) * qk_scale
+            b_s2 = tl.dot(b_q2, tl.trans(b_k2)) * qk_scale
+            b_s3 = tl.dot(b_q3, tl.trans(b_k3)) * qk_scale
+            b_s = (b_s0 + b_s1) + (b_s2 + b_s3)  # [BLOCK_H, BLOCK_T]
+        else:  # one chain (see WORDS)
+            b_s = tl.dot(b_q0, tl.trans(b_k0))
+            b_s = tl.dot(b_q1, tl.trans(b_k1), b_s)
+            b_s = tl.dot(b_q2, tl.trans(b_k2), b_s)
+            b_s = tl.dot(b_q3, tl.trans(b_k3), b_s) * qk_scale
     else:
         b_k, b_kr = _dequant_kv_tile(c_q8, c_sc, c_rope, FORMAT, BLOCK_T, DOT_F32, NATIVE_FP8)
         dt = b_k.dtype
@@ -288,7 +313,8 @@ def _tile_step(
         if FORMAT == 1:
             b_qr = tl.load(p_q + 512 + tl.arange(0, 64)[None, :], mask=m_h[:, None], other=0.0).to(dt)
             b_s = tl.dot(b_qr, tl.trans(b_kr), b_s)
-    b_s = tl.where(m_tok[None, :], b_s * qk_scale, float("-inf"))
+        b_s = b_s * qk_scale
+    b_s = tl.where(m_tok[None, :], b_s, float("-inf"))
     b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))
     b_m_use = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)  # no (-inf) - (-inf)
     b_alpha = tl.exp2(b_m - b_m_use)
