@@ -184,3 +184,28 @@ def test_bad_input_is_one_sentence(three_kernels, args, message, tmp_path, monke
     assert result.exit_code == 2 and message in result.stderr, result.output
     assert len(result.stderr.strip().splitlines()) == 1 and "secret" not in result.stderr
     assert three_kernels.read_bytes() == before
+
+
+def test_drop_unlaunched_leaves_only_the_optuna_trials_that_launched(three_kernels):
+    """Optuna's mirror of an infeasible or duplicate config goes; an ok trial, a failed launch and every row of the
+    tuner's own tables stay."""
+    url = f"sqlite:///{three_kernels}"
+    name = "space/w/C1/gpu/cuda/knew"
+    study = optuna.load_study(study_name=name, storage=url)
+    dist = {"x": optuna.distributions.FloatDistribution(0, 2)}
+    for verdict, state in (("infeasible", "PRUNED"), ("duplicate", "PRUNED"), ("crashed", "PRUNED"), ("ok", "OK")):
+        t = study.ask(dist)
+        t.set_user_attr("verdict", verdict)
+        if state == "OK":
+            study.tell(t, 0.5)
+        else:
+            study.tell(t, state=optuna.trial.TrialState.PRUNED)
+    tuner_rows = _counts(three_kernels, "tuner_trials", "tuner_statistics", "tuner_samples")
+    result = CliRunner().invoke(cli, ["db", "compact", "--drop-unlaunched", "-f", "json", "--db", url])
+    assert result.exit_code == 0, result.output
+    rows = {r["kernel"]: r for r in json.loads(result.stdout)}
+    assert rows["new"]["optuna_unlaunched_dropped"] == 2 and rows["bench"]["optuna_unlaunched_dropped"] == 0
+    left = [t.user_attrs.get("verdict") for t in optuna.load_study(study_name=name, storage=url).trials]
+    assert left == [None, None, None, "crashed", "ok"]  # the three launched ones added first, then these
+    assert _counts(three_kernels, "trial_params", "trial_user_attributes") == [3 + 3 + 5, 2]  # bench C=1, 8; new
+    assert _counts(three_kernels, "tuner_trials", "tuner_statistics", "tuner_samples")[:2] == tuner_rows[:2]

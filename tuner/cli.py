@@ -1154,7 +1154,11 @@ def upgrade(db_url):
 def _compact_brief(rows: list[dict]) -> list[dict]:
     keys = ("kernel", "studies", "trials", "samples", "kept", "samples_dropped", "optuna_studies_dropped")
     names = ("kernel", "studies", "trials", "samples", "kept", "samples out", "optuna studies out")
-    return [{n: r[k] for n, k in zip(names, keys, strict=True)} for r in rows]
+    out = [{n: r[k] for n, k in zip(names, keys, strict=True)} for r in rows]
+    for o, r in zip(out, rows, strict=True):
+        if "optuna_unlaunched_dropped" in r:
+            o["optuna unlaunched out"] = r["optuna_unlaunched_dropped"]
+    return out
 
 
 @db.command(short_help="Drop superseded kernels' raw samples and Optuna studies (trials and statistics kept).")
@@ -1165,15 +1169,21 @@ def _compact_brief(rows: list[dict]) -> list[dict]:
     metavar="HASH",
     help="Keep this kernel's samples too (repeatable; each level's newest kernel is always kept).",
 )
+@click.option(
+    "--drop-unlaunched",
+    is_flag=True,
+    help="Also drop every study's Optuna trials of configs that launched nothing (infeasible, duplicate); the "
+    "tuner's own trials keep those verdicts.",
+)
 @click.option("--dry-run", is_flag=True, help="Only say what would go and the size after (on a temporary copy).")
 @format_option
 @db_option
 @expected_errors
-def compact(keep, dry_run, fmt, db_url):
+def compact(keep, drop_unlaunched, dry_run, fmt, db_url):
     """Drop the raw samples and Optuna studies of superseded kernels, keeping their trials and statistics; VACUUM."""
     from sparse_mla_tuner.tuner.compact import compact as run
 
-    done = run(db_url, tuple(keep), dry_run)
+    done = run(db_url, tuple(keep), dry_run, unlaunched=drop_unlaunched)
     click.echo(render(done.rows, fmt, _compact_brief))
     mb = 1024 * 1024
     what = "would be" if dry_run else "is now"
