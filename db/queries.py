@@ -25,6 +25,7 @@ from sparse_mla_tuner.db.models import get_or_create
 from sparse_mla_tuner.db.models import utcnow
 from sparse_mla_tuner.db.verdicts import Phase
 from sparse_mla_tuner.db.verdicts import Verdict
+from sparse_mla_tuner.kernels.config import PARAMS
 
 ENV_FIELDS = ("backend", "gpu_name", "compute_capability", "sm_count", "driver", "cuda", "torch", "triton", "host")
 
@@ -110,6 +111,49 @@ def _trial_query(concurrency=None, space=None, workload=None, device=None, backe
 
 def trials(session: Session, **filters) -> list[TrialModel]:
     return list(session.scalars(_trial_query(**filters).order_by(TrialModel.id)))
+
+
+@dataclass(frozen=True)
+class HistoryRow:
+    """One trial as a search's history reads it (:func:`history`)."""
+
+    study_id: int
+    concurrency: int
+    kernel_id: int
+    gpu_name: str
+    verdict: str
+    ratio: float | None  # the finalist statistic's when there is one, else the screening one's
+    params: dict  # the config's parameter columns
+
+
+def history(session: Session, space: str, workload: str, backend: str) -> list[HistoryRow]:
+    """Every trial of ``space``'s ``workload`` on ``backend``, oldest first, read lean: columns, not ORM objects (a
+    level's opening read every kernel's trials with their statistics through the ORM, 1-2 s on a database of
+    many kernels' grids); its ratio is :meth:`TrialModel.statistic`'s."""
+    from sqlalchemy.orm import aliased
+
+    fin, scr = aliased(StatisticModel), aliased(StatisticModel)
+    names = [p.name for p in PARAMS]
+    q = (
+        select(
+            TrialModel.study_id,
+            TrialModel.concurrency,
+            TrialModel.kernel_id,
+            EnvironmentModel.gpu_name,
+            TrialModel.verdict,
+            func.coalesce(fin.ratio, scr.ratio),
+            *(getattr(TrialModel, n) for n in names),
+        )
+        .join(StudyModel, TrialModel.study_id == StudyModel.id)
+        .join(SpaceModel, StudyModel.space_id == SpaceModel.id)
+        .join(WorkloadModel, TrialModel.workload_id == WorkloadModel.id)
+        .join(EnvironmentModel, TrialModel.environment_id == EnvironmentModel.id)
+        .outerjoin(fin, (fin.trial_id == TrialModel.id) & (fin.phase == Phase.FINALIST.value))
+        .outerjoin(scr, (scr.trial_id == TrialModel.id) & (scr.phase == Phase.SCREEN.value))
+        .where(SpaceModel.name == space, WorkloadModel.name == workload, TrialModel.backend == backend)
+        .order_by(TrialModel.id)
+    )
+    return [HistoryRow(*r[:6], dict(zip(names, r[6:], strict=True))) for r in session.execute(q)]
 
 
 def ok_levels(session: Session, **filters) -> list[int]:

@@ -73,22 +73,23 @@ class LevelView:
         order = self.plan.space.concurrency
         here = order.index(self.plan.concurrency) if self.plan.concurrency in order else len(order)
         rows = []
+        config_type = self.plan.space.adapter.config_type
         with self.store.session() as s:
-            for t in queries.trials(s, space=self.plan.space.name, workload=self.plan.spec.name):
-                if t.study_id == self.study_id or t.verdict not in LAUNCHED or t.backend != self.opts.backend:
-                    continue
-                own = t.kernel_id == self.kernel_id and t.environment.gpu_name == device
-                if own and not (t.concurrency in order and order.index(t.concurrency) < here):
-                    continue  # this search's own levels after this one (a resume, another --concurrency run)
-                st = t.statistic()
-                y = math.log(st.ratio) if t.verdict == Verdict.OK and st is not None else None
-                if t.verdict == Verdict.MISSING or (not own and y is None):
-                    continue
-                try:
-                    cfg = t.config()
-                except ValueError:  # recorded under another version of the declaration
-                    continue
-                rows.append((t.concurrency, cfg, y, None if own else (t.kernel_id, t.environment.gpu_name)))
+            found = queries.history(s, self.plan.space.name, self.plan.spec.name, self.opts.backend)
+        for t in found:
+            if t.study_id == self.study_id or t.verdict not in LAUNCHED:
+                continue
+            own = t.kernel_id == self.kernel_id and t.gpu_name == device
+            if own and not (t.concurrency in order and order.index(t.concurrency) < here):
+                continue  # this search's own levels after this one (a resume, another --concurrency run)
+            y = math.log(t.ratio) if t.verdict == Verdict.OK and t.ratio is not None else None
+            if t.verdict == Verdict.MISSING or (not own and y is None):
+                continue
+            try:
+                cfg = config_type(**t.params)
+            except (ValueError, TypeError):  # recorded under another version of the declaration
+                continue
+            rows.append((t.concurrency, cfg, y, None if own else (t.kernel_id, t.gpu_name)))
         return rows
 
     def _level(self) -> strategies.Level:

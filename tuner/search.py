@@ -233,7 +233,10 @@ def _source_and_storage(opts: Options, store) -> tuple:
 
 def _feasibility(space: SearchSpace, name: str, wl, levels, source, store, opts: Options, progress) -> dict:
     """Every config's feasibility verdict for one workload: compiled for the target (cached in the
-    database), or, when replaying, the verdicts recorded with the samples."""
+    database), or, when replaying, the verdicts recorded with the samples. Unless the space sets
+    ``max_spill_bytes`` (spills decide), only shared memory decides, so each compile stops after Triton's
+    shared-memory allocation, before LLVM and ptxas: a third of a full compile or less (the target's registers and
+    spills are `tuner check`'s, and a search reuses them where `tuner check` cached them)."""
     configs = space.configs()
     if source is not None:
         checked = source.feasibility(configs, wl, levels)
@@ -247,6 +250,7 @@ def _feasibility(space: SearchSpace, name: str, wl, levels, source, store, opts:
                 enforce_device=opts.backend == "cuda",
                 store=store,
                 on_progress=task,
+                registers=space.max_spill_bytes is not None,
             )
     return dict(zip(configs, checked, strict=True))
 
