@@ -69,7 +69,7 @@ MIN_HERE = 8  # measurements at a level (the baseline and the queued configs cou
 MAX_TRAIN = 250  # points the model is fitted to: this level's, then the nearest levels' (by |log C|)
 REFIT_HERE = 2  # ... and when the level's own measurements grew by this factor
 REFIT_GROWTH = 1.5  # hyperparameters are re-optimized when the training set grew by this factor, and at each level
-HPO_MAX = 150  # training points an optimization sees: this level's, then a seeded sample of the rest
+HPO_MAX = 100  # training points an optimization sees: this level's, then a seeded sample of the rest
 HPO_RESTARTS = 1  # random starts besides the start point, at a level's first optimization; the level's later ones
 # start only from the last optimum (a warm start converges in 20-40 iterations, a random one runs to 90 and more)
 HPO_MAXITER = hpo.MAXITER  # L-BFGS-B iterations per start
