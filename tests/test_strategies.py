@@ -553,11 +553,12 @@ def test_proposals_go_on_while_an_optimization_runs_and_use_its_result_after(mon
 
     from sparse_mla_tuner.tuner.strategies import hpo
 
-    gate, calls, real = threading.Event(), [], hpo.optimize
+    gate, started, calls, real = threading.Event(), threading.Event(), [], hpo.optimize
 
     def slow(*args):
         calls.append(args)
         if len(calls) > 1:  # the first optimization (no hyperparameters yet) runs through
+            started.set()
             assert gate.wait(60)
         return real(*args)
 
@@ -572,7 +573,7 @@ def test_proposals_go_on_while_an_optimization_runs_and_use_its_result_after(mon
     first = s._kernel.theta.copy()
     lvl = Level(96, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands))
     _grow(s, lvl, rows, cands[40], 1)  # a new level: its optimization starts, and blocks
-    assert s.refitter.pending and len(calls) == 2
+    assert s.refitter.pending and started.wait(60) and len(calls) == 2  # the worker may start it a bit later
     for n in range(2, 8):
         assert np.array_equal(_grow(s, lvl, rows, cands[40], n), first)
         assert s.propose(lvl, 1) and s.stop_reason(lvl) is None
