@@ -12,7 +12,7 @@ from sparse_mla_tuner.tuner import calibrate
 from sparse_mla_tuner.tuner.errors import TunerError
 from sparse_mla_tuner.tuner.protocol import WARNING_AS_ERROR
 from sparse_mla_tuner.tuner.protocol import MeasureReply
-from sparse_mla_tuner.tuner.recorder import StudyRecords
+from sparse_mla_tuner.tuner.study import StudyRun
 
 BASELINE = KernelConfig.parse("T16-w4-s2-c4")
 OTHER = KernelConfig.parse("T32-w4-s1-c4")
@@ -73,9 +73,10 @@ def test_the_baseline_is_announced_as_the_baseline(cfg, told, want):
     phases = []
     run = SimpleNamespace(
         plan=SimpleNamespace(space=SimpleNamespace(measurement=MEASUREMENT, baseline=BASELINE)),
-        progress=SimpleNamespace(lock=threading.Lock(), told_min=told),
-        bar=SimpleNamespace(phase=phases.append),
-        recorder=SimpleNamespace(finalist=lambda *a: "stat"),
+        progress=SimpleNamespace(lock=threading.Lock(), bar=SimpleNamespace(phase=phases.append)),
+        optuna=SimpleNamespace(told_min=told),
+        measurer=SimpleNamespace(finalist=lambda proc, cfg: "reply"),
+        records=SimpleNamespace(finalist=lambda proc, trial_id, reply, band: "stat" if reply == "reply" else None),
     )
-    assert StudyRecords._record_finalist(run, None, 1, cfg, SimpleNamespace(ratio=0.5), 0.01) == "stat"
+    assert StudyRun._record_finalist(run, None, 1, cfg, SimpleNamespace(ratio=0.5), 0.01) == "stat"
     assert phases == [want]

@@ -379,16 +379,17 @@ def test_a_launch_is_promoted_when_it_ranks_in_the_best_third_or_near_the_best()
     """Asynchronous successive halving: the first screening rounds of a launch earn it the rest when its ratio
     ranks in the best third of the level's launches (itself included) or lies within twice the band of the
     best; every launch while fewer than three are measured."""
-    import threading
     from types import SimpleNamespace
 
-    from sparse_mla_tuner.tuner.study import StudyRun
+    from sparse_mla_tuner.db.verdicts import Verdict
+    from sparse_mla_tuner.tuner.candidates import Candidates
 
     def promoted(ratio, measured):
-        lvl = Level(8, WL, _candidates(), band=0.01)
-        lvl.measured = {c: math.log(r) for c, r in zip(_candidates(), measured, strict=False)}
-        run = SimpleNamespace(_level=lambda: lvl, progress=SimpleNamespace(lock=threading.Lock()), band=0.01)
-        return StudyRun._promising(run, [(20.0 * ratio, 20.0)] * 3)
+        cands = _candidates()
+        plan = SimpleNamespace(representatives=lambda: {str(c): c for c in cands})
+        part = Candidates(plan, None, None, band=0.01)
+        part.update([(str(c), Verdict.OK, r) for c, r in zip(cands, measured, strict=False)])
+        return part.promising([(20.0 * ratio, 20.0)] * 3)
 
     assert promoted(2.0, [1.0, 0.9])  # fewer than three measured: everything
     field = [0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3]

@@ -1,23 +1,22 @@
-"""What a study's strategy sees: the candidates of a level, what is measured, and why a level stops.
+"""What a study measures next: the candidates of a level, what is measured, the strategy, and why a level stops.
 
-:class:`LevelView` is the part of :class:`tuner.study.StudyRun` that turns the study's rows into a
-:class:`tuner.strategies.Level` (candidates in queue order, log ratios measured, launches pending, each
-candidate's neighbours) and the measurements of the space at other levels into the strategy's history.
+:class:`Candidates` is one of a study's three parts (:mod:`tuner.study`): it turns the rows the study's records
+hand it into a :class:`tuner.strategies.Level` (candidates in queue order, log ratios measured, launches
+pending, each candidate's neighbours) and the measurements of the space at other levels into the strategy's
+history, and it holds the rules that stop a level and promote a screened launch.
 """
 
 from __future__ import annotations
 
 import math
 
-import optuna
-
-from sparse_mla_tuner.db import queries
 from sparse_mla_tuner.db.verdicts import Verdict
 from sparse_mla_tuner.tuner import strategies
 
-WAITING, RUNNING = optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING
 KernelConfig = object  # annotations: the adapter's config type
 LAUNCHED = {Verdict.OK, Verdict.WRONG, Verdict.CRASHED, Verdict.TIMEOUT, Verdict.MISSING}  # measured, for the budget
+EXPECTED_SHARE = 0.2  # a model strategy's share of a level's launches before any level finished (bench_search)
+PROMOTE = 1 / 3  # successive halving's share of screened launches that get the rest of the screening rounds
 
 
 def _known_config(config_type, key: str) -> KernelConfig | None:
@@ -29,59 +28,69 @@ def _known_config(config_type, key: str) -> KernelConfig | None:
         return None
 
 
-class LevelView:
-    """Mixed into :class:`tuner.study.StudyRun` (which holds plan, store, study, opts and the ids)."""
+class Candidates:
+    """What a study measures next: the level's candidates in queue order, what it has measured (kept in memory,
+    brought up to date from the recorded rows the study hands it), each candidate's neighbours, the strategy's
+    history, and the rules that stop a level and promote a screened launch. It reads no database: every row it
+    needs is passed in."""
 
-    def _prior_picks(self, done: set[str]) -> list[KernelConfig]:
+    def __init__(self, plan, strategy: strategies.Strategy, n_trials: int | None, band: float) -> None:
+        self.plan, self.strategy = plan, strategy
+        self.rep = plan.representatives()  # every feasible config's key -> the config measured for its launch
+        self.n_trials = n_trials  # --n-trials, else the space's (None: the strategy decides)
+        self.band = band  # the level's noise band (set again when a GPU's band is known)
+        self.prior: list[KernelConfig] = []  # measured first: --first, the previous kernel's best, untried values
+        self.queue_order: list[KernelConfig] = []  # the candidates in measuring order
+        self.neighbours: dict[KernelConfig, list[KernelConfig]] = {}
+        self.history: list[tuple] = []  # other levels' measurements: (C, config, log ratio or None, source)
+        self.measured: dict[str, tuple[KernelConfig, float | None]] = {}  # config key -> (candidate, log ratio)
+        self.more = False  # a finished level reopened by a larger --n-trials: measured up to it, no stop rule
+        self.expected_share: float | None = None  # the share of launches measured at this search's finished levels
+
+    # --- opening: values from the study's records -------------------------------------------------------------
+
+    def open(self, first: list[KernelConfig], ranked: list[str], done: set[str], history: list) -> None:
+        """The queue, the neighbours and the history, from ``first`` (``--first``), the previous kernel's
+        configs best first (``ranked`` keys), the keys this study recorded (``done``) and the space's recorded
+        measurements (:func:`db.queries.history` rows; see :meth:`_history`)."""
+        self.prior = self._prior_picks(first, ranked, done)
+        rep = self.rep
+        head = [self.plan.space.baseline, *(rep[str(p)] for p in self.prior if str(p) in rep)]
+        self.queue_order = list(dict.fromkeys(c for c in [*head, *self.plan.to_measure()] if str(c) in rep))
+        self.neighbours = self._make_neighbours()
+        self.history = history
+
+    def _prior_picks(self, first: list[KernelConfig], ranked: list[str], done: set[str]) -> list[KernelConfig]:
         """What is measured first: the user's ``--first`` configs, then the previous kernel's five best configs
         here, then those five with each parameter value the previous kernel never ran (see
         :func:`new_value_variants`); each only if this space holds it, it fits and it is not measured yet."""
-        plan, info = self.plan, self.processes[0].info
-        with self.store.session() as s:
-            ranked = queries.prior_picks(
-                s,
-                self.kernel_id,
-                plan.concurrency,
-                n=None,
-                space=plan.space.name,
-                workload=plan.spec.name,
-                device=info["gpu_name"],
-                backend=self.opts.backend,
-            )
+        plan = self.plan
+        config_type = plan.space.adapter.config_type
         known = [
-            c for c in (_known_config(self.plan.space.adapter.config_type, k) for k in ranked) if c is not None
-        ]  # another version's parameter: skipped
+            c for c in (_known_config(config_type, k) for k in ranked) if c is not None
+        ]  # another version's: skipped
         best = known[:5]
         variants = new_value_variants(best, known, plan.space.parameters)
         return [
             c
-            for c in dict.fromkeys([*self.opts.first, *best, *variants])
+            for c in dict.fromkeys([*first, *best, *variants])
             if c in plan.verdicts and plan.verdicts[c].feasible and str(c) not in done
         ]
 
-    def _queue_order(self, prior: list[KernelConfig]) -> list[KernelConfig]:
-        """The candidates in measuring order: the baseline, the launches of ``prior``, then the rest in space
-        order (one config per distinct feasible launch)."""
-        rep = self.plan.representatives()
-        first = [self.plan.space.baseline, *(rep[str(p)] for p in prior if str(p) in rep)]
-        return list(dict.fromkeys(c for c in [*first, *self.plan.to_measure()] if str(c) in rep))
-
-    def _history(self) -> list[tuple]:
-        """Every measurement of this space and workload at other levels: this kernel on this device (source
-        None), and earlier records (source: kernel hash and device) as the strategy's priors."""
-        device = self.processes[0].info["gpu_name"]
+    def history_of(self, found, study_id: int, kernel_id: int, device: str) -> list[tuple]:
+        """The strategy's history from the space's recorded trials (``found``): this kernel on this device at the
+        levels before this one in the space's order (source None), and earlier records (source: kernel hash and
+        device) as priors; never this study's own rows, nor this search's levels after this one (a resume)."""
         order = self.plan.space.concurrency
         here = order.index(self.plan.concurrency) if self.plan.concurrency in order else len(order)
-        rows = []
         config_type = self.plan.space.adapter.config_type
-        with self.store.session() as s:
-            found = queries.history(s, self.plan.space.name, self.plan.spec.name, self.opts.backend)
+        rows = []
         for t in found:
-            if t.study_id == self.study_id or t.verdict not in LAUNCHED:
+            if t.study_id == study_id or t.verdict not in LAUNCHED:
                 continue
-            own = t.kernel_id == self.kernel_id and t.gpu_name == device
+            own = t.kernel_id == kernel_id and t.gpu_name == device
             if own and not (t.concurrency in order and order.index(t.concurrency) < here):
-                continue  # this search's own levels after this one (a resume, another --concurrency run)
+                continue
             y = math.log(t.ratio) if t.verdict == Verdict.OK and t.ratio is not None else None
             if t.verdict == Verdict.MISSING or (not own and y is None):
                 continue
@@ -92,54 +101,12 @@ class LevelView:
             rows.append((t.concurrency, cfg, y, None if own else (t.kernel_id, t.gpu_name)))
         return rows
 
-    def _level(self) -> strategies.Level:
-        """The level as the strategy sees it: candidates, what is measured (log ratios) and what is pending."""
-        rep = self.plan.representatives()
-        measured = self._refresh()
-        pending = {
-            rep[k]
-            for t in self.study.get_trials(deepcopy=False, states=(WAITING, RUNNING))
-            if (k := _key(self.plan.space.adapter.config_type, t.params)) in rep
-        }
-        self.n_measured = len(measured)
-        return strategies.Level(
-            self.plan.concurrency,
-            self.plan.workload,
-            self.queue_order,
-            measured,
-            pending - set(measured),
-            self.band,
-            self.plan.space.baseline,
-            self._neighbours,
-            lambda cfg: rep.get(str(cfg)),
-            tuple(self.plan.space.concurrency),  # the space's levels in search order
-            self.plan.space.adapter,
-        )
-
-    def _refresh(self) -> dict[KernelConfig, float | None]:
-        """The level's measurements (log ratios, None for a launch that gave no ratio), kept in memory and
-        brought up to date with what was recorded since the last look, by this process or another."""
-        state = self.__dict__.setdefault("_state", {"measured": {}, "trial": 0, "stat": 0})
-        rep = self.plan.representatives()
-        with self.store.session() as s:
-            rows = queries.done_since(s, self.study_id, state["trial"], state["stat"])
-            for t in rows:  # every launch tried, whatever came of it (a duplicate: its original)
-                state["trial"] = max(state["trial"], t.id)
-                state["stat"] = max([state["stat"], *(st.id for st in t.statistics)])
-                if t.config_key not in rep or t.verdict == Verdict.DUPLICATE:
-                    continue
-                st = t.statistic()
-                y = math.log(st.ratio) if t.verdict == Verdict.OK and st is not None else None
-                state["measured"][t.config_key] = (rep[t.config_key], y)
-        # in the order of the recorded config keys, as the study's unique index on them returns its rows
-        return {cfg: y for _, (cfg, y) in sorted(state["measured"].items())}
-
     def _make_neighbours(self) -> dict[KernelConfig, list[KernelConfig]]:
         """Each candidate's neighbours: the launches one step away in one parameter's values (a step that
         launches the same thing, such as a TARGET_CTAS that clamps alike, is walked past), and every value of
         a launch-only parameter (``TARGET_CTAS``: the split count whose best value moves with C) or of one whose
         values are modes rather than a scale (``PREFETCH``)."""
-        rep, params = self.plan.representatives(), self.plan.space.parameters
+        rep, params = self.rep, self.plan.space.parameters
         adapter = self.plan.space.adapter
         launch_only = {p.name for p in adapter.params if not p.compiled}
         out = {}
@@ -165,31 +132,96 @@ class LevelView:
             out[cand] = list(dict.fromkeys(near))
         return out
 
-    def _why_stop(self, level: strategies.Level) -> str | None:
-        n = self.opts.n_trials or self.plan.space.sampler.get("n_trials")
+    # --- measuring --------------------------------------------------------------------------------------------
+
+    def update(self, rows) -> None:
+        """Take in recorded rows ``(config key, verdict, ratio or None)``: every launch tried, whatever came of
+        it (a duplicate is left out: its original stands for it)."""
+        for key, verdict, ratio in rows:
+            if key not in self.rep or verdict == Verdict.DUPLICATE:
+                continue
+            y = math.log(ratio) if verdict == Verdict.OK and ratio is not None else None
+            self.measured[key] = (self.rep[key], y)
+
+    @property
+    def n_measured(self) -> int:
+        return len(self.measured)
+
+    def level(self, pending_params) -> strategies.Level:
+        """The level as the strategy sees it, with the parameters of the trials queued or running
+        (``pending_params``)."""
+        rep, config_type = self.rep, self.plan.space.adapter.config_type
+        # in the order of the recorded config keys, as the study's unique index on them returns its rows
+        measured = {cfg: y for _, (cfg, y) in sorted(self.measured.items())}
+        pending = {rep[k] for p in pending_params if (k := _key(config_type, p)) in rep}
+        return strategies.Level(
+            self.plan.concurrency,
+            self.plan.workload,
+            self.queue_order,
+            measured,
+            pending - set(measured),
+            self.band,
+            self.plan.space.baseline,
+            self.neighbours,
+            lambda cfg: rep.get(str(cfg)),
+            tuple(self.plan.space.concurrency),  # the space's levels in search order
+            self.plan.space.adapter,
+        )
+
+    def why_stop(self, level: strategies.Level, stopping: bool) -> str | None:
+        """Why the level is done (``--n-trials`` reached, or the strategy's stop rule), or None."""
+        n = self.n_trials
         if n and len(level.measured) >= n:
             return f"--n-trials {n} reached, {len(level.measured)} of {len(level.candidates)} launches measured"
-        if self.stop.requested:
+        if stopping:
             return None
         if self.more:  # reopened by a larger --n-trials: measured up to it
             if len(level.measured) >= len(level.candidates):
                 return f"every launch measured, {len(level.measured)} of {len(level.candidates)}"
             return None
-        own = [(c, cfg, y) for c, cfg, y in ((self.plan.concurrency, cfg, y) for cfg, y in level.measured.items())]
-        self.strategy.history(self.history + [(c, cfg, y, None) for c, cfg, y in own])
+        self.strategy.history(
+            self.history + [(self.plan.concurrency, cfg, y, None) for cfg, y in level.measured.items()]
+        )
         return self.strategy.stop_reason(level)
 
-    def _done_keys(self) -> set[str]:
-        with self.store.session() as s:
-            return set(queries.done_keys(s, self.study_id))
+    def propose(self, level: strategies.Level) -> KernelConfig | None:
+        """The next launch to measure (after :meth:`why_stop` said go on), or None."""
+        proposals = self.strategy.propose(level, 1)
+        return proposals[0] if proposals else None
 
-    def _not_a_candidate(self, cfg: KernelConfig) -> str | None:
+    def not_a_candidate(self, cfg: KernelConfig, done_keys) -> str | None:
+        """Why a trial's config needs no launch here, or None (``done_keys()``: the keys this study recorded)."""
         if not self.plan.space.satisfies(cfg) or cfg not in self.plan.verdicts:
             return "not a config of the space (its values or constraints exclude it)"
-        with self.store.session() as s:
-            if str(cfg) in queries.done_keys(s, self.study_id):
-                return "already recorded in this study"
+        if str(cfg) in done_keys():
+            return "already recorded in this study"
         return None
+
+    def promising(self, samples: list[tuple[float, float]]) -> bool:
+        """Whether a launch's first screening rounds earn it the rest (asynchronous successive halving): its
+        paired ratio ranks in the best :data:`PROMOTE` of the level's measured launches, itself included, or
+        lies within twice the band of the best; every launch is promoted while fewer than 3 are measured."""
+        ratio = math.exp(sum(math.log(a / b) for a, b in samples) / len(samples))
+        seen = sorted(math.exp(y) for _, y in list(self.measured.values()) if y is not None)
+        if len(seen) < 3:
+            return True
+        rank = sum(r < ratio for r in seen)  # launches measured better than this one
+        return rank < math.ceil(PROMOTE * (len(seen) + 1)) or ratio <= seen[0] * (1 + 2 * self.band)
+
+    def expected(self, done: int | None = None) -> int:
+        """The launches this level is expected to measure, for the progress line's count and time left: the
+        strategy's share of the candidates (``expected_share``, or the share measured at the levels this search
+        finished, or :data:`EXPECTED_SHARE`; all of them for the grid), within ``--n-trials``; always more
+        than ``done``, while candidates are left."""
+        n = len(self.queue_order)
+        share = getattr(self.strategy, "expected_share", None) or self.expected_share
+        if share is None:
+            share = 1.0 if self.strategy.name == "grid" else EXPECTED_SHARE
+        want = math.ceil(share * n)
+        if self.n_trials:
+            want = min(want, self.n_trials)
+        done = self.n_measured if done is None else done
+        return min(n, max(want, done + 1))
 
 
 def new_value_variants(

@@ -184,10 +184,11 @@ def run_search(space: SearchSpace, store, opts: Options, strategy: strategies.St
                         break
                     plan = StudyPlan(space, spec, wl, conc, verdicts, sampler)
                     run = StudyRun(plan, store, storage, processes, opts, stop, t_start, progress, level_strategy)
-                    run.expected_share = sum(shares) / len(shares) if shares else None
+                    run.candidates.expected_share = sum(shares) / len(shares) if shares else None
                     row = run.run()
-                    if row.get("stopped") and getattr(run, "queue_order", None) and row["stopped"] != "interrupted":
-                        shares.append(run.n_measured / len(run.queue_order))
+                    queue = run.candidates.queue_order  # empty at a level finished earlier
+                    if row.get("stopped") and queue and row["stopped"] != "interrupted":
+                        shares.append(run.candidates.n_measured / len(queue))
                     row["compile_s"] = round(row.get("compile_s", 0.0) + compile_s, 3)
                     row["wall_s"] = round(row.get("wall_s", 0.0) + compile_s, 3)
                     compile_s = 0.0

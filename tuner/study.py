@@ -12,10 +12,8 @@ finalists are re-measured.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
-import math
 import threading
 import time
 from dataclasses import dataclass
@@ -23,52 +21,34 @@ from dataclasses import field
 
 import optuna
 
-from sparse_mla_tuner.db import queries
-from sparse_mla_tuner.db.verdicts import Phase
 from sparse_mla_tuner.db.verdicts import Verdict
-from sparse_mla_tuner.tuner import optuna_rows
 from sparse_mla_tuner.tuner import stats
 from sparse_mla_tuner.tuner import strategies
 from sparse_mla_tuner.tuner.adapter import KernelAdapter
 from sparse_mla_tuner.tuner.adapter import default_adapter
 from sparse_mla_tuner.tuner.candidates import LAUNCHED
-from sparse_mla_tuner.tuner.candidates import LevelView
+from sparse_mla_tuner.tuner.candidates import Candidates
 from sparse_mla_tuner.tuner.candidates import new_value_variants  # noqa: F401 - part of this module's interface
 from sparse_mla_tuner.tuner.clock import Clock
 from sparse_mla_tuner.tuner.clock import TimedStore
 from sparse_mla_tuner.tuner.feasibility import Feasibility
-from sparse_mla_tuner.tuner.heartbeat import HEARTBEAT_S
-from sparse_mla_tuner.tuner.heartbeat import OWNER_ATTR
 from sparse_mla_tuner.tuner.heartbeat import Heartbeat
-from sparse_mla_tuner.tuner.heartbeat import owner
 from sparse_mla_tuner.tuner.measure import MeasurementProcess
-from sparse_mla_tuner.tuner.noise import StudyNoise
+from sparse_mla_tuner.tuner.noise import Measurer
+from sparse_mla_tuner.tuner.optuna_study import OptunaStudy
+from sparse_mla_tuner.tuner.optuna_study import optuna_distributions  # noqa: F401 - part of this module's interface
 from sparse_mla_tuner.tuner.output import us
 from sparse_mla_tuner.tuner.progress import Progress
 from sparse_mla_tuner.tuner.protocol import MeasureReply
 from sparse_mla_tuner.tuner.protocol import MeasureRequest
 from sparse_mla_tuner.tuner.recorder import StudyRecorder
-from sparse_mla_tuner.tuner.recorder import StudyRecords
 from sparse_mla_tuner.tuner.recorder import baseline_median
-from sparse_mla_tuner.tuner.recorder import measurement_seed
-from sparse_mla_tuner.tuner.recorder import ok_attrs
-from sparse_mla_tuner.tuner.recorder import shared_write
 from sparse_mla_tuner.tuner.recorder import slug  # noqa: F401 - part of this module's interface
 from sparse_mla_tuner.tuner.recorder import study_name  # noqa: F401
 from sparse_mla_tuner.tuner.space import SearchSpace
 from sparse_mla_tuner.tuner.summary import postfix
-from sparse_mla_tuner.tuner.summary import summary_row
 
 KernelConfig = Workload = object  # annotations: the adapter's config and workload types
-
-EXPECTED_SHARE = 0.2  # a model strategy's share of a level's launches before any level finished (bench_search)
-PROMOTE = 1 / 3  # successive halving's share of screened launches that get the rest of the screening rounds
-WAITING, RUNNING, COMPLETE, PRUNED = (
-    optuna.trial.TrialState.WAITING,
-    optuna.trial.TrialState.RUNNING,
-    optuna.trial.TrialState.COMPLETE,
-    optuna.trial.TrialState.PRUNED,
-)
 
 
 @dataclass(frozen=True)
@@ -120,16 +100,24 @@ class StudyPlan:
 class _Progress:
     """What the measurement threads of one study share (under ``lock``)."""
 
-    bar: object  # tuner.progress's task of this study
+    bar: object = None  # tuner.progress's task of this study (set when the level opens)
     lock: threading.Lock = field(default_factory=threading.Lock)
     n_new: int = 0  # launches measured by this run
     error: BaseException | None = None
     stopped: str | None = None  # why the level is done
     best: tuple[str, float, float] | None = None  # (config, ratio, median µs) of this run's screening
-    told_min: float | None = None  # the lowest ratio told to Optuna so far (always a finalist's, see _tell)
 
 
-class StudyRun(LevelView, StudyNoise, StudyRecords):
+class StudyRun:
+    """One study, run: the loop that joins its three parts, passing values between them.
+
+    - what to measure next: :class:`tuner.candidates.Candidates` (the level's candidates, the strategy, the
+      stop and promotion rules);
+    - how to measure: :class:`tuner.noise.Measurer` (screens, finalists, A/A and band);
+    - what is recorded: :class:`tuner.recorder.StudyRecorder` (the tuner's rows) and
+      :class:`tuner.optuna_study.OptunaStudy` (what Optuna is told).
+    """
+
     def __init__(
         self,
         plan: StudyPlan,
@@ -143,32 +131,18 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
         strategy: strategies.Strategy | None = None,
     ):
         self.clock = Clock()  # where this level's time goes (compile, GPU, model, database, other)
-        self.plan, self.store, self.storage, self.processes = plan, TimedStore(store, self.clock), storage, processes
+        self.plan, self.processes, self.opts, self.stop, self.t_start = plan, processes, opts, stop, t_start
         self.ui = ui or Progress(quiet=True, total_studies=1)  # tuner.progress: what the user sees
         self.strategy = strategy or strategies.make(plan.sampler, opts.seed)
-        self.reference_us: float | None = None  # this study's baseline median; Optuna's value = ratio x this
-        self._baseline_us: float | None = None  # the baseline trial's own median, once measured here
-        self._aa_us: float | None = None  # the median of the A/A this study's band comes from
-        self._beats = hasattr(storage, "record_heartbeat")  # the replay backend's in-memory queue has none
-        self._beaten: set[int] = set()  # running trials of other processes given one heartbeat here
-        self._owner = owner()  # this process, as the owner of the trials it asks
-        self._stale_checked = -math.inf  # when this run last failed stale trials (at most every HEARTBEAT_S)
-        self.opts, self.stop, self.t_start = opts, stop, t_start
-        self.dists = optuna_distributions(plan.space)
-        self.recorder = StudyRecorder(self)
-        self.band = plan.space.measurement.get("min_effect", stats.DEFAULT_MIN_EFFECT)
-        self.expected_share: float | None = None  # the share of launches measured at this search's finished levels
-        self.more = False  # a finished level reopened by a larger --n-trials: measured up to it, no stop rule
+        n_trials = opts.n_trials or plan.space.sampler.get("n_trials")
+        min_effect = plan.space.measurement.get("min_effect", stats.DEFAULT_MIN_EFFECT)
+        self.candidates = Candidates(plan, self.strategy, n_trials, min_effect)
+        self.measurer = Measurer(plan, opts.seed, self.clock)
+        self.records = StudyRecorder(plan, TimedStore(store, self.clock), opts, processes[0].info)
+        self.optuna = OptunaStudy(plan.space, storage)
+        self.progress = _Progress()
 
-    # --- opening -------------------------------------------------------------------------------
-
-    def _load_study(self) -> None:
-        """The Optuna study (created if new)."""
-        sampler = self.strategy.sampler(self.plan.space.sampler.get("seed", 0) + self.opts.seed)
-        self.study = optuna.create_study(
-            study_name=self.name, storage=self.storage, direction="minimize", load_if_exists=True, sampler=sampler
-        )
-        self.optuna_study_id = self.storage.get_study_id_from_name(self.name)
+    # --- opening -------------------------------------------------------------------------------------------------
 
     def _finished(self) -> str | None:
         """Why the level stopped, when an earlier run finished it and this run does not ask for more: not
@@ -176,43 +150,52 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
         A level asked for more is reopened (its ``stopped`` attribute cleared, so an interrupted continuation
         resumes as any interrupted level does); with a larger ``--n-trials`` it measures up to that many
         launches, the strategy's stop rule set aside."""
-        attrs = self.study.user_attrs
+        attrs = self.optuna.attrs
         stopped = attrs.get("stopped")
         if not stopped:
             return None
         n, cap = self.opts.n_trials, attrs.get("n_trials")
-        more = bool(n and n > self._n_launched() and (cap is None or n > cap))
+        more = bool(n and n > self.records.n_launched() and (cap is None or n > cap))
         if not (self.opts.redo or more):
             return stopped
-        self.more = more and not self.opts.redo
-        shared_write(lambda: self.study.set_user_attr("stopped", None))
+        self.candidates.more = more and not self.opts.redo
+        self.optuna.set_attr("stopped", None)
         return None
 
-    def _n_launched(self) -> int:
-        """The distinct launches this study has measured (whatever came of them)."""
-        rep = self.plan.representatives()
-        with self.store.session() as s:
-            rows = queries.done_verdicts(s, self.study_id)
-        return len({rep[k] for k, v in rows.items() if k in rep and v in LAUNCHED})
-
-    def _open_study(self, done: set[str]) -> None:
-        """The Optuna study, with the baseline and the configs measured first queued (once per launch)."""
-        self._describe_study()
-        optuna.storages.fail_stale_trials(self.study)
-        self._settle_running_trials()  # a trial of a process that ended is failed and queued again
-        self.reference_us = self.study.user_attrs.get("reference_us")
-        self.prior = self._prior_picks(done)
-        self.queue_order = self._queue_order(self.prior)
-        self._neighbours = self._make_neighbours()
-        self.history = self._history()
+    def _open(self, done: set[str]) -> None:
+        """The Optuna study described and settled, the candidates opened, and the baseline and the configs
+        measured first queued (once per launch)."""
+        plan, rec, cand = self.plan, self.records, self.candidates
+        device = rec.info["gpu_name"]
+        self.optuna.describe(
+            {
+                "objective": "median_us: this study's baseline median x the candidate's paired ratio (lower is better)",
+                "space": plan.space.name,
+                "workload": plan.spec.name,
+                "concurrency": plan.concurrency,
+                "device": device,
+                "backend": self.opts.backend,
+                "target_arch": plan.space.target,
+                "baseline": str(plan.space.baseline),
+                "kernel_hash": rec.kernel_hash,
+                "strategy": self.strategy.name,
+            }
+        )
+        self.optuna.open()
+        history = cand.history_of(rec.history(), rec.study_id, rec.kernel_id, device)
+        cand.open(self.opts.first, rec.prior_ranked(), done, history)
         level = self._level()
-        pending = {str(c) for c in level.pending}
-        first = [self.plan.space.baseline, *self.prior]
-        for cfg in [c for c in self.queue_order if c in first]:
-            if cfg not in level.measured and str(cfg) not in pending:
-                self.study.enqueue_trial(cfg.as_dict(), skip_if_exists=False)
+        first = {plan.space.baseline, *cand.prior}
+        self.optuna.enqueue(
+            [c for c in cand.queue_order if c in first and c not in level.measured and c not in level.pending]
+        )
 
-    # --- running -------------------------------------------------------------------------------
+    def _level(self) -> strategies.Level:
+        """The level as the strategy sees it, brought up to date with what was recorded since the last look."""
+        self.candidates.update(self.records.measured_since())
+        return self.candidates.level(self.optuna.pending_params())
+
+    # --- running -------------------------------------------------------------------------------------------------
 
     def run(self) -> dict:
         """Measure until the strategy stops the level, then the finalists; returns the study's summary row."""
@@ -222,46 +205,42 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
         return row
 
     def _run(self) -> dict:
+        plan, rec, opt, pg = self.plan, self.records, self.optuna, self.progress
         with self.clock.section("database"):
-            done = self._open_rows()
-            self._load_study()
-        name = f"{self.plan.spec.name} C={self.plan.concurrency}"
-        with self.clock.section("database"):
+            done = rec.open()
+            opt.load(rec.name, self.strategy.sampler(plan.space.sampler.get("seed", 0) + self.opts.seed))
             finished = self._finished()
+        name = f"{plan.spec.name} C={plan.concurrency}"
         if finished is not None:
             return self._finished_row(name, finished)
         with self.clock.section("database"):
-            self._open_study(done)
-        total = self._expected()
-        with self.ui.study(name, total=total, initial=min(self.n_measured, total)) as bar:
-            self.bar = bar
-            self.progress = _Progress(bar, told_min=self._told_min())
-            if self.prior:
+            self._open(done)
+        total = self.candidates.expected()
+        with self.ui.study(name, total=total, initial=min(self.candidates.n_measured, total)) as bar:
+            pg.bar = bar
+            if self.candidates.prior:
                 given = "the configs given with --first, then " if self.opts.first else ""
-                bar.phase(
-                    f"first {given}the previous kernel's best (and untried values): " + " ".join(map(str, self.prior))
-                )
+                prior = " ".join(map(str, self.candidates.prior))
+                bar.phase(f"first {given}the previous kernel's best (and untried values): {prior}")
             threads = [threading.Thread(target=self._thread, args=(p,), daemon=True) for p in self.processes]
             for t in threads:
                 t.start()
             for t in threads:
                 while t.is_alive():
                     t.join(timeout=0.5)  # keeps the main thread responsive to Ctrl-C
-            if self.progress.error is not None:
-                raise self.progress.error
-            stopped = self.progress.stopped
+            if pg.error is not None:
+                raise pg.error
             with self.clock.section("database"):
-                if stopped and not self.stop.requested:  # recorded without launching anything
-                    self.recorder.infeasible(self._done_keys())
-                    self.recorder.duplicates()
-                    self.recorder.finalists(self.processes[0])
-                    shared_write(lambda: self.study.set_user_attr("n_trials", self.opts.n_trials))
-                    shared_write(lambda: self.study.set_user_attr("stopped", stopped))
-                self.recorder.decide()
-                with self.store.session() as s:
-                    row = summary_row(s, self.study_id, self.plan.spec.name, self.plan.concurrency)
+                if pg.stopped and not self.stop.requested:  # recorded without launching anything
+                    self._unlaunched(rec.infeasible(rec.done_keys()))
+                    self._unlaunched(rec.duplicates())
+                    self._finalists(self.processes[0])
+                    opt.set_attr("n_trials", self.opts.n_trials)
+                    opt.set_attr("stopped", pg.stopped)
+                rec.decide()
+                row = rec.summary_row()
             row["strategy"] = self.strategy.name
-            row["stopped"] = stopped or self.study.user_attrs.get("stopped") or "interrupted"
+            row["stopped"] = pg.stopped or opt.attrs.get("stopped") or "interrupted"
             bar.close(f"best {row['best']} {us(float(row['median_us']))}" if row["best"] != "-" else "no ok config")
             return row
 
@@ -269,28 +248,11 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
         """A level an earlier run finished: its stored summary row; nothing is measured."""
         with self.ui.study(name, total=0) as bar:
             bar.phase(f"finished earlier ({stopped}); --redo searches it again")
-            with self.store.session() as s:
-                row = summary_row(s, self.study_id, self.plan.spec.name, self.plan.concurrency)
-            row["strategy"] = self.study.user_attrs.get("strategy", self.strategy.name)
+            row = self.records.summary_row()
+            row["strategy"] = self.optuna.attrs.get("strategy", self.strategy.name)
             row["stopped"] = stopped
             bar.close(f"best {row['best']} {row['median_us']} µs" if row["best"] != "-" else "no ok config")
         return row
-
-    def _expected(self, done: int | None = None) -> int:
-        """The launches this level is expected to measure, for the progress line's count and time left: the
-        strategy's share of the candidates (``expected_share``, or the share measured at the levels this search
-        finished, or :data:`EXPECTED_SHARE`; all of them for the grid), within ``--n-trials``; always more
-        than ``done``, while candidates are left."""
-        n = len(self.queue_order)
-        share = getattr(self.strategy, "expected_share", None) or self.expected_share
-        if share is None:
-            share = 1.0 if self.strategy.name == "grid" else EXPECTED_SHARE
-        want = math.ceil(share * n)
-        cap = self.opts.n_trials or self.plan.space.sampler.get("n_trials")
-        if cap:
-            want = min(want, cap)
-        done = self.n_measured if done is None else done
-        return min(n, max(want, done + 1))
 
     def _out_of_time(self) -> bool:
         return bool(self.opts.timeout_s and time.monotonic() - self.t_start > self.opts.timeout_s)
@@ -319,74 +281,72 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
             pg.error = pg.error or e
             self.stop.requested = True
 
-    def _trial_id(self, trial) -> int:
-        return self.storage.get_trial_id_from_study_id_trial_number(self.optuna_study_id, trial.number)
+    def _noise_band(self, proc: MeasurementProcess) -> tuple[int, float]:
+        """The band this GPU's verdicts use in the study (see :mod:`tuner.noise`) and its environment id."""
+        env_id, known, cal = self.records.noise(proc)
+        if known is not None:
+            self.candidates.band = self.measurer.known_band(*known)
+            return env_id, self.candidates.band
+        if cal is None:
+            c = self.measurer.aa(proc, self.progress.bar.phase)
+            self.records.calibration(proc, c)
+            cal = (c.spread, c.multimodal, c.samples)
+        spread, multimodal, samples = cal
+        band = self.candidates.band = self.measurer.band(spread, samples)
+        self.optuna.set_attr("noise_band", band)
+        self.records.band(proc, band, spread, self.measurer.min_effect, multimodal, samples)
+        if multimodal:
+            self.ui.warn(
+                f"warning: the baseline's A/A samples look multimodal (two speeds) at C={self.plan.concurrency}; "
+                "treat close calls with care"
+            )
+        return env_id, band
 
     def _next_trial(self) -> optuna.Trial | None:
         """The next trial to measure, or None to wait (or when the level stopped). Under the progress lock."""
-        study, pg = self.study, self.progress
-        now = time.monotonic()
-        if now - self._stale_checked >= HEARTBEAT_S:  # a dead host's trial is failed and re-queued (heartbeat)
-            optuna.storages.fail_stale_trials(study)
-            self._stale_checked = now
-        if not study.get_trials(deepcopy=False, states=(WAITING,)):
+        if not self.optuna.waiting():
             level = self._level()
             with self.clock.section("model"):
-                why = self._why_stop(level)
+                why = self.candidates.why_stop(level, self.stop.requested)
             if why is not None:
                 # done when nothing of this level is still queued or running anywhere: a trial already recorded
                 # may still be running its finalist rounds elsewhere, or be a dead process's, to be retried
-                if not level.pending and not self._settle_running_trials():
-                    pg.stopped = why
+                if not level.pending and not self.optuna.settle_running():
+                    self.progress.stopped = why
                 return None
             if not self.strategy.asks:
                 with self.clock.section("model"):
-                    proposals = self.strategy.propose(level, 1)
-                if not proposals:
-                    return None  # the rest is running elsewhere
-                # the proposal runs here and now: created running, with its owner, in one transaction
-                # (and its first heartbeat: a trial without any is never failed as stale)
-                owned = {OWNER_ATTR: self._owner} if self._beats and self._owner else {}
-                return optuna_rows.start_trial(study, proposals[0].as_dict(), self.dists, owned)
-        trial = study.ask(fixed_distributions=self.dists)
-        trial_id = trial._trial_id
-        if self._beats:  # at once: a trial without any heartbeat is never failed as stale
-            self.storage.record_heartbeat(trial_id)
-            if self._owner:  # and who runs it: a resumed search fails it at once if this process has ended
-                self.storage.set_trial_system_attr(trial_id, OWNER_ATTR, self._owner)
-        queued = "fixed_params" in trial.storage.get_trial(trial_id).system_attrs
-        if not (queued or self.strategy.asks):
-            trial.set_user_attr("reason", "another process took the last queued trial first")
-            study.tell(trial, state=PRUNED)
-            return None
-        return trial
+                    cfg = self.candidates.propose(level)
+                return None if cfg is None else self.optuna.start(cfg)  # the rest may run elsewhere
+        return self.optuna.take(self.strategy.asks)
 
     def _run_trial(self, proc: MeasurementProcess, trial: optuna.Trial, env_id: int, band: float) -> None:
-        cfg = self.plan.space.adapter.config_type.from_dict(trial.params)
-        why = self._not_a_candidate(cfg)
+        plan = self.plan
+        cfg = plan.space.adapter.config_type.from_dict(trial.params)
+        why = self.candidates.not_a_candidate(cfg, self.records.done_keys)
         if why is not None and self._tell_recorded(proc, trial, cfg, band):
             return  # the retry of a trial whose process recorded it and ended before Optuna was told
         if why is not None:  # a sampler's suggestion that needs no launch
             try:
-                trial.set_user_attr("reason", why)
-                self.study.tell(trial, state=PRUNED)
+                self.optuna.prune(trial, {"reason": why})
             except optuna.exceptions.UpdateFinishedTrialError:
                 pass  # another process finished it first
             return
-        key, original = self._duplicate_of(cfg) if self.plan.verdicts[cfg].feasible else (None, None)
+        feas = plan.verdicts[cfg]
+        key = launch_key(cfg, plan.workload, plan.concurrency, plan.space.adapter) if feas.feasible else None
+        original = self.records.measured_launch(key) if feas.feasible else None
         # the heartbeat runs until Optuna is told: a finalist re-measurement can take longer than the grace
-        beat = Heartbeat(self.storage, trial._trial_id, beaten=True) if self._beats else None
+        beat = Heartbeat(self.optuna.storage, trial._trial_id, beaten=True) if self.optuna.beats else None
         t0 = time.monotonic()
         try:
-            if not self.plan.verdicts[cfg].feasible:
-                reply = MeasureReply(Verdict.INFEASIBLE, self.plan.verdicts[cfg].reason)
+            if not feas.feasible:
+                reply = MeasureReply(Verdict.INFEASIBLE, feas.reason)
             elif original is not None:  # one measurement per distinct launch
                 reply = MeasureReply(Verdict.DUPLICATE, f"launches exactly what trial {original} measured")
             else:
-                reply = self._screen(proc, cfg)
-            recorded = self.recorder.trial(
-                proc, env_id, cfg, reply, band, trial.number, time.monotonic() - t0, key, original
-            )
+                reply = self.measurer.screen(proc, cfg, self._promising)
+            wall_s = time.monotonic() - t0
+            recorded = self.records.trial(proc, env_id, cfg, reply, band, trial.number, wall_s, key, original)
             with self.clock.section("database"):
                 self._tell(proc, trial, cfg, reply, recorded, band)
         except optuna.exceptions.UpdateFinishedTrialError:
@@ -397,39 +357,20 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
             if beat is not None:
                 beat.stop()
 
-    def _screen(self, proc: MeasurementProcess, cfg: KernelConfig) -> MeasureReply:
-        """The screening rounds of one launch, by successive halving: ``screen_rounds`` first, then the rest of
-        ``rounds`` only if the launch is promising (:meth:`_promising`); the baseline always gets all of them."""
-        m = self.plan.space.measurement
-        rounds, first = m["rounds"], m.get("screen_rounds", m["rounds"])
-        if cfg == self.plan.space.baseline or first >= rounds:
-            return self.measure(proc, cfg, Phase.SCREEN, rounds, check=True)
-        reply = self.measure(proc, cfg, Phase.SCREEN, first, check=True)
-        if reply.verdict != Verdict.OK or not reply.samples or not self._promising(reply.samples):
-            return reply
-        more = self.measure(proc, cfg, f"{Phase.SCREEN}/promoted", rounds - first, check=False)
-        if more.verdict != Verdict.OK:
-            return more
-        return dataclasses.replace(reply, samples=[*reply.samples, *more.samples])
-
     def _promising(self, samples: list[tuple[float, float]]) -> bool:
-        """Whether a launch's first screening rounds earn it the rest (asynchronous successive halving): its
-        paired ratio ranks in the best :data:`PROMOTE` of the level's measured launches, itself included, or
-        lies within twice the band of the best; every launch is promoted while fewer than 3 are measured."""
-        ratio = math.exp(sum(math.log(a / b) for a, b in samples) / len(samples))
+        """Whether a launch's first screening rounds earn it the rest (:meth:`Candidates.promising`), against
+        the level as recorded now, by every process."""
         with self.progress.lock:
-            seen = sorted(math.exp(y) for y in self._level().measured.values() if y is not None)
-        if len(seen) < 3:
-            return True
-        rank = sum(r < ratio for r in seen)  # launches measured better than this one
-        return rank < math.ceil(PROMOTE * (len(seen) + 1)) or ratio <= seen[0] * (1 + 2 * self.band)
+            self.candidates.update(self.records.measured_since())
+            return self.candidates.promising(samples)
+
+    # --- telling -------------------------------------------------------------------------------------------------
 
     def _tell(self, proc, trial, cfg: KernelConfig, reply: MeasureReply, recorded, band: float) -> None:
         """What Optuna learns of a trial the tuner has recorded (or that another process recorded first)."""
         pg = self.progress
         if recorded is False:  # another process or host recorded this config first
-            trial.set_user_attr("reason", "recorded by another process first")
-            self.study.tell(trial, state=PRUNED)
+            self.optuna.prune(trial, {"reason": "recorded by another process first"})
             return
         trial_id, stat = recorded
         with pg.lock:
@@ -437,64 +378,83 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
                 pg.n_new += 1
                 if stat and (pg.best is None or stat.ratio < pg.best[1]):
                     pg.best = (str(cfg), stat.ratio, stat.median_us)
-                pg.bar.advance(1, postfix=postfix(pg.best, band), total=self._expected(pg.bar.done + 1))
+                pg.bar.advance(1, postfix=postfix(pg.best, band), total=self.candidates.expected(pg.bar.done + 1))
         attrs = {"tuner_trial_id": trial_id, "verdict": reply.verdict.value}
         if reply.verdict != Verdict.OK:
-            optuna_rows.set_attrs(trial, {**attrs, "reason": reply.reason[:500] or reply.verdict.value})
-            self.study.tell(trial, state=PRUNED)
+            self.optuna.prune(trial, {**attrs, "reason": reply.reason[:500] or reply.verdict.value})
             return
         if cfg == self.plan.space.baseline:
-            self._baseline_us = baseline_median(reply.samples)
-        self._tell_ok(proc, trial, cfg, stat, self._record_finalist(proc, trial_id, cfg, stat, band), attrs)
+            self.optuna.baseline_us = baseline_median(reply.samples)
+        self._tell_ok(trial, stat, self._record_finalist(proc, trial_id, cfg, stat, band), attrs)
 
-    def _tell_ok(self, proc, trial, cfg: KernelConfig, stat, final, attrs: dict) -> None:
-        """Optuna is told an ok trial's value (its finalist estimate if it has one, else its screening one),
-        with ``attrs`` and what :func:`ok_attrs` shows (one transaction for the attributes)."""
-        pg = self.progress
-        optuna_rows.set_attrs(trial, {**attrs, **ok_attrs(stat, final)})
+    def _tell_ok(self, trial, stat, final, attrs: dict) -> None:
+        """Optuna is told an ok trial's value: its finalist estimate if it has one, else its screening one."""
         told = final or stat
-        with pg.lock:
-            pg.told_min = told.ratio if pg.told_min is None else min(pg.told_min, told.ratio)
-        self.study.tell(trial, told.ratio * self.reference())
+        with self.progress.lock:
+            low = self.optuna.told_min
+            self.optuna.told_min = told.ratio if low is None else min(low, told.ratio)
+        self.optuna.tell_ok(trial, attrs, stat, final, self._reference())
 
     def _tell_recorded(self, proc, trial, cfg: KernelConfig, band: float) -> bool:
         """A retried trial whose config its first process recorded ok, and ended before Optuna was told (killed
         in the finalist rounds, say): this one tells Optuna what that process would have told, with the
         finalist rounds that process would have measured, so a resumed study holds what an uninterrupted one
         holds. False when the result is not ok or Optuna was told it already."""
-        with self.store.session() as s:
-            t = queries.done_configs(s, self.study_id).get(str(cfg))
-            if t is None or t.verdict != Verdict.OK or t.statistic(Phase.SCREEN) is None:
-                return False
-            trial_id, stat, final = t.id, t.statistic(Phase.SCREEN), t.statistic(Phase.FINALIST)
-        told = (x.user_attrs.get("tuner_trial_id") for x in self.study.get_trials(deepcopy=False, states=(COMPLETE,)))
-        if trial_id in set(told):
+        found = self.records.recorded_ok(cfg)
+        if found is None:
+            return False
+        trial_id, stat, final = found
+        if trial_id in self.optuna.told_trial_ids():
             return False
         attrs = {"tuner_trial_id": trial_id, "verdict": Verdict.OK.value}
         if cfg == self.plan.space.baseline:
-            self._baseline_us = stat.baseline_median_us
-        self._tell_ok(proc, trial, cfg, stat, final or self._record_finalist(proc, trial_id, cfg, stat, band), attrs)
+            self.optuna.baseline_us = stat.baseline_median_us
+        self._tell_ok(trial, stat, final or self._record_finalist(proc, trial_id, cfg, stat, band), attrs)
         return True
 
-    def _duplicate_of(self, cfg: KernelConfig) -> tuple[str, int | None]:
-        """The config's launch key, and the trial of this study that already measured that launch."""
-        key = launch_key(cfg, self.plan.workload, self.plan.concurrency, self.plan.space.adapter)
-        with self.store.session() as s:
-            return key, queries.measured_launch(s, self.study_id, key)
+    def _record_finalist(self, proc, trial_id: int, cfg: KernelConfig, stat, band: float):
+        """A screening result that beats everything told to Optuna so far is re-measured with the finalist
+        rounds at once, and Optuna is told that estimate instead.
 
-    def measure(self, proc: MeasurementProcess, cfg: KernelConfig, phase: str, rounds: int, check: bool):
-        feas = self.plan.verdicts[cfg]
-        if not feas.feasible:
-            return MeasureReply(Verdict.INFEASIBLE, feas.reason)
-        seed = measurement_seed(self.opts.seed, cfg, f"{self.plan.concurrency}/{phase}")
-        req = self.plan.request(cfg, seed, rounds, check)
-        with self.clock.section("gpu"):
-            return proc.measure(req, timeout_s=self.plan.space.measurement["trial_timeout_s"])
+        So every value Optuna holds is either a finalist estimate or a screening estimate no lower than some
+        finalist estimate, and Optuna's best trial is the tuner's best (the best finalist). Returns the
+        finalist statistic, or None.
+        """
+        k, rounds = self.plan.space.measurement["finalists"], self.plan.space.measurement["finalist_rounds"]
+        with self.progress.lock:
+            first = self.optuna.told_min is None
+            record_low = first or stat.ratio < self.optuna.told_min
+        if not (k and rounds and record_low):
+            return None
+        if cfg == self.plan.space.baseline:  # the reference, not a contender
+            self.progress.bar.phase(f"baseline {cfg}: {rounds} more rounds")
+        else:
+            why = "is the first ok config" if first else "beats all so far"
+            self.progress.bar.phase(f"finalist: {cfg} {why}, {rounds} more rounds")
+        return self.records.finalist(proc, trial_id, self.measurer.finalist(proc, cfg), band)
 
+    def _finalists(self, proc) -> None:
+        """Re-measure the top ``finalists`` by screening ratio that have no finalist statistic yet with
+        ``finalist_rounds``, on one GPU, against its own band; each revises its config's Optuna trial."""
+        todo, band = self.records.finalists_todo(proc)
+        rounds = self.plan.space.measurement["finalist_rounds"]
+        if todo and rounds:
+            self.progress.bar.phase(f"finalists: {len(todo)} x {rounds} rounds")
+        for trial_id, cfg, screen in todo if rounds else []:
+            final = self.records.finalist(proc, trial_id, self.measurer.finalist(proc, cfg), band)
+            if final is not None:
+                self.optuna.finalist(trial_id, cfg, screen, final, self._reference())
 
-def optuna_distributions(space: SearchSpace) -> dict[str, optuna.distributions.CategoricalDistribution]:
-    """Every declared parameter as the categorical distribution of its values in ``space`` (how a trial asks)."""
-    return {p: optuna.distributions.CategoricalDistribution(space.parameters[p]) for p in space.adapter.param_names}
+    def _unlaunched(self, items: list[tuple]) -> None:
+        """Configs decided without a launch: the tuner's rows in one transaction, their Optuna trials in another."""
+        if items:
+            self.optuna.unlaunched(items, self.records.unlaunched(items))
+
+    def _reference(self) -> float:
+        """The study's one scale of Optuna's values (:meth:`OptunaStudy.reference`)."""
+        verdict = self.plan.verdicts.get(self.plan.space.baseline)
+        wait_s = self.plan.space.measurement["trial_timeout_s"] if verdict is not None and verdict.feasible else 0
+        return self.optuna.reference(self.records.recorded_baseline_us, wait_s, self.measurer.aa_us)
 
 
 def launch_key(cfg: KernelConfig, workload: Workload, concurrency: int, adapter: KernelAdapter | None = None) -> str:
