@@ -74,7 +74,7 @@ def test_the_baseline_is_announced_as_the_baseline(cfg, told, want):
     run = SimpleNamespace(
         plan=SimpleNamespace(space=SimpleNamespace(measurement=MEASUREMENT, baseline=BASELINE)),
         progress=SimpleNamespace(lock=threading.Lock(), bar=SimpleNamespace(phase=phases.append)),
-        optuna=SimpleNamespace(told_min=told),
+        optuna=SimpleNamespace(record_low=lambda ratio: (told is None, told is None or ratio < told)),
         measurer=SimpleNamespace(finalist=lambda proc, cfg: "reply"),
         records=SimpleNamespace(finalist=lambda proc, trial_id, reply, band: "stat" if reply == "reply" else None),
     )

@@ -143,6 +143,10 @@ class Candidates:
             y = math.log(ratio) if verdict == Verdict.OK and ratio is not None else None
             self.measured[key] = (self.rep[key], y)
 
+    def set_band(self, band: float) -> None:
+        """The level's noise band, once a GPU's is known (the strategy's and the promotion rule's margin)."""
+        self.band = band
+
     @property
     def n_measured(self) -> int:
         return len(self.measured)

@@ -39,6 +39,7 @@ class MeasurementProcess:
         self.start_timeout_s = start_timeout_s
         self.proc: subprocess.Popen | None = None
         self.info: dict = {}
+        self._stderr = None  # the child's stderr, a temporary file (a new one per start)
 
     def start(self) -> dict:
         env = {**os.environ, **self.extra_env, "TUNER_BACKEND": self.backend, "PYTHONUNBUFFERED": "1"}

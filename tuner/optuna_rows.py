@@ -99,7 +99,10 @@ def start_trial(study: optuna.Study, params: dict, distributions: dict, system_a
     with _create_scoped_session(rdb.scoped_session) as session:
         om.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)  # numbers are counted under it
         row = om.TrialModel(
-            study_id=study_id, number=None, state=optuna.trial.TrialState.RUNNING, datetime_start=datetime.datetime.now()
+            study_id=study_id,
+            number=None,
+            state=optuna.trial.TrialState.RUNNING,
+            datetime_start=datetime.datetime.now(),
         )
         session.add(row)
         session.flush()

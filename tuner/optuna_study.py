@@ -11,6 +11,7 @@ and a screening result that beats every value told so far gets its finalist roun
 from __future__ import annotations
 
 import math
+import threading
 import time
 
 import optuna
@@ -52,6 +53,7 @@ class OptunaStudy:
         self.reference_us: float | None = None  # this study's baseline median; Optuna's value = ratio x this
         self.baseline_us: float | None = None  # the baseline trial's own median, once measured here
         self.told_min: float | None = None  # the lowest ratio told so far (always a finalist's, see StudyRun._tell)
+        self._lock = threading.Lock()  # told_min, shared by the study's measurement threads
         self._beats = hasattr(storage, "record_heartbeat")  # the replay backend's in-memory queue has none
         self._beaten: set[int] = set()  # running trials of other processes given one heartbeat here
         self._owner = owner()  # this process, as the owner of the trials it asks
@@ -170,11 +172,24 @@ class OptunaStudy:
         optuna_rows.set_attrs(trial, attrs)
         self.study.tell(trial, state=PRUNED)
 
-    def tell_ok(self, trial, attrs: dict, screen, final, reference: float) -> None:
-        """An ok trial's value (its finalist estimate if it has one, else its screening one), with ``attrs`` and
-        what :func:`ok_attrs` shows (one transaction for the attributes)."""
+    def record_low(self, ratio: float) -> tuple[bool, bool]:
+        """(whether nothing was told a value yet, whether ``ratio`` is below every value told so far)."""
+        with self._lock:
+            first = self.told_min is None
+            return first, first or ratio < self.told_min
+
+    def set_baseline(self, median_us: float) -> None:
+        """The baseline trial's own median, measured here: the reference unless one is stored already."""
+        self.baseline_us = median_us
+
+    def tell_ok(self, trial, attrs: dict, screen, final, reference) -> None:
+        """An ok trial's value (its finalist estimate if it has one, else its screening one, times
+        ``reference()``), with ``attrs`` and what :func:`ok_attrs` shows (one transaction for the attributes)."""
+        told = final or screen
+        with self._lock:
+            self.told_min = told.ratio if self.told_min is None else min(self.told_min, told.ratio)
         optuna_rows.set_attrs(trial, {**attrs, **ok_attrs(screen, final)})
-        self.study.tell(trial, (final or screen).ratio * reference)
+        self.study.tell(trial, told.ratio * reference())
 
     def told_trial_ids(self) -> dict[int, int]:
         """The tuner trial id -> Optuna trial number of every trial told a value."""

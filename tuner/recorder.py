@@ -130,16 +130,10 @@ class StudyRecorder:
 
     def prior_ranked(self) -> list[str]:
         """The previous kernel's configs here, best first (see :func:`db.queries.prior_picks`)."""
+        plan, where = self.plan, {"device": self.info["gpu_name"], "backend": self.opts.backend}
         with self.store.session() as s:
             return queries.prior_picks(
-                s,
-                self.kernel_id,
-                self.plan.concurrency,
-                n=None,
-                space=self.plan.space.name,
-                workload=self.plan.spec.name,
-                device=self.info["gpu_name"],
-                backend=self.opts.backend,
+                s, self.kernel_id, plan.concurrency, n=None, space=plan.space.name, workload=plan.spec.name, **where
             )
 
     def history(self) -> list:

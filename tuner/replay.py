@@ -125,18 +125,16 @@ class ReplaySource:
         try:
             engine = _engine(url)
             with engine.connect() as con:
-                self._load(con, inspect(con).get_table_names(), url, device, kernel)
+                tables = inspect(con).get_table_names()
+                if "tuner_trials" not in tables:
+                    raise TunerError("the replay database has no tuner results (run `tuner search` on a GPU first)")
+                self.device = _pick_device(con, device)
+                self.info = _environment_info(con, self.device)
+                self.kernel_id = _pick_kernel(con, kernel)
+                self.trials, self.kernel_at = self._recorded_trials(con, self.device, self.kernel_id)
+                self.noise = self._noise(con, tables, self.device, self.kernel_at)
         except SQLAlchemyError as e:
             raise TunerError(f"cannot read the replay database: {str(getattr(e, 'orig', e)).splitlines()[0]}") from None
-
-    def _load(self, con, tables: list[str], url: str, device: str | None, kernel: str | None) -> None:
-        if "tuner_trials" not in tables:
-            raise TunerError("the replay database has no tuner results (run `tuner search` on a GPU first)")
-        self.device = device = _pick_device(con, device)
-        self.info = _environment_info(con, device)
-        self.kernel_id = _pick_kernel(con, kernel)
-        self.trials, self.kernel_at = self._recorded_trials(con, device, self.kernel_id)
-        self.noise = self._noise(con, tables, device, self.kernel_at)
         self._by_launch: dict[tuple, dict[str, _Recorded]] = {}
 
     @staticmethod

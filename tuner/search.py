@@ -69,6 +69,7 @@ class Stop:
         self.requested = False
         self.signalled = False  # a signal, as opposed to a worker's error asking the others to stop
         self.signum = 0  # the first signal that asked (the CLI exits with 128 + it)
+        self._old: dict = {}  # the handlers this one replaced, restored on exit
 
     def __enter__(self):
         self._old = {s: signal.signal(s, self._handler) for s in self.SIGNALS}

@@ -222,7 +222,7 @@ class StudyRun:
                 given = "the configs given with --first, then " if self.opts.first else ""
                 prior = " ".join(map(str, self.candidates.prior))
                 bar.phase(f"first {given}the previous kernel's best (and untried values): {prior}")
-            threads = [threading.Thread(target=self._thread, args=(p,), daemon=True) for p in self.processes]
+            threads = [threading.Thread(target=_Measuring(self, p), daemon=True) for p in self.processes]
             for t in threads:
                 t.start()
             for t in threads:
@@ -254,116 +254,6 @@ class StudyRun:
             bar.close(f"best {row['best']} {row['median_us']} µs" if row["best"] != "-" else "no ok config")
         return row
 
-    def _out_of_time(self) -> bool:
-        return bool(self.opts.timeout_s and time.monotonic() - self.t_start > self.opts.timeout_s)
-
-    def _thread(self, proc: MeasurementProcess) -> None:
-        """One measurement process's loop: its noise band, then trials until the level stops."""
-        pg = self.progress
-        try:
-            env_id, band = self._noise_band(proc)
-            while True:
-                with pg.lock:
-                    if self.stop.requested or pg.stopped or self._out_of_time():
-                        return
-                    try:
-                        with self.clock.section("database"):
-                            trial = self._next_trial()
-                    except optuna.exceptions.UpdateFinishedTrialError:
-                        trial = None  # another process finished the trial this one was pruning: nothing lost
-                if trial is None:
-                    if pg.stopped:
-                        return
-                    time.sleep(0.2)  # others run the last trials; a dead host's come back after its grace period
-                    continue
-                self._run_trial(proc, trial, env_id, band)
-        except BaseException as e:  # noqa: BLE001 - handed to the main thread
-            pg.error = pg.error or e
-            self.stop.requested = True
-
-    def _noise_band(self, proc: MeasurementProcess) -> tuple[int, float]:
-        """The band this GPU's verdicts use in the study (see :mod:`tuner.noise`) and its environment id."""
-        env_id, known, cal = self.records.noise(proc)
-        if known is not None:
-            self.candidates.band = self.measurer.known_band(*known)
-            return env_id, self.candidates.band
-        if cal is None:
-            c = self.measurer.aa(proc, self.progress.bar.phase)
-            self.records.calibration(proc, c)
-            cal = (c.spread, c.multimodal, c.samples)
-        spread, multimodal, samples = cal
-        band = self.candidates.band = self.measurer.band(spread, samples)
-        self.optuna.set_attr("noise_band", band)
-        self.records.band(proc, band, spread, self.measurer.min_effect, multimodal, samples)
-        if multimodal:
-            self.ui.warn(
-                f"warning: the baseline's A/A samples look multimodal (two speeds) at C={self.plan.concurrency}; "
-                "treat close calls with care"
-            )
-        return env_id, band
-
-    def _next_trial(self) -> optuna.Trial | None:
-        """The next trial to measure, or None to wait (or when the level stopped). Under the progress lock."""
-        if not self.optuna.waiting():
-            level = self._level()
-            with self.clock.section("model"):
-                why = self.candidates.why_stop(level, self.stop.requested)
-            if why is not None:
-                # done when nothing of this level is still queued or running anywhere: a trial already recorded
-                # may still be running its finalist rounds elsewhere, or be a dead process's, to be retried
-                if not level.pending and not self.optuna.settle_running():
-                    self.progress.stopped = why
-                return None
-            if not self.strategy.asks:
-                with self.clock.section("model"):
-                    cfg = self.candidates.propose(level)
-                return None if cfg is None else self.optuna.start(cfg)  # the rest may run elsewhere
-        return self.optuna.take(self.strategy.asks)
-
-    def _run_trial(self, proc: MeasurementProcess, trial: optuna.Trial, env_id: int, band: float) -> None:
-        plan = self.plan
-        cfg = plan.space.adapter.config_type.from_dict(trial.params)
-        why = self.candidates.not_a_candidate(cfg, self.records.done_keys)
-        if why is not None and self._tell_recorded(proc, trial, cfg, band):
-            return  # the retry of a trial whose process recorded it and ended before Optuna was told
-        if why is not None:  # a sampler's suggestion that needs no launch
-            try:
-                self.optuna.prune(trial, {"reason": why})
-            except optuna.exceptions.UpdateFinishedTrialError:
-                pass  # another process finished it first
-            return
-        feas = plan.verdicts[cfg]
-        key = launch_key(cfg, plan.workload, plan.concurrency, plan.space.adapter) if feas.feasible else None
-        original = self.records.measured_launch(key) if feas.feasible else None
-        # the heartbeat runs until Optuna is told: a finalist re-measurement can take longer than the grace
-        beat = Heartbeat(self.optuna.storage, trial._trial_id, beaten=True) if self.optuna.beats else None
-        t0 = time.monotonic()
-        try:
-            if not feas.feasible:
-                reply = MeasureReply(Verdict.INFEASIBLE, feas.reason)
-            elif original is not None:  # one measurement per distinct launch
-                reply = MeasureReply(Verdict.DUPLICATE, f"launches exactly what trial {original} measured")
-            else:
-                reply = self.measurer.screen(proc, cfg, self._promising)
-            wall_s = time.monotonic() - t0
-            recorded = self.records.trial(proc, env_id, cfg, reply, band, trial.number, wall_s, key, original)
-            with self.clock.section("database"):
-                self._tell(proc, trial, cfg, reply, recorded, band)
-        except optuna.exceptions.UpdateFinishedTrialError:
-            # this host's beats stalled past the grace and another host failed and re-queued the trial;
-            # the tuner's tables hold the result, and the re-queued copy finds it recorded
-            self.ui.warn(f"{cfg}: Optuna trial {trial.number} was failed by another host while measured here")
-        finally:
-            if beat is not None:
-                beat.stop()
-
-    def _promising(self, samples: list[tuple[float, float]]) -> bool:
-        """Whether a launch's first screening rounds earn it the rest (:meth:`Candidates.promising`), against
-        the level as recorded now, by every process."""
-        with self.progress.lock:
-            self.candidates.update(self.records.measured_since())
-            return self.candidates.promising(samples)
-
     # --- telling -------------------------------------------------------------------------------------------------
 
     def _tell(self, proc, trial, cfg: KernelConfig, reply: MeasureReply, recorded, band: float) -> None:
@@ -384,16 +274,12 @@ class StudyRun:
             self.optuna.prune(trial, {**attrs, "reason": reply.reason[:500] or reply.verdict.value})
             return
         if cfg == self.plan.space.baseline:
-            self.optuna.baseline_us = baseline_median(reply.samples)
+            self.optuna.set_baseline(baseline_median(reply.samples))
         self._tell_ok(trial, stat, self._record_finalist(proc, trial_id, cfg, stat, band), attrs)
 
     def _tell_ok(self, trial, stat, final, attrs: dict) -> None:
         """Optuna is told an ok trial's value: its finalist estimate if it has one, else its screening one."""
-        told = final or stat
-        with self.progress.lock:
-            low = self.optuna.told_min
-            self.optuna.told_min = told.ratio if low is None else min(low, told.ratio)
-        self.optuna.tell_ok(trial, attrs, stat, final, self._reference())
+        self.optuna.tell_ok(trial, attrs, stat, final, self._reference)
 
     def _tell_recorded(self, proc, trial, cfg: KernelConfig, band: float) -> bool:
         """A retried trial whose config its first process recorded ok, and ended before Optuna was told (killed
@@ -408,7 +294,7 @@ class StudyRun:
             return False
         attrs = {"tuner_trial_id": trial_id, "verdict": Verdict.OK.value}
         if cfg == self.plan.space.baseline:
-            self.optuna.baseline_us = stat.baseline_median_us
+            self.optuna.set_baseline(stat.baseline_median_us)
         self._tell_ok(trial, stat, final or self._record_finalist(proc, trial_id, cfg, stat, band), attrs)
         return True
 
@@ -421,9 +307,7 @@ class StudyRun:
         finalist statistic, or None.
         """
         k, rounds = self.plan.space.measurement["finalists"], self.plan.space.measurement["finalist_rounds"]
-        with self.progress.lock:
-            first = self.optuna.told_min is None
-            record_low = first or stat.ratio < self.optuna.told_min
+        first, record_low = self.optuna.record_low(stat.ratio)
         if not (k and rounds and record_low):
             return None
         if cfg == self.plan.space.baseline:  # the reference, not a contender
@@ -461,3 +345,128 @@ def launch_key(cfg: KernelConfig, workload: Workload, concurrency: int, adapter:
     """The launch identity (compiled binary + grid, :meth:`KernelAdapter.launch_identity`) as a string the
     database can index (``adapter``: the space's; by default the one a space that names none gets)."""
     return json.dumps((adapter or default_adapter()).launch_identity(cfg, workload, concurrency))
+
+
+class _Measuring:
+    """One measurement process's loop in a study (a thread): its band, then the next trial, measured and
+    handed to the study to record, until the level stops. The study's parts are reached through the study."""
+
+    def __init__(self, run: StudyRun, proc: MeasurementProcess) -> None:
+        self.run, self.proc = run, proc
+        self.env_id, self.band = 0, 0.0  # this process's environment row and noise band (set when it starts)
+
+    def __call__(self) -> None:
+        """The loop: the process's noise band, then trials until the level stops."""
+        run, pg = self.run, self.run.progress
+        try:
+            self.env_id, self.band = self._noise_band()
+            while True:
+                with pg.lock:
+                    if run.stop.requested or pg.stopped or self._out_of_time():
+                        return
+                    try:
+                        with run.clock.section("database"):
+                            trial = self._next_trial()
+                    except optuna.exceptions.UpdateFinishedTrialError:
+                        trial = None  # another process finished the trial this one was pruning: nothing lost
+                if trial is None:
+                    if pg.stopped:
+                        return
+                    time.sleep(0.2)  # others run the last trials; a dead host's come back after its grace period
+                    continue
+                self._run_trial(trial)
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            pg.error = pg.error or e
+            run.stop.requested = True
+
+    def _out_of_time(self) -> bool:
+        opts = self.run.opts
+        return bool(opts.timeout_s and time.monotonic() - self.run.t_start > opts.timeout_s)
+
+    def _noise_band(self) -> tuple[int, float]:
+        """The band this GPU's verdicts use in the study (see :mod:`tuner.noise`) and its environment id."""
+        run, proc = self.run, self.proc
+        env_id, known, cal = run.records.noise(proc)
+        if known is not None:
+            band = run.measurer.known_band(*known)
+            run.candidates.set_band(band)
+            return env_id, band
+        if cal is None:
+            c = run.measurer.aa(proc, run.progress.bar.phase)
+            run.records.calibration(proc, c)
+            cal = (c.spread, c.multimodal, c.samples)
+        spread, multimodal, samples = cal
+        band = run.measurer.band(spread, samples)
+        run.candidates.set_band(band)
+        run.optuna.set_attr("noise_band", band)
+        run.records.band(proc, band, spread, run.measurer.min_effect, multimodal, samples)
+        if multimodal:
+            run.ui.warn(
+                f"warning: the baseline's A/A samples look multimodal (two speeds) at C={run.plan.concurrency}; "
+                "treat close calls with care"
+            )
+        return env_id, band
+
+    def _next_trial(self) -> optuna.Trial | None:
+        """The next trial to measure, or None to wait (or when the level stopped). Under the progress lock."""
+        run = self.run
+        if not run.optuna.waiting():
+            level = run._level()
+            with run.clock.section("model"):
+                why = run.candidates.why_stop(level, run.stop.requested)
+            if why is not None:
+                # done when nothing of this level is still queued or running anywhere: a trial already recorded
+                # may still be running its finalist rounds elsewhere, or be a dead process's, to be retried
+                if not level.pending and not run.optuna.settle_running():
+                    run.progress.stopped = why
+                return None
+            if not run.strategy.asks:
+                with run.clock.section("model"):
+                    cfg = run.candidates.propose(level)
+                return None if cfg is None else run.optuna.start(cfg)  # the rest may run elsewhere
+        return run.optuna.take(run.strategy.asks)
+
+    def _run_trial(self, trial: optuna.Trial) -> None:
+        run, plan, proc, env_id, band = self.run, self.run.plan, self.proc, self.env_id, self.band
+        cfg = plan.space.adapter.config_type.from_dict(trial.params)
+        why = run.candidates.not_a_candidate(cfg, run.records.done_keys)
+        if why is not None and run._tell_recorded(proc, trial, cfg, band):
+            return  # the retry of a trial whose process recorded it and ended before Optuna was told
+        if why is not None:  # a sampler's suggestion that needs no launch
+            try:
+                run.optuna.prune(trial, {"reason": why})
+            except optuna.exceptions.UpdateFinishedTrialError:
+                pass  # another process finished it first
+            return
+        feas = plan.verdicts[cfg]
+        key = launch_key(cfg, plan.workload, plan.concurrency, plan.space.adapter) if feas.feasible else None
+        original = run.records.measured_launch(key) if feas.feasible else None
+        # the heartbeat runs until Optuna is told: a finalist re-measurement can take longer than the grace
+        beat = Heartbeat(run.optuna.storage, trial._trial_id, beaten=True) if run.optuna.beats else None
+        t0 = time.monotonic()
+        try:
+            if not feas.feasible:
+                reply = MeasureReply(Verdict.INFEASIBLE, feas.reason)
+            elif original is not None:  # one measurement per distinct launch
+                reply = MeasureReply(Verdict.DUPLICATE, f"launches exactly what trial {original} measured")
+            else:
+                reply = run.measurer.screen(proc, cfg, self._promising)
+            wall_s = time.monotonic() - t0
+            recorded = run.records.trial(proc, env_id, cfg, reply, band, trial.number, wall_s, key, original)
+            with run.clock.section("database"):
+                run._tell(proc, trial, cfg, reply, recorded, band)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # this host's beats stalled past the grace and another host failed and re-queued the trial;
+            # the tuner's tables hold the result, and the re-queued copy finds it recorded
+            run.ui.warn(f"{cfg}: Optuna trial {trial.number} was failed by another host while measured here")
+        finally:
+            if beat is not None:
+                beat.stop()
+
+    def _promising(self, samples: list[tuple[float, float]]) -> bool:
+        """Whether a launch's first screening rounds earn it the rest (:meth:`Candidates.promising`), against
+        the level as recorded now, by every process."""
+        run = self.run
+        with run.progress.lock:
+            run.candidates.update(run.records.measured_since())
+            return run.candidates.promising(samples)
