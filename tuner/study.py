@@ -3,11 +3,15 @@
 The study is an Optuna study in the results database. What it measures next comes from its strategy
 (:mod:`tuner.strategies`): whenever Optuna's queue is empty, the strategy proposes open candidates (feasible
 launches not yet measured at this level) and the study enqueues them, so resuming, several GPUs and several
-hosts share one queue; TPE proposes through Optuna's own sampler instead. How it measures is one
-measurement thread per measurement process (:class:`StudyRun`); how it records is
-:class:`tuner.recorder.StudyRecorder`. The level stops when its strategy says why (the reason is shown in
-the summary and kept as the study's ``stopped`` attribute), or at ``--n-trials`` measurements; then its
-finalists are re-measured.
+hosts share one queue; TPE proposes through Optuna's own sampler instead. The level stops when its strategy
+says why (the reason is shown in the summary and kept as the study's ``stopped`` attribute), or at
+``--n-trials`` measurements; then its finalists are re-measured.
+
+A study has three parts, each owning its state, and :class:`StudyRun` is the loop that joins them (one
+measurement thread per measurement process), passing values: what to measure next
+(:class:`tuner.candidates.Candidates`), how to measure (:class:`tuner.noise.Measurer`) and what is recorded
+(:class:`tuner.recorder.StudyRecorder` for the tuner's rows, :class:`tuner.optuna_study.OptunaStudy` for
+Optuna's).
 """
 
 from __future__ import annotations
