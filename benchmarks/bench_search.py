@@ -123,12 +123,10 @@ def shift_source(source, baseline, seed: int, scale: float = 0.15) -> None:
     baseline's) multiplied by ``exp(scale * tanh(w . x / 4))``, a smooth random function of its log
     parameters and log C with weights ``w`` drawn from ``seed``: the optimum moves, the noise stays."""
     from sparse_mla_tuner.kernels.config import PARAM_NAMES
-    from sparse_mla_tuner.kernels.config import KernelConfig
 
     w = np.random.default_rng(1000 + seed).normal(size=len(PARAM_NAMES) + 1)
     done: set[int] = set()
-    for (_shape, c, key), rec in source.trials.items():
-        cfg = KernelConfig.parse(key)
+    for (_shape, c, cfg), rec in source.trials.items():
         if cfg == baseline or id(rec.samples) in done:
             continue
         done.add(id(rec.samples))

@@ -66,6 +66,12 @@ def done_keys(session: Session, study_id: int) -> set[str]:
     return set(session.scalars(select(TrialModel.config_key).where(TrialModel.study_id == study_id)))
 
 
+def is_recorded(session: Session, study_id: int, config_key: str) -> bool:
+    """Whether a study has recorded this config (one indexed row)."""
+    q = select(TrialModel.id).where(TrialModel.study_id == study_id, TrialModel.config_key == config_key).limit(1)
+    return session.scalar(q) is not None
+
+
 def done_since(session: Session, study_id: int, trial_id: int = 0, stat_id: int = 0) -> list[TrialModel]:
     """The trials of a study recorded after trial ``trial_id`` or given a statistic after ``stat_id`` (a study's
     state read incrementally: only what changed since the last look), in id order, statistics loaded."""

@@ -33,7 +33,7 @@ def test_the_example_space_names_its_own_adapter(example):
     plan = StudyPlan(example, spec, spec.workload(), 2, dict.fromkeys(example.configs(), _feasible()), "grid")
     # BLOCK_N 1024 and 4096 both clamp to the 500-column row's 512: one launch per warp count
     assert len(plan.to_measure()) == 6
-    assert {str(c) for c in plan.launches()[next(k for k in plan.launches() if "512" in k)]} == {
+    assert {str(c) for c in plan.launches()[next(k for k in plan.launches() if "512" in str(k))]} == {
         "N1024-w2",
         "N4096-w2",
     }

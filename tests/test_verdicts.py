@@ -229,7 +229,6 @@ def test_replay_of_the_h200_database_reproduces_its_picks(tmp_path):
 def test_replay_answers_a_config_with_the_recording_of_its_launch():
     """A bounded search records one config of a launch (TARGET_CTAS values that clamp to one split count);
     a replayed grid asks for the launch's first config. It gets the latest recording of that launch."""
-    from sparse_mla_tuner.kernels import KernelConfig
     from sparse_mla_tuner.tuner.replay import ReplaySource
     from sparse_mla_tuner.tuner.space import load_space
     from sparse_mla_tuner.tuner.study import launch_key
@@ -240,8 +239,8 @@ def test_replay_answers_a_config_with_the_recording_of_its_launch():
     checked = 0
     for batch in (1, 96):
         recorded = {
-            KernelConfig.parse(key): r
-            for (shape, c, key), r in source.trials.items()
+            cfg: r
+            for (shape, c, cfg), r in source.trials.items()
             if c == batch and shape[:3] == (wl.kv_format, wl.heads, wl.topk)
         }
         for cfg in sp.configs():

@@ -19,15 +19,6 @@ EXPECTED_SHARE = 0.2  # a model strategy's share of a level's launches before an
 PROMOTE = 1 / 3  # successive halving's share of screened launches that get the rest of the screening rounds
 
 
-def _known_config(config_type, key: str) -> KernelConfig | None:
-    """A stored config key as this version's config; None when it names a parameter or value this version does
-    not know (a record of an older or newer kernel): such a record cannot be a prior here."""
-    try:
-        return config_type.parse(key)
-    except (TypeError, ValueError):
-        return None
-
-
 class Candidates:
     """What a study measures next: the level's candidates in queue order, what it has measured (kept in memory,
     brought up to date from the recorded rows the study hands it), each candidate's neighbours, the strategy's
@@ -36,45 +27,41 @@ class Candidates:
 
     def __init__(self, plan, strategy: strategies.Strategy, n_trials: int | None, band: float) -> None:
         self.plan, self.strategy = plan, strategy
-        self.rep = plan.representatives()  # every feasible config's key -> the config measured for its launch
+        self.rep = plan.representatives()  # every feasible config -> the config measured for its launch
         self.n_trials = n_trials  # --n-trials, else the space's (None: the strategy decides)
         self.band = band  # the level's noise band (set again when a GPU's band is known)
         self.prior: list[KernelConfig] = []  # measured first: --first, the previous kernel's best, untried values
         self.queue_order: list[KernelConfig] = []  # the candidates in measuring order
         self.neighbours: dict[KernelConfig, list[KernelConfig]] = {}
         self.history: list[tuple] = []  # other levels' measurements: (C, config, log ratio or None, source)
-        self.measured: dict[str, tuple[KernelConfig, float | None]] = {}  # config key -> (candidate, log ratio)
+        self.measured: dict[KernelConfig, tuple[KernelConfig, float | None]] = {}  # recorded -> (candidate, log ratio)
         self.more = False  # a finished level reopened by a larger --n-trials: measured up to it, no stop rule
         self.expected_share: float | None = None  # the share of launches measured at this search's finished levels
 
     # --- opening: values from the study's records -------------------------------------------------------------
 
-    def open(self, first: list[KernelConfig], ranked: list[str], done: set[str], history: list) -> None:
+    def open(self, first: list[KernelConfig], ranked: list[KernelConfig], done: set[KernelConfig], history) -> None:
         """The queue, the neighbours and the history, from ``first`` (``--first``), the previous kernel's
-        configs best first (``ranked`` keys), the keys this study recorded (``done``) and the space's recorded
-        measurements (:func:`db.queries.history` rows; see :meth:`_history`)."""
+        configs best first (``ranked``), the configs this study recorded (``done``) and the strategy's history
+        (:meth:`history_of`)."""
         self.prior = self._prior_picks(first, ranked, done)
         rep = self.rep
-        head = [self.plan.space.baseline, *(rep[str(p)] for p in self.prior if str(p) in rep)]
-        self.queue_order = list(dict.fromkeys(c for c in [*head, *self.plan.to_measure()] if str(c) in rep))
+        head = [self.plan.space.baseline, *(rep[p] for p in self.prior if p in rep)]
+        self.queue_order = list(dict.fromkeys(c for c in [*head, *self.plan.to_measure()] if c in rep))
         self.neighbours = self._make_neighbours()
         self.history = history
 
-    def _prior_picks(self, first: list[KernelConfig], ranked: list[str], done: set[str]) -> list[KernelConfig]:
+    def _prior_picks(self, first: list, ranked: list, done: set) -> list[KernelConfig]:
         """What is measured first: the user's ``--first`` configs, then the previous kernel's five best configs
         here, then those five with each parameter value the previous kernel never ran (see
         :func:`new_value_variants`); each only if this space holds it, it fits and it is not measured yet."""
         plan = self.plan
-        config_type = plan.space.adapter.config_type
-        known = [
-            c for c in (_known_config(config_type, k) for k in ranked) if c is not None
-        ]  # another version's: skipped
-        best = known[:5]
-        variants = new_value_variants(best, known, plan.space.parameters)
+        best = ranked[:5]
+        variants = new_value_variants(best, ranked, plan.space.parameters)
         return [
             c
             for c in dict.fromkeys([*first, *best, *variants])
-            if c in plan.verdicts and plan.verdicts[c].feasible and str(c) not in done
+            if c in plan.verdicts and plan.verdicts[c].feasible and c not in done
         ]
 
     def history_of(self, found, study_id: int, kernel_id: int, device: str) -> list[tuple]:
@@ -116,13 +103,13 @@ class Candidates:
                 if getattr(cand, name) not in values:
                     continue
                 if name in launch_only or name in adapter.modes:
-                    near += [o for v in values if (o := rep.get(str(cand.replace(**{name: v})))) not in (None, cand)]
+                    near += [o for v in values if (o := rep.get(cand.replace(**{name: v}))) not in (None, cand)]
                     continue
                 i = values.index(getattr(cand, name))
                 for step in (-1, 1):
                     j = i + step
                     while 0 <= j < len(values):
-                        other = rep.get(str(cand.replace(**{name: values[j]})))
+                        other = rep.get(cand.replace(**{name: values[j]}))
                         if other is not None and other != cand:
                             near.append(other)
                             break
@@ -135,13 +122,13 @@ class Candidates:
     # --- measuring --------------------------------------------------------------------------------------------
 
     def update(self, rows) -> None:
-        """Take in recorded rows ``(config key, verdict, ratio or None)``: every launch tried, whatever came of
-        it (a duplicate is left out: its original stands for it)."""
-        for key, verdict, ratio in rows:
-            if key not in self.rep or verdict == Verdict.DUPLICATE:
+        """Take in recorded rows ``(config, verdict, ratio or None)``: every launch tried, whatever came of it (a
+        duplicate is left out: its original stands for it)."""
+        for cfg, verdict, ratio in rows:
+            if cfg not in self.rep or verdict == Verdict.DUPLICATE:
                 continue
             y = math.log(ratio) if verdict == Verdict.OK and ratio is not None else None
-            self.measured[key] = (self.rep[key], y)
+            self.measured[cfg] = (self.rep[cfg], y)
 
     def set_band(self, band: float) -> None:
         """The level's noise band, once a GPU's is known (the strategy's and the promotion rule's margin)."""
@@ -155,9 +142,9 @@ class Candidates:
         """The level as the strategy sees it, with the parameters of the trials queued or running
         (``pending_params``)."""
         rep, config_type = self.rep, self.plan.space.adapter.config_type
-        # in the order of the recorded config keys, as the study's unique index on them returns its rows
-        measured = {cfg: y for _, (cfg, y) in sorted(self.measured.items())}
-        pending = {rep[k] for p in pending_params if (k := _key(config_type, p)) in rep}
+        # in the order of the recorded configs as stored (their printed keys), as the study's unique index returns them
+        measured = {cfg: y for _, (cfg, y) in sorted(self.measured.items(), key=lambda kv: str(kv[0]))}
+        pending = {rep[c] for p in pending_params if (c := _config(config_type, p)) in rep}
         return strategies.Level(
             self.plan.concurrency,
             self.plan.workload,
@@ -167,7 +154,7 @@ class Candidates:
             self.band,
             self.plan.space.baseline,
             self.neighbours,
-            lambda cfg: rep.get(str(cfg)),
+            rep.get,
             tuple(self.plan.space.concurrency),  # the space's levels in search order
             self.plan.space.adapter,
         )
@@ -193,11 +180,11 @@ class Candidates:
         proposals = self.strategy.propose(level, 1)
         return proposals[0] if proposals else None
 
-    def not_a_candidate(self, cfg: KernelConfig, done_keys) -> str | None:
-        """Why a trial's config needs no launch here, or None (``done_keys()``: the keys this study recorded)."""
+    def not_a_candidate(self, cfg: KernelConfig, recorded) -> str | None:
+        """Why a trial's config needs no launch here, or None (``recorded(cfg)``: whether this study recorded it)."""
         if not self.plan.space.satisfies(cfg) or cfg not in self.plan.verdicts:
             return "not a config of the space (its values or constraints exclude it)"
-        if str(cfg) in done_keys():
+        if recorded(cfg):
             return "already recorded in this study"
         return None
 
@@ -247,9 +234,9 @@ def new_value_variants(
     return list(dict.fromkeys(cfg.replace(**{name: v}) for cfg in best for name, vs in new.items() for v in vs))
 
 
-def _key(config_type, params: dict) -> str:
-    """A trial's printed config key ("" for parameters this kernel does not take)."""
+def _config(config_type, params: dict) -> KernelConfig | None:
+    """A trial's config (None for parameters this kernel does not take)."""
     try:
-        return str(config_type.from_dict(params))
+        return config_type.from_dict(params)
     except (ValueError, TypeError):
-        return ""
+        return None

@@ -188,7 +188,7 @@ class Runner:
                 step(0)
                 return (time.perf_counter() - t0) * 1e6, 1
 
-            key = (str(cfg), wl, inp.sets, id(inp))
+            key = (cfg, wl, inp.sets, id(inp))
             if key not in self.warmed:  # the interpreter has nothing to capture: warm once per config and inputs
                 step(0)
                 self.warmed.add(key)

@@ -66,7 +66,7 @@ class StudyRecorder:
 
     # --- the study's rows --------------------------------------------------------------------------------------
 
-    def open(self) -> set[str]:
+    def open(self) -> set[KernelConfig]:
         """The study's database rows (created if new); returns the configs it has already recorded. With
         ``--remeasure`` a fresh study beside the old ones: nothing measured before is lost."""
         plan, base = self.plan, self.name
@@ -96,30 +96,42 @@ class StudyRecorder:
                 if problem:
                     raise SpaceError(problem)
             self.study_id, self.kernel_id, self.workload_id, self.env_id = row.id, kernel.id, wrow.id, env.id
-            return set(queries.done_keys(s, row.id))
+            return self._configs(queries.done_keys(s, row.id))
 
-    def done_keys(self) -> set[str]:
+    def _configs(self, keys) -> set[KernelConfig]:
+        """Stored config keys as this kernel's configs (a key of another version of its parameters is left out)."""
+        return {c for c in (known_config(self.plan.space.adapter.config_type, k) for k in keys) if c is not None}
+
+    def done(self) -> set[KernelConfig]:
+        """The configs this study has recorded."""
         with self.store.session() as s:
-            return set(queries.done_keys(s, self.study_id))
+            return self._configs(queries.done_keys(s, self.study_id))
+
+    def recorded(self, cfg: KernelConfig) -> bool:
+        """Whether this study has recorded ``cfg``."""
+        with self.store.session() as s:
+            return queries.is_recorded(s, self.study_id, str(cfg))
 
     def n_launched(self) -> int:
         """The distinct launches this study has measured (whatever came of them)."""
         rep = self.plan.representatives()
         with self.store.session() as s:
             rows = queries.done_verdicts(s, self.study_id)
-        return len({rep[k] for k, v in rows.items() if k in rep and v in LAUNCHED})
+        launched = self._configs(k for k, v in rows.items() if v in LAUNCHED)
+        return len({rep[c] for c in launched if c in rep})
 
-    def measured_since(self) -> list[tuple[str, Verdict, float | None]]:
-        """``(config key, verdict, ratio or None)`` of every trial recorded, or given a statistic, since the last
-        call (by this process or another), in id order: the level's state read incrementally."""
+    def measured_since(self) -> list[tuple[KernelConfig, Verdict, float | None]]:
+        """``(config, verdict, ratio or None)`` of every trial recorded, or given a statistic, since the last call
+        (by this process or another), in id order: the level's state read incrementally."""
         last_trial, last_stat = self._since
         with self.store.session() as s:
             out = []
             for t in queries.done_since(s, self.study_id, last_trial, last_stat):
                 last_trial = max(last_trial, t.id)
                 last_stat = max([last_stat, *(st.id for st in t.statistics)])
-                st = t.statistic()
-                out.append((t.config_key, Verdict(t.verdict), st.ratio if st is not None else None))
+                st, cfg = t.statistic(), known_config(self.plan.space.adapter.config_type, t.config_key)
+                if cfg is not None:
+                    out.append((cfg, Verdict(t.verdict), st.ratio if st is not None else None))
         self._since = (last_trial, last_stat)
         return out
 
@@ -128,13 +140,15 @@ class StudyRecorder:
         with self.store.session() as s:
             return queries.measured_launch(s, self.study_id, key)
 
-    def prior_ranked(self) -> list[str]:
-        """The previous kernel's configs here, best first (see :func:`db.queries.prior_picks`)."""
+    def prior_ranked(self) -> list[KernelConfig]:
+        """The previous kernel's configs here, best first (see :func:`db.queries.prior_picks`); a config of
+        another version of the parameters is left out."""
         plan, where = self.plan, {"device": self.info["gpu_name"], "backend": self.opts.backend}
         with self.store.session() as s:
-            return queries.prior_picks(
+            keys = queries.prior_picks(
                 s, self.kernel_id, plan.concurrency, n=None, space=plan.space.name, workload=plan.spec.name, **where
             )
+        return [c for c in (known_config(plan.space.adapter.config_type, k) for k in keys) if c is not None]
 
     def history(self) -> list:
         """Every recorded trial of this space's workload on this backend (:func:`db.queries.history`)."""
@@ -243,23 +257,27 @@ class StudyRecorder:
         with self.store.session() as s:
             return record.add_trials(s, rows)
 
-    def infeasible(self, done: set[str]) -> list[tuple]:
+    def infeasible(self) -> list[tuple]:
         """The configs that do not fit the target and are not recorded yet, as :meth:`unlaunched` items."""
+        done = self.done()
         return [
             (cfg, MeasureReply(Verdict.INFEASIBLE, feas.reason), None, None)
             for cfg, feas in self.plan.verdicts.items()
-            if not feas.feasible and str(cfg) not in done
+            if not feas.feasible and cfg not in done
         ]
 
     def duplicates(self) -> list[tuple]:
         """Every config whose launch another trial of the study measured, as :meth:`unlaunched` items."""
+        config_type = self.plan.space.adapter.config_type
         with self.store.session() as s:
-            done = {k: (t.id, t.duplicate_of) for k, t in queries.done_configs(s, self.study_id).items()}
+            rows = queries.done_configs(s, self.study_id).items()
+            done = {c: (t.id, t.duplicate_of) for k, t in rows if (c := known_config(config_type, k)) is not None}
         items = []
-        for key, group in self.plan.launches().items():
-            original = next((str(c) for c in group if str(c) in done and done[str(c)][1] is None), None)
+        for identity, group in self.plan.launches().items():
+            original = next((c for c in group if c in done and done[c][1] is None), None)
+            key = json.dumps(identity)  # the launch as stored (study.launch_key)
             for cfg in group:
-                if original is None or str(cfg) in done:
+                if original is None or cfg in done:
                     continue
                 why = f"launches exactly what trial {done[original][0]} ({original}) measured"
                 items.append((cfg, MeasureReply(Verdict.DUPLICATE, why), key, done[original][0]))
@@ -345,6 +363,15 @@ def measurement_seed(run_seed: int, cfg: KernelConfig, phase: str) -> int:
     """The seed of one measurement: fixed by the run's ``--seed``, the config and the phase (not by the trial's
     number), so a replayed config draws the same rounds whichever strategy measures it, in whatever order."""
     return zlib.crc32(f"{run_seed}/{cfg}/{phase}".encode()) & 0x7FFFFFFF
+
+
+def known_config(config_type, key: str):
+    """A stored config key as this version's config; None when it names a parameter or value this version does
+    not know (a record of an older or newer kernel)."""
+    try:
+        return config_type.parse(key)
+    except (TypeError, ValueError):
+        return None
 
 
 def baseline_median(samples) -> float:

@@ -23,6 +23,7 @@ import json
 import sqlite3
 import warnings
 from collections import defaultdict
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +35,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from sparse_mla_tuner.db.store import check_url
 from sparse_mla_tuner.db.verdicts import Verdict
+from sparse_mla_tuner.tuner.adapter import default_adapter
 from sparse_mla_tuner.tuner.adapters.sparse_mla import KernelConfig
 from sparse_mla_tuner.tuner.adapters.sparse_mla import Workload
 from sparse_mla_tuner.tuner.errors import TunerError
@@ -41,7 +43,6 @@ from sparse_mla_tuner.tuner.feasibility import Feasibility
 from sparse_mla_tuner.tuner.protocol import CalibrateRequest
 from sparse_mla_tuner.tuner.protocol import MeasureReply
 from sparse_mla_tuner.tuner.protocol import MeasureRequest
-from sparse_mla_tuner.tuner.study import launch_key
 
 
 @dataclass
@@ -135,7 +136,7 @@ class ReplaySource:
                 self.noise = self._noise(con, tables, self.device, self.kernel_at)
         except SQLAlchemyError as e:
             raise TunerError(f"cannot read the replay database: {str(getattr(e, 'orig', e)).splitlines()[0]}") from None
-        self._by_launch: dict[tuple, dict[str, _Recorded]] = {}
+        self._by_launch: dict[tuple, dict[Hashable, _Recorded]] = {}  # (shape, batch) -> launch -> recording
 
     @staticmethod
     def _recorded_trials(con, device: str, kernel_id: int | None) -> tuple[dict[tuple, _Recorded], dict]:
@@ -188,7 +189,7 @@ class ReplaySource:
                 except ValueError:  # stored by another version of the declaration: data, not a config here
                     skipped.add(str(r["config_key"])[:80])
                     continue
-                trials[(*key, str(cfg))] = rec
+                trials[(*key, cfg)] = rec
         for trial_id, c, b in con.execute(text("SELECT trial_id, candidate_us, baseline_us FROM tuner_samples")):
             if trial_id in by_id:
                 by_id[trial_id].samples.append((c, b))
@@ -252,18 +253,18 @@ class ReplaySource:
         """The recording of ``cfg`` at ``batch``, else the latest of a config with the same launch (a bounded
         search measured one config of a launch; a replayed grid may ask for another of the same launch)."""
         shape = _shape(wl.kv_format, wl.heads, wl.topk, wl.page_size, wl.context)
-        rec = self.trials.get((shape, batch, str(cfg)))
+        rec = self.trials.get((shape, batch, cfg))
         if rec is not None:
             return rec
         if (shape, batch) not in self._by_launch:
-            latest: dict[str, _Recorded] = {}
-            for (s, c, key), r in self.trials.items():
+            latest: dict[Hashable, _Recorded] = {}
+            for (s, c, recorded), r in self.trials.items():
                 if (s, c) == (shape, batch):
-                    launch = launch_key(KernelConfig.parse(key), wl, batch)
+                    launch = default_adapter().launch_identity(recorded, wl, batch)
                     if launch not in latest or r.trial_id > latest[launch].trial_id:
                         latest[launch] = r
             self._by_launch[(shape, batch)] = latest
-        return self._by_launch[(shape, batch)].get(launch_key(cfg, wl, batch))
+        return self._by_launch[(shape, batch)].get(default_adapter().launch_identity(cfg, wl, batch))
 
     def feasibility(self, configs: list[KernelConfig], wl: Workload, levels: list[int]) -> list[Feasibility]:
         """The recorded compile-only verdicts: a config recorded infeasible at any level stays infeasible."""

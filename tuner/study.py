@@ -20,6 +20,7 @@ import functools
 import json
 import threading
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass
 from dataclasses import field
 
@@ -71,29 +72,31 @@ class StudyPlan:
         base = self.space.baseline
         return [base] + [c for c in self.verdicts if c != base]
 
-    @functools.cached_property  # a plan is immutable; its launch keys take ~40 ms to compute
-    def _launches(self) -> dict[str, list[KernelConfig]]:
-        groups: dict[str, list[KernelConfig]] = {}
+    @functools.cached_property  # a plan is immutable; its launch identities take ~40 ms to compute
+    def _launches(self) -> dict[Hashable, list[KernelConfig]]:
+        groups: dict[Hashable, list[KernelConfig]] = {}
+        adapter = self.space.adapter
         for cfg in self.order():
             if self.verdicts[cfg].feasible:
-                groups.setdefault(launch_key(cfg, self.workload, self.concurrency, self.space.adapter), []).append(cfg)
+                groups.setdefault(adapter.launch_identity(cfg, self.workload, self.concurrency), []).append(cfg)
         return groups
 
     @functools.cached_property
-    def _representatives(self) -> dict[str, KernelConfig]:
-        return {str(c): group[0] for group in self._launches.values() for c in group}
+    def _representatives(self) -> dict[KernelConfig, KernelConfig]:
+        return {c: group[0] for group in self._launches.values() for c in group}
 
-    def launches(self) -> dict[str, list[KernelConfig]]:
-        """Feasible configs grouped by launch identity, in :meth:`order`; the first of a group is measured,
-        the others launch exactly the same kernels on the same grid and are recorded as its duplicates."""
+    def launches(self) -> dict[Hashable, list[KernelConfig]]:
+        """Feasible configs grouped by launch identity (:meth:`KernelAdapter.launch_identity`), in :meth:`order`;
+        the first of a group is measured, the others launch exactly the same kernels on the same grid and are
+        recorded as its duplicates (:func:`launch_key` is an identity as the database stores it)."""
         return {k: list(v) for k, v in self._launches.items()}
 
     def to_measure(self) -> list[KernelConfig]:
         """One config per distinct launch (the baseline's group is represented by the baseline)."""
         return [group[0] for group in self.launches().values()]
 
-    def representatives(self) -> dict[str, KernelConfig]:
-        """Every feasible config's key -> the config that stands for its launch."""
+    def representatives(self) -> dict[KernelConfig, KernelConfig]:
+        """Every feasible config -> the config that stands for its launch."""
         return self._representatives
 
     def request(self, cfg: KernelConfig, seed: int, rounds: int, check: bool) -> MeasureRequest:
@@ -166,7 +169,7 @@ class StudyRun:
         self.optuna.set_attr("stopped", None)
         return None
 
-    def _open(self, done: set[str]) -> None:
+    def _open(self, done: set) -> None:
         """The Optuna study described and settled, the candidates opened, and the baseline and the configs
         measured first queued (once per launch)."""
         plan, rec, cand = self.plan, self.records, self.candidates
@@ -236,7 +239,7 @@ class StudyRun:
                 raise pg.error
             with self.clock.section("database"):
                 if pg.stopped and not self.stop.requested:  # recorded without launching anything
-                    self._unlaunched(rec.infeasible(rec.done_keys()))
+                    self._unlaunched(rec.infeasible())
                     self._unlaunched(rec.duplicates())
                     self._finalists(self.processes[0])
                     opt.set_attr("n_trials", self.opts.n_trials)
@@ -346,8 +349,8 @@ class StudyRun:
 
 
 def launch_key(cfg: KernelConfig, workload: Workload, concurrency: int, adapter: KernelAdapter | None = None) -> str:
-    """The launch identity (compiled binary + grid, :meth:`KernelAdapter.launch_identity`) as a string the
-    database can index (``adapter``: the space's; by default the one a space that names none gets)."""
+    """The launch identity (compiled binary + grid, :meth:`KernelAdapter.launch_identity`) as the string the
+    database stores and indexes (``adapter``: the space's; by default the one a space that names none gets)."""
     return json.dumps((adapter or default_adapter()).launch_identity(cfg, workload, concurrency))
 
 
@@ -433,7 +436,7 @@ class _Measuring:
     def _run_trial(self, trial: optuna.Trial) -> None:
         run, plan, proc, env_id, band = self.run, self.run.plan, self.proc, self.env_id, self.band
         cfg = plan.space.adapter.config_type.from_dict(trial.params)
-        why = run.candidates.not_a_candidate(cfg, run.records.done_keys)
+        why = run.candidates.not_a_candidate(cfg, run.records.recorded)
         if why is not None and run._tell_recorded(proc, trial, cfg, band):
             return  # the retry of a trial whose process recorded it and ended before Optuna was told
         if why is not None:  # a sampler's suggestion that needs no launch
