@@ -20,8 +20,8 @@ same run on the same sets. Errors: each output against the fp32 reference, and o
 single-cache table, a candidate for the layer call's rows until the layer space is re-tuned).
 
 The JSON (``--out``; default ``$OUT/bench_call_<device>.json`` when ``$OUT`` is set, else
-``docs/data/bench_call_<device>.json``) holds the device, date, command and kernel hash, then per level:
-ours, FlashMLA, their ratio (FlashMLA / ours: above 1 is ours faster) and the errors.
+``results/bench_call_<device>.json``, the committed file's name) holds the device, date, command and kernel hash,
+then per level: ours, FlashMLA, their ratio (FlashMLA / ours: above 1 is ours faster) and the errors.
 """
 
 from __future__ import annotations
@@ -78,9 +78,9 @@ def _args(bt, heads: int) -> tuple[tuple, dict]:
 
 
 def default_out(device: str) -> Path:
-    """``$OUT/bench_call_<device>.json`` when ``$OUT`` is set, else ``docs/data/bench_call_<device>.json``."""
+    """``$OUT/bench_call_<device>.json`` when ``$OUT`` is set, else ``results/bench_call_<device>.json``."""
     name = f"bench_call_{device_slug(device).lower().removeprefix('nvidia_')}.json"
-    return Path(os.environ["OUT"]) / name if os.environ.get("OUT") else Path("docs/data") / name
+    return Path(os.environ["OUT"]) / name if os.environ.get("OUT") else Path("results") / name
 
 
 def _levels(text: str) -> list[int]:

@@ -2,27 +2,30 @@
 # The H200 runs behind the committed results: one entry point, one PHASE per part of the GPU run.
 #   OUT=out PHASE=grids bash results/h200.sh    # every feasible distinct launch of the shipped spaces, on the
 #                                               # current kernel: V4 and V3.2 at C=1,8,48,96, the layer call at 1,96
-#                                               # (GRIDS="v32 layer" picks some of v4, v32, layer)
+#                                               # (GRIDS="v32 layer" picks some of v4, v32, layer); logs in $OUT/grids_h200/
 #   OUT=out PHASE=search TUNER_DB=sqlite:///fresh.db bash results/h200.sh   # the default strategy at the gridded
-#                                               # levels of V4 and V3.2 (SEARCHES="v4" picks one; docs/data/h200_search),
+#                                               # levels of V4 and V3.2 (SEARCHES="v4" picks one; logs in $OUT/search_h200/),
 #                                               # from a fresh database holding only the feasibility cache of results/h200.db
 #   OUT=out PHASE=retune bash results/h200.sh   # a cold default search of each shipped space at all 15 levels on
 #                                               # the current kernel, into $TUNER_DB (RETUNES="v4 v32" picks some of
 #                                               # v4, v32, layer); each search's summary rows (with the time split) in
-#                                               # $OUT/NAME.json, its log in $OUT/NAME.log; the tables are exported from
+#                                               # $OUT/retune_h200/SPACE.json, its log beside it; the tables are exported from
 #                                               # the database afterwards (`tuner export --db sqlite:///results/h200.db`)
 #   OUT=out PHASE=ab OLD=path/decode.py bash results/h200.sh   # a kernel change against the kernel before it
 #                                               # (OLD: that kernel's kernels/decode.py), same configs (the shipped
 #                                               # tables), same run, in the order new, old, new: the single-cache
-#                                               # bench of both formats at AB_LEVELS (default 16,48,96); JSON in $OUT
+#                                               # bench of both formats at AB_LEVELS (default 16,48,96); JSON and logs in
+#                                               # $OUT/$AB (default ab_h200; name it for the change: AB=ab_qk_dots_h200)
 #   OUT=out PHASE=call bash results/h200.sh     # the V4 layer call (window + compressed cache + sink, one
 #                                               # split launch) against FlashMLA: its GPU tests, kernels.bench_call at
 #                                               # the 15 levels, the single-cache bench of both formats at the 15 levels
-#                                               # (shipped tables); JSON in $OUT, a short table printed last;
+#                                               # (shipped tables); $OUT/bench_call_h200.json, bench_single_h200.json and
+#                                               # sglang_check_h200.json, a short table printed last;
 #                                               # LIMIT defaults to 350 s here
 # Every search resumes what results/h200.db holds, so a phase cut short by LIMIT (seconds, default 540; each
 # search gets SIGINT and stops after its running trial) goes on where it stopped when run again.
-# What each step printed goes to $OUT/NAME.log; the database comes back as $OUT/h200.db.gz.
+# $OUT (default results/out, ignored by git) has the layout of results/: a run's files replace the committed ones
+# by name. What each step printed goes to $OUT/NAME.log; the database comes back as $OUT/h200.db.gz.
 set -u
 OUT=${OUT:-results/out}
 DB=${TUNER_DB:-sqlite:///results/h200.db}
@@ -34,24 +37,26 @@ left() { echo $(( deadline - $(date +%s) )); }
 # `search NAME SPACE LEVELS ARGS...`: one search within what is left of LIMIT
 search() { local name=$1 space=$2 levels=$3; shift 3; local l; l=$(left)
   if [ "$l" -lt 30 ]; then echo "$name: not started, ${l} s left"; return; fi
+  mkdir -p "$OUT/$(dirname "$name")"
   step "$name" "$l" python3 -m sparse_mla_tuner search "$space" --db "$DB" --concurrency "$levels" -q "$@"; }
 # `retune NAME SPACE`: a whole search (every level), its summary as JSON, within what is left of LIMIT
 retune() { local name=$1 space=$2 l; l=$(left)
   if [ "$l" -lt 30 ]; then echo "$name: not started, ${l} s left"; return; fi
+  mkdir -p "$OUT/$(dirname "$name")"
   step "$name" "$l" sh -c 'exec python3 -m sparse_mla_tuner search "$1" --db "$2" -f json > "$3"' sh "$space" "$DB" "$OUT/$name.json"; }
 case "${PHASE:-grids}" in
   retune)
     for g in ${RETUNES:-v4 v32 layer}; do case $g in
-      v4) retune v4_retune search_spaces/v4_flash_tp4.yaml ;;
-      v32) retune v32_retune search_spaces/v32_tp8.yaml ;;
-      layer) retune layer_retune search_spaces/v4_flash_layer_tp4.yaml ;;
+      v4) retune retune_h200/v4_flash_tp4 search_spaces/v4_flash_tp4.yaml ;;
+      v32) retune retune_h200/v32_tp8 search_spaces/v32_tp8.yaml ;;
+      layer) retune retune_h200/v4_flash_layer_tp4 search_spaces/v4_flash_layer_tp4.yaml ;;
       *) echo "unknown retune $g (allowed: v4, v32, layer)"; exit 2 ;;
     esac; done ;;
   grids)
     for g in ${GRIDS:-v4 v32 layer}; do case $g in
-      v4) search v4_grid search_spaces/v4_flash_tp4.yaml 1,8,48,96 --sampler grid ;;
-      v32) search v32_grid search_spaces/v32_tp8.yaml 1,8,48,96 --sampler grid ;;
-      layer) search layer_grid search_spaces/v4_flash_layer_tp4.yaml 1,96 --sampler grid ;;
+      v4) search grids_h200/v4_grid search_spaces/v4_flash_tp4.yaml 1,8,48,96 --sampler grid ;;
+      v32) search grids_h200/v32_grid search_spaces/v32_tp8.yaml 1,8,48,96 --sampler grid ;;
+      layer) search grids_h200/layer_grid search_spaces/v4_flash_layer_tp4.yaml 1,96 --sampler grid ;;
       *) echo "unknown grid $g (allowed: v4, v32, layer)"; exit 2 ;;
     esac; done ;;
   search)  # a fresh $TUNER_DB starts with only results/h200.db's feasibility cache (compile checks, no timings)
@@ -63,20 +68,21 @@ con = sqlite3.connect(sys.argv[1]); con.execute('ATTACH ? AS src', ('results/h20
 con.execute('INSERT OR IGNORE INTO tuner_feasibility SELECT * FROM src.tuner_feasibility'); con.commit()" "$fresh"
     fi
     for g in ${SEARCHES:-v4 v32}; do case $g in
-      v4) search v4_search search_spaces/v4_flash_tp4.yaml 1,8,48,96 ;;
-      v32) search v32_search search_spaces/v32_tp8.yaml 1,8,48,96 ;;
+      v4) search search_h200/v4_search search_spaces/v4_flash_tp4.yaml 1,8,48,96 ;;
+      v32) search search_h200/v32_search search_spaces/v32_tp8.yaml 1,8,48,96 ;;
       *) echo "unknown search $g (allowed: v4, v32)"; exit 2 ;;
     esac; done ;;
   ab)
+    ab=${AB:-ab_h200}; mkdir -p "$OUT/$ab"
     new=$OUT/decode_new.py; cp kernels/decode.py "$new"
     for v in new old new2; do
       if [ $v = old ]; then cp "${OLD:?PHASE=ab needs OLD=the previous kernels/decode.py}" kernels/decode.py
       else cp "$new" kernels/decode.py; fi
-      step "ab_$v" 150 python3 -m sparse_mla_tuner.kernels.bench --formats fp8_model1,fp8_v32 --configs table \
-        --concurrency "${AB_LEVELS:-16,48,96}" --no-ref --no-flashmla --samples 5 --out "$OUT/ab_$v.json"
+      step "$ab/ab_$v" 150 python3 -m sparse_mla_tuner.kernels.bench --formats fp8_model1,fp8_v32 --configs table \
+        --concurrency "${AB_LEVELS:-16,48,96}" --no-ref --no-flashmla --samples 5 --out "$OUT/$ab/ab_$v.json"
     done
     cp "$new" kernels/decode.py
-    python3 - "$OUT" <<'PY'
+    python3 - "$OUT/$ab" <<'PY'
 import json, math, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 runs = {v: {(r["format"], r["C"]): r["us"] for r in json.loads((out / f"ab_{v}.json").read_text())["rows"]}
@@ -126,5 +132,5 @@ PY
     exit 0 ;;
   *) echo "unknown PHASE=$PHASE (allowed: grids, search, retune, ab, call)"; exit 2 ;;
 esac
-for f in "$OUT"/*.log; do echo "== $f"; tail -22 "$f" | cut -c1-150; done
+for f in "$OUT"/*.log "$OUT"/*/*.log; do [ -e "$f" ] || continue; echo "== $f"; tail -22 "$f" | cut -c1-150; done
 db=${DB#sqlite:///}; gzip -c "$db" > "$OUT/$(basename "$db").gz"

@@ -1,7 +1,7 @@
 """CONTRIBUTING.md says who lives where: every file and folder it names exists, and every module and folder of
 kernels/, db/ and tuner/ is named there.
 
-A mention is a backticked path (``tuner/study.py``, ``docs/data/``, ``search_spaces/*.yaml``, ``kernels/config.py:
+A mention is a backticked path (``tuner/study.py``, ``results/``, ``search_spaces/*.yaml``, ``kernels/config.py:
 split_grid``) or a backticked file name (``study.py``). It is read from the repository's root or, inside a section
 whose heading names folders (``## tuner/ — ...``), from those folders and the folders below them (``grid.py`` is
 ``tuner/strategies/grid.py``).

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 H200_DB = ROOT / "results" / "h200.db"
 REPORT = ROOT / "docs" / "h200_report.md"
 PLOTS = ROOT / "docs" / "plots"
-BENCHES = ("docs/data/bench_single_h200.json", "docs/data/bench_call_h200.json")  # same-run FlashMLA
+BENCHES = ("results/bench_single_h200.json", "results/bench_call_h200.json")  # same-run FlashMLA
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def regenerated(tmp_path_factory):
 
 def test_the_committed_report_is_what_the_committed_database_gives(regenerated):
     """Regenerate with `tuner report --db sqlite:///results/h200.db -o docs/h200_report.md --plots docs/plots
-    --bench docs/data/bench_single_h200.json --bench docs/data/bench_call_h200.json`
+    --bench results/bench_single_h200.json --bench results/bench_call_h200.json`
     after the database changes."""
     new = (regenerated / "docs" / "h200_report.md").read_text()
     assert new == REPORT.read_text(), "docs/h200_report.md is stale: regenerate it from results/h200.db"

@@ -17,7 +17,7 @@ from tests.conftest import tuner_in_process as tuner
 pytest.importorskip("matplotlib")
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHES = ("docs/data/kernel_v10/bench_final.json", "docs/data/kernel_v10/bench_call.json")
+BENCHES = ("results/bench_single_h200.json", "results/bench_call_h200.json")  # the newest same-run FlashMLA
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,8 @@ def test_the_levers_plots_show_data_in_most_cells(drawn):
 def test_the_median_plot_carries_flashmla_from_the_same_run_benchmark(drawn):
     flash = [label for label in drawn["lines"] if label.startswith("FlashMLA, same-run benchmark")]
     assert len(flash) == 3  # V4, V3.2 (kernels.bench) and the V4 layer call (kernels.bench_call)
-    assert any("bench_call.json" in label for label in flash) and any("bench_final.json" in label for label in flash)
+    assert any("bench_call_h200.json" in label for label in flash)
+    assert any("bench_single_h200.json" in label for label in flash)
     assert drawn["text"].count("FlashMLA in the plot:") == 3
 
 
