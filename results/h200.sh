@@ -22,6 +22,8 @@
 #                                               # (shipped tables); $OUT/bench_call_h200.json, bench_single_h200.json and
 #                                               # sglang_check_h200.json, a short table printed last;
 #                                               # LIMIT defaults to 350 s here
+#   OUT=out PHASE=feasibility bash results/h200.sh   # the cold feasibility check of the shipped spaces, as a
+#                                               # search compiles it (benchmarks/bench_feasibility.py); JSON in $OUT
 # Every search resumes what results/h200.db holds, so a phase cut short by LIMIT (seconds, default 540; each
 # search gets SIGINT and stops after its running trial) goes on where it stopped when run again.
 # $OUT (default results/out, ignored by git) has the layout of results/: a run's files replace the committed ones
@@ -130,7 +132,11 @@ except (OSError, KeyError, ValueError) as e:
     print(f"no single-cache table: {e}")
 PY
     exit 0 ;;
-  *) echo "unknown PHASE=$PHASE (allowed: grids, search, retune, ab, call)"; exit 2 ;;
+  feasibility)  # the cold feasibility check of the three shipped spaces, as a search compiles it (no cache)
+    step feasibility "$(left)" python3 benchmarks/bench_feasibility.py search_spaces/v4_flash_tp4.yaml \
+      search_spaces/v32_tp8.yaml search_spaces/v4_flash_layer_tp4.yaml -o "$OUT/feasibility_h200.json"
+    tail -8 "$OUT/feasibility.log" ;;
+  *) echo "unknown PHASE=$PHASE (allowed: grids, search, retune, ab, call, feasibility)"; exit 2 ;;
 esac
 for f in "$OUT"/*.log "$OUT"/*/*.log; do [ -e "$f" ] || continue; echo "== $f"; tail -22 "$f" | cut -c1-150; done
 db=${DB#sqlite:///}; gzip -c "$db" > "$OUT/$(basename "$db").gz"
