@@ -66,7 +66,7 @@ class LevelView:
         first = [self.plan.space.baseline, *(rep[str(p)] for p in prior if str(p) in rep)]
         return list(dict.fromkeys(c for c in [*first, *self.plan.to_measure()] if str(c) in rep))
 
-    def _history(self) -> list[tuple]:
+    def _history(self) -> list[strategies.Measured]:
         """Every measurement of this space and workload at other levels: this kernel on this device (source
         None), and earlier records (source: kernel hash and device) as the strategy's priors."""
         device = self.processes[0].info["gpu_name"]
@@ -89,7 +89,7 @@ class LevelView:
                 cfg = config_type(**t.params)
             except (ValueError, TypeError):  # recorded under another version of the declaration
                 continue
-            rows.append((t.concurrency, cfg, y, None if own else (t.kernel_id, t.gpu_name)))
+            rows.append(strategies.Measured(t.concurrency, cfg, y, None if own else (t.kernel_id, t.gpu_name)))
         return rows
 
     def _level(self) -> strategies.Level:
@@ -175,9 +175,7 @@ class LevelView:
             if len(level.measured) >= len(level.candidates):
                 return f"every launch measured, {len(level.measured)} of {len(level.candidates)}"
             return None
-        own = [(c, cfg, y) for c, cfg, y in ((self.plan.concurrency, cfg, y) for cfg, y in level.measured.items())]
-        self.strategy.history(self.history + [(c, cfg, y, None) for c, cfg, y in own])
-        return self.strategy.stop_reason(level)
+        return self.strategy.stop_reason(level, self.history)
 
     def _done_keys(self) -> set[str]:
         with self.store.session() as s:

@@ -339,15 +339,14 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
                 if not level.pending and not self._settle_running_trials():
                     pg.stopped = why
                 return None
-            if not self.strategy.asks:
-                with self.clock.section("model"):
-                    proposals = self.strategy.propose(level, 1)
-                if not proposals:
-                    return None  # the rest is running elsewhere
-                # the proposal runs here and now: created running, with its owner, in one transaction
-                # (and its first heartbeat: a trial without any is never failed as stale)
-                owned = {OWNER_ATTR: self._owner} if self._beats and self._owner else {}
-                return optuna_rows.start_trial(study, proposals[0].as_dict(), self.dists, owned)
+            with self.clock.section("model"):
+                proposals = self.strategy.propose(level, 1, self.history)
+            if not proposals:
+                return None  # the rest is running elsewhere
+            # the proposal runs here and now: created running, with its owner, in one transaction
+            # (and its first heartbeat: a trial without any is never failed as stale)
+            owned = {OWNER_ATTR: self._owner} if self._beats and self._owner else {}
+            return optuna_rows.start_trial(study, proposals[0].as_dict(), self.dists, owned)
         trial = study.ask(fixed_distributions=self.dists)
         trial_id = trial._trial_id
         if self._beats:  # at once: a trial without any heartbeat is never failed as stale
@@ -355,7 +354,7 @@ class StudyRun(LevelView, StudyNoise, StudyRecords):
             if self._owner:  # and who runs it: a resumed search fails it at once if this process has ended
                 self.storage.set_trial_system_attr(trial_id, OWNER_ATTR, self._owner)
         queued = "fixed_params" in trial.storage.get_trial(trial_id).system_attrs
-        if not (queued or self.strategy.asks):
+        if not queued:
             trial.set_user_attr("reason", "another process took the last queued trial first")
             study.tell(trial, state=PRUNED)
             return None
