@@ -410,7 +410,7 @@ def test_the_model_carries_what_one_level_taught_to_another():
     lvl.measured.update({cfg: y(cfg, 96) for cfg in here})
     s.model.sync(lvl, rows)
     f, _ = s.model.fitted(lvl)
-    shared_ls = f.gp.kernel_.get_params()[model.SHARED_LS]
+    shared_ls = f.kernel.get_params()[model.SHARED_LS]
     assert shared_ls[0] >= model.BLIND_C  # blind to log2 C
     mu, _ = s.model.posterior(f, s.model.X(sorted(slow, key=str), lvl))
     assert mu.min() > 0.4, np.round(mu, 3)  # slow (0.5 to 0.7 at C=96), not the level's mean (0.1)
@@ -484,10 +484,10 @@ def test_two_levels_with_the_same_training_points_get_models_of_their_own():
         s.model.sync(lvl, [m for m in rows if m.concurrency != c])
         X, _, _ = s.model.training(lvl)
         f, _ = s.model.fitted(lvl)
-        assert np.array_equal(f.gp.X_train_, X), c  # this level's rows, in this level's order
-        models[c] = f.gp
+        assert np.array_equal(f.X, X), c  # this level's rows, in this level's order
+        models[c] = f
     assert models[8] is not models[32]
-    assert not np.array_equal(models[8].X_train_, models[32].X_train_)
+    assert not np.array_equal(models[8].X, models[32].X)
 
 
 def test_carried_picks_come_only_from_levels_searched_before():
@@ -511,7 +511,7 @@ def _grow(s, lvl, rows, best, n):
     lvl.measured = {c: _landscape(c, lvl.concurrency, best) for c in lvl.candidates[:n]}
     s.model.sync(lvl, rows)
     f, _ = s.model.fitted(lvl)
-    return f.gp.kernel_.theta
+    return f.kernel.theta
 
 
 def test_a_deterministic_refit_swaps_in_lag_measurements_later():

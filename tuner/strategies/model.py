@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import warnings
 import weakref
 from typing import TYPE_CHECKING
 
@@ -38,13 +37,38 @@ SHARED_LS, LEVEL_LS = "k1__k1__k2__length_scale", "k1__k2__k2__length_scale"
 
 
 class Fitted:
-    """A fitted process and the white noise variance in the units of its targets (what the latent function's
-    posterior leaves out)."""
+    """The process fitted to ``(X, y)`` with fixed hyperparameters: the algebra of scikit-learn's
+    ``GaussianProcessRegressor(normalize_y=True, optimizer=None)`` (Rasmussen and Williams, algorithm 2.1), step for
+    step and so to the bit, without what its ``fit`` adds that the search never reads (the log marginal likelihood,
+    a second kernel matrix and Cholesky factor; input validation; a clone of the kernel)."""
 
-    __slots__ = ("gp", "noise")
+    __slots__ = ("kernel", "X", "L", "alpha", "mean", "std", "noise")
 
-    def __init__(self, gp, noise: float) -> None:
-        self.gp, self.noise = gp, noise
+    def __init__(self, kernel, X: np.ndarray, y: np.ndarray, alpha: np.ndarray) -> None:
+        from scipy.linalg import cho_solve
+        from scipy.linalg import cholesky
+
+        self.kernel, self.X = kernel, X
+        self.mean = np.mean(y, axis=0)
+        std = np.std(y, axis=0)
+        self.std = 1.0 if std == 0.0 else std  # the targets' scale (a constant's is 1)
+        K = kernel(X)
+        K[np.diag_indices_from(K)] += alpha
+        self.L = cholesky(K, lower=True, check_finite=False)  # K = L L^T
+        self.alpha = cho_solve((self.L, True), (y - self.mean) / self.std, check_finite=False)
+        self.noise = white_noise(kernel) * self.std**2  # the white noise's variance in the targets' units
+
+    def predict(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The posterior mean and standard deviation at ``X`` (the white noise included)."""
+        from scipy.linalg import solve_triangular
+
+        K_trans = self.kernel(X, self.X)
+        mu = self.std * (K_trans @ self.alpha) + self.mean
+        V = solve_triangular(self.L, K_trans.T, lower=True, check_finite=False)
+        var = self.kernel.diag(X).copy()
+        var -= np.einsum("ij,ji->i", V.T, V)
+        var[var < 0] = 0.0
+        return mu, np.sqrt(var * self.std**2)
 
 
 class Model:
@@ -144,21 +168,13 @@ class Model:
     def fit(self, level: Level, X, y, extra) -> Fitted:
         """The model of ``(X, y)`` at ``level`` with the hyperparameters in use (no optimization: milliseconds).
         Propose and the stop rule ask for the same one, so the last is kept, by the level and the data itself."""
-        from sklearn.exceptions import ConvergenceWarning
-        from sklearn.gaussian_process import GaussianProcessRegressor
-
         digest = hashlib.blake2b(digest_size=16)
         for a in (X, y, extra, self.theta()):
             digest.update(np.ascontiguousarray(a, dtype=float).tobytes())
         key = (level.concurrency, X.shape, digest.digest())
         if self._last is not None and self._last[0] == key:
             return self._last[1]
-        gp = GaussianProcessRegressor(kernel=self.kernel, alpha=_alpha(y, extra), normalize_y=True, optimizer=None)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            gp.fit(X, y)
-        std = np.std(y, axis=0)  # how normalize_y scales the targets (a constant's scale is 1)
-        fitted = Fitted(gp, white_noise(gp.kernel_) * (1.0 if std == 0.0 else std) ** 2)
+        fitted = Fitted(self.kernel, X, y, _alpha(y, extra))
         self._last = (key, fitted)
         return fitted
 
@@ -182,11 +198,11 @@ class Model:
 
     def _fitted(self, level: Level, data, at_level):
         f = self.fit(level, *data)
-        return f, _loo_scale(f.gp, at_level)
+        return f, _loo_scale(f, at_level)
 
     def posterior(self, f: Fitted, X) -> tuple[np.ndarray, np.ndarray]:
         """The latent function's mean and standard deviation (the white noise taken out)."""
-        mu, sd = f.gp.predict(X, return_std=True)
+        mu, sd = f.predict(X)
         return mu, np.sqrt(np.maximum(sd**2 - f.noise, 1e-12))
 
     def open_posterior(self, f: Fitted, level: Level, configs: list) -> tuple[np.ndarray, np.ndarray]:
@@ -273,17 +289,17 @@ def _alpha(y, extra) -> np.ndarray:
     return 1e-8 + extra / max(float(np.var(y)), 1e-12)
 
 
-def _loo_scale(gp, here) -> float:
+def _loo_scale(f: Fitted, here) -> float:
     """How much wider the model's standard deviations must be to match its own leave-one-out errors: the
     root mean square of the standardized LOO residuals (closed form for a GP) over this level's points, or
     all points while the level has fewer than 3; never below 1."""
     from scipy.linalg.lapack import dtrtri
 
-    Linv, info = dtrtri(gp.L_, lower=1)  # K = L L^T, so diag(K^-1) = column sums of (L^-1)^2
+    Linv, info = dtrtri(f.L, lower=1)  # K = L L^T, so diag(K^-1) = column sums of (L^-1)^2
     if info != 0:
         return 1.0
     d = np.einsum("ij,ij->j", Linv, Linv)
-    resid = gp.alpha_.ravel() / d  # y - mu_loo, normalized units
+    resid = f.alpha.ravel() / d  # y - mu_loo, normalized units
     z = resid * np.sqrt(d)  # over sigma_loo
     sel = here if here.sum() >= 3 else np.ones_like(here)
     return max(1.0, float(np.sqrt(np.mean(z[sel] ** 2))))
