@@ -100,14 +100,22 @@ class Model:
     # --- the training set ----------------------------------------------------------------------
 
     def features(self, adapter: KernelAdapter, cfg, wl, concurrency: int) -> list[float]:
-        """The adapter's encoding of a config at a level (:meth:`tuner.adapter.KernelAdapter.encode`), kept."""
-        key = (cfg, wl, concurrency)
-        if key not in self._features:
-            self._features[key] = adapter.encode(cfg, wl, concurrency)
-        return self._features[key]
+        """The adapter's encoding of a config at a level (:meth:`tuner.adapter.KernelAdapter.encode`), kept per
+        workload and level (a config is hashed once per lookup, the workload once per batch)."""
+        at = self._features.get((wl, concurrency))
+        if at is None:
+            at = self._features[(wl, concurrency)] = {}
+        row = at.get(cfg)
+        if row is None:
+            row = at[cfg] = adapter.encode(cfg, wl, concurrency)
+        return row
 
     def X(self, configs, level: Level) -> np.ndarray:
-        return np.array([self.features(level.adapter, c, level.workload, level.concurrency) for c in configs])
+        at = self._features.get((level.workload, level.concurrency)) or {}
+        rows = [at.get(c) for c in configs]
+        if any(r is None for r in rows):
+            rows = [self.features(level.adapter, c, level.workload, level.concurrency) for c in configs]
+        return np.array(rows)
 
     def memo(self, kind: str, key: tuple, make):
         """``make()``, or its last result for the same rows and ``key`` (propose and the stop rule of one

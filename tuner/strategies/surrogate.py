@@ -186,7 +186,8 @@ class Surrogate(Strategy):
         open_ = level.open()
         if not open_:
             return []
-        chosen = [c for c in self.carried(level, history) if c in open_][:n]
+        is_open = set(open_)  # membership by hash: a list's is one comparison per open launch
+        chosen = [c for c in self.carried(level, history) if c in is_open][:n]
         if len(chosen) == n:
             return chosen
         fitted = self.model.fitted(level)
@@ -198,7 +199,7 @@ class Surrogate(Strategy):
         f, scale = fitted
         best = level.best()
         here_best = best[1] if best is not None else 0.0
-        pool = [c for c in self._incumbent_neighbours(level) if c in open_] or self.lines(level) or open_
+        pool = [c for c in self._incumbent_neighbours(level) if c in is_open] or self.lines(level) or open_
         believed = [*level.pending, *chosen]
         while len(chosen) < n:
             pool = [c for c in pool if c not in chosen] or [c for c in open_ if c not in chosen]
@@ -231,7 +232,8 @@ class Surrogate(Strategy):
         best = level.best()
         if best is None or here < min(self.options.min_here, len(level.candidates)) or level.pending or not open_:
             return None
-        if [c for c in self.carried(level, history) if c in open_] or self._incumbent_neighbours(level):
+        is_open = set(open_)
+        if [c for c in self.carried(level, history) if c in is_open] or self._incumbent_neighbours(level):
             return None  # the previous level's best and the incumbent's neighbours come first
         if self.lines(level):
             return None  # and the best tile shapes at every split target
