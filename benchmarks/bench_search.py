@@ -4,6 +4,7 @@
     python benchmarks/bench_search.py --strategies surrogate --seeds 3 --cases v4_216
     python benchmarks/bench_search.py --jobs 2 ...            # two runs at once (results are the same)
     python benchmarks/bench_search.py --overhead              # one replay search's time, and the model's share
+    python benchmarks/bench_search.py --option stop_p=0.1 ...   # a strategy option (tuner search --help)
 
 Each run is a real ``tuner search --backend replay --seed N`` of a space version stored with the recorded
 full grid (``tuner_spaces``), against a fresh results database, so no run sees another's measurements and
@@ -51,6 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 from tabulate import tabulate  # noqa: E402
+
+from sparse_mla_tuner.tuner import strategies  # noqa: E402
 
 CASES = {  # name: (space name, kernel hash whose full grid is replayed); levels: those with a full grid
     "v4_216": ("v4_flash_tp4", "ea528dafbe5c"),
@@ -180,6 +183,7 @@ def add_priors(case: Case, space, store, opts, seed: int) -> str | None:
                         record_kernel=prior,
                         concurrency=[c],
                         seed=seed,
+                        strategy_options={},
                     ),
                 )
             except TunerError:
@@ -190,7 +194,9 @@ def add_priors(case: Case, space, store, opts, seed: int) -> str | None:
     return None
 
 
-def run_one(case: Case, strategy: str, seed: int, n_trials, landscape: str, priors: bool = False) -> dict:
+def run_one(
+    case: Case, strategy: str, seed: int, n_trials, landscape: str, priors: bool = False, options: dict | None = None
+) -> dict:
     import dataclasses
 
     from sparse_mla_tuner.db import queries
@@ -215,6 +221,7 @@ def run_one(case: Case, strategy: str, seed: int, n_trials, landscape: str, prio
             replay_kernel=case.kernel,
             seed=seed,
             concurrency=case.levels,
+            strategy_options=dict(options or {}),
         )
         prior = add_priors(case, space, store, opts, seed) if priors else None
         source = ReplaySource(opts.replay_db, None, case.kernel)
@@ -325,7 +332,9 @@ def _run_quietly(job) -> dict:
     return run_one(*job)
 
 
-def overhead(space_path: str, replay_db: str, levels: list[int], seed: int = 0, refit: str | None = None) -> dict:
+def overhead(
+    space_path: str, replay_db: str, levels: list[int], seed: int = 0, refit: str | None = None, options=None
+) -> dict:
     """One replay search (see the module's docstring) and where its time went."""
     from sparse_mla_tuner.db.store import Store
     from sparse_mla_tuner.tuner import search as search_mod
@@ -334,7 +343,13 @@ def overhead(space_path: str, replay_db: str, levels: list[int], seed: int = 0, 
 
     space = load_space(space_path)
     opts = Options(
-        backend="replay", quiet=True, replay_db=f"sqlite:///{replay_db}", concurrency=levels, seed=seed, refit=refit
+        backend="replay",
+        quiet=True,
+        replay_db=f"sqlite:///{replay_db}",
+        concurrency=levels,
+        seed=seed,
+        refit=refit,
+        strategy_options=dict(options or {}),
     )
     st = search_mod.make_strategy(space, opts)  # made here, so that its timings can be read afterwards
     with tempfile.TemporaryDirectory() as tmp:
@@ -353,6 +368,32 @@ def overhead(space_path: str, replay_db: str, levels: list[int], seed: int = 0, 
         "optimizations": refitter.fits if refitter else 0,
         "measured": {r["C"]: r.get("ok") for r in rows},
     }
+
+
+def parse_options(given: list[str]) -> dict:
+    """``NAME=VALUE`` strings as strategy options (a VALUE as a Python literal: ``stop_p=0.1``, ``carry=2``); a
+    name no strategy has, or a value out of its rule, ends the benchmark with the reason."""
+    import ast
+
+    if not given:
+        return {}
+    out = {}
+    for item in given:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--option {item!r}: NAME=VALUE")
+        out[name.strip()] = ast.literal_eval(value.strip())
+    known = {n for name in strategies.NAMES for n in strategies.options_type(name).names()}
+    unknown = sorted(set(out) - known)
+    if unknown:
+        raise SystemExit(f"--option {unknown[0]}: no strategy has it; allowed: {', '.join(sorted(known))}")
+    for name in strategies.NAMES:
+        table = strategies.options_type(name)
+        try:
+            table.from_mapping({k: v for k, v in out.items() if k in table.names()}, name)
+        except strategies.OptionError as e:
+            raise SystemExit(f"--option {e}") from None
+    return out
 
 
 def main() -> None:
@@ -377,9 +418,19 @@ def main() -> None:
         default=None,
         help="--overhead: when re-optimized hyperparameters swap in (default: a replay's, deterministic)",
     )
+    ap.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a strategy option (`tuner search --help` lists them), for every strategy that has it; repeatable",
+    )
     args = ap.parse_args()
+    options = parse_options(args.option)
     if args.overhead:
-        r = overhead(args.space, args.replay_db, [int(c) for c in args.levels.split(",")], refit=args.refit)
+        r = overhead(
+            args.space, args.replay_db, [int(c) for c in args.levels.split(",")], refit=args.refit, options=options
+        )
         print(
             f"{r['space']} C={args.levels} ({r['strategy']}, {args.refit or 'deterministic'}): "
             f"{r['wall_s']:.1f} s in all, model {r['model_s']:.1f} s "
@@ -404,7 +455,11 @@ def main() -> None:
             if strategy == "tpe":  # TPE's budget: a share of the distinct launches of an average level
                 n_trials = max(1, round(TPE_SHARE * mean_launches(case)))
             seeds = args.seeds if strategy == "surrogate" or args.grid_seeds is None else args.grid_seeds
-            jobs += [(case, strategy, seed, n_trials, args.landscape, args.priors) for seed in range(seeds)]
+            # (the tables imported only when options are given: a model imported here would be forked into every run)
+            mine = (
+                {k: v for k, v in options.items() if k in strategies.options_type(strategy).names()} if options else {}
+            )
+            jobs += [(case, strategy, seed, n_trials, args.landscape, args.priors, mine) for seed in range(seeds)]
     runs = []
     with concurrent.futures.ProcessPoolExecutor(args.jobs) as pool:  # every run is independent
         for r in pool.map(_run_quietly, jobs):

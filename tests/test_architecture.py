@@ -265,7 +265,9 @@ GENERIC = (  # the tuner's core: it speaks of configs, workloads and launches th
     "tuner/space.py",
     "tuner/study.py",
     "tuner/candidates.py",
+    "tuner/noise.py",
     "tuner/recorder.py",
+    "tuner/optuna_study.py",
     "tuner/local_study.py",
     "tuner/stats.py",
     "tuner/strategies",
@@ -289,3 +291,49 @@ def test_the_tuner_core_imports_no_kernel_adapter(where):
     for path in paths:
         bad = [m for m in _imports(path) if m.startswith(("kernels", "tuner.adapters"))]
         assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+# --- the search code's classes -----------------------------------------------------------------------
+
+
+def _classes():
+    for path in sorted((ROOT / "tuner").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                yield path.relative_to(ROOT), node
+
+
+def _self_attributes(function) -> set[str]:
+    """The attributes a method assigns on ``self`` (``self.x = ...``, ``self.x += ...``, ``self.a, self.b = ...``)."""
+    out = set()
+    for node in ast.walk(function):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AugAssign, ast.AnnAssign)) else []  # fmt: skip
+        for target in targets:
+            for t in ast.walk(target):
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                    out.add(t.attr)
+    return out
+
+
+def test_no_class_of_the_search_code_is_over_250_lines():
+    long = [
+        f"{path}:{c.name} {c.end_lineno - c.lineno + 1}" for path, c in _classes() if c.end_lineno - c.lineno >= 250
+    ]
+    assert not long, long
+
+
+def test_every_attribute_is_created_in_init():
+    """A class's state is declared where it is made: a method other than ``__init__`` (or a dataclass's
+    ``__post_init__``) assigns only attributes ``__init__`` or the class body created."""
+    stray = []
+    for path, c in _classes():
+        methods = [f for f in c.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        made = {a for f in methods if f.name in ("__init__", "__post_init__") for a in _self_attributes(f)}
+        made |= {
+            t.id for s in c.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) for t in [s.target]
+        }
+        made |= {t.id for s in c.body if isinstance(s, ast.Assign) for t in s.targets if isinstance(t, ast.Name)}
+        for f in methods:
+            stray += [f"{path}:{c.name}.{f.name} sets self.{a}" for a in sorted(_self_attributes(f) - made)]
+    assert not stray, stray

@@ -20,6 +20,8 @@ from sparse_mla_tuner.kernels.config import KernelConfig
 from sparse_mla_tuner.kernels.workload import Workload
 from sparse_mla_tuner.tuner import strategies
 from sparse_mla_tuner.tuner.strategies import Level
+from sparse_mla_tuner.tuner.strategies import Measured
+from sparse_mla_tuner.tuner.strategies import model
 from sparse_mla_tuner.tuner.strategies import surrogate
 from tests.conftest import tuner_in_process
 
@@ -59,18 +61,17 @@ def _search(strategy, levels, best_at, noise=0.002, seed=0):
         lvl = Level(c, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands))
         proposed = []
         while True:
-            strategy.history(rows + [(c, k, y, None) for k, y in lvl.measured.items()])
-            if strategy.stop_reason(lvl) is not None:
+            if strategy.stop_reason(lvl, rows) is not None:
                 break
-            picks = strategy.propose(lvl, 1)
+            picks = strategy.propose(lvl, 1, rows)
             assert picks, "a strategy that does not stop must propose"
             for p in picks:
                 assert p in cands and p not in lvl.measured and p not in lvl.pending, p
                 assert p not in proposed
                 proposed.append(p)
                 lvl.measured[p] = _landscape(p, c, best_at(c)) + rng.normal(0, noise)
-        rows += [(c, k, y, None) for k, y in lvl.measured.items()]
-        out[c] = (lvl, strategy.stop_reason(lvl))
+        out[c] = (lvl, strategy.stop_reason(lvl, rows))
+        rows += lvl.own()
     return out
 
 
@@ -114,14 +115,12 @@ def test_the_stop_rule_waits_for_the_minimum_and_the_incumbents_neighbours():
     cands = _candidates()
     best = cands[13]
     lvl = Level(8, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands))
-    for cfg in cands[: surrogate.MIN_HERE - 1]:
+    for cfg in cands[: s.options.min_here - 1]:
         lvl.measured[cfg] = _landscape(cfg, 8, best)
-    s.history([(8, k, y, None) for k, y in lvl.measured.items()])
-    assert s.stop_reason(lvl) is None  # fewer than MIN_HERE measured
+    assert s.stop_reason(lvl, ()) is None  # fewer than min_here measured
     lvl.measured[best] = _landscape(best, 8, best)
-    s.history([(8, k, y, None) for k, y in lvl.measured.items()])
-    assert s.stop_reason(lvl) is None  # the best's neighbours are not all measured yet
-    assert set(s.propose(lvl, 1)) <= set(lvl.neighbours[best])
+    assert s.stop_reason(lvl, ()) is None  # the best's neighbours are not all measured yet
+    assert set(s.propose(lvl, 1, ())) <= set(lvl.neighbours[best])
 
 
 def test_the_stop_rule_reports_the_probability_it_stopped_at():
@@ -130,9 +129,9 @@ def test_the_stop_rule_reports_the_probability_it_stopped_at():
     s = strategies.make("surrogate", seed=0)
     lvl, why = _search(s, [16], lambda c: best)[16]
     p = float(why.split("= ")[1].split("%")[0]) / 100
-    assert p < surrogate.STOP_P and p == pytest.approx(s.last_p, abs=5e-4)
+    assert p < s.options.stop_p == surrogate.SurrogateOptions().stop_p and p == pytest.approx(s.last_p, abs=5e-4)
     assert f"{len(lvl.measured)} of {len(lvl.candidates)} launches measured" in why
-    never = surrogate.Surrogate(seed=0, stop_p=0.0)
+    never = strategies.make("surrogate", seed=0, stop_p=0.0)
     lvl, why = _search(never, [16], lambda c: best)[16]
     assert set(lvl.measured) == set(lvl.candidates) and why.startswith("every one of")
 
@@ -145,11 +144,10 @@ def test_several_workers_get_different_proposals():
     lvl = Level(8, WL, cands, band=0.01, baseline=cands[0], neighbours={})
     for cfg in cands[::3]:
         lvl.measured[cfg] = _landscape(cfg, 8, best)
-    s.history([(8, k, y, None) for k, y in lvl.measured.items()])
-    batch = s.propose(lvl, 4)
+    batch = s.propose(lvl, 4, ())
     assert len(batch) == 4 and len(set(batch)) == 4
     lvl.pending = set(batch)
-    again = s.propose(lvl, 2)
+    again = s.propose(lvl, 2, ())
     assert not set(again) & set(batch)
 
 
@@ -157,11 +155,11 @@ def test_a_prior_that_predicts_well_enters_and_one_that_does_not_is_ignored():
     s = surrogate.Surrogate(seed=0)
     cands = _candidates()
     best = cands[13]
-    own = [(8, c, _landscape(c, 8, best), None) for c in cands[:10]]
-    good = [(8, c, _landscape(c, 8, best) + 0.1, ("k1", "dev")) for c in cands]
-    bad = [(8, c, -_landscape(c, 8, best), ("k2", "dev")) for c in cands]
-    s.history(own + good + bad)
-    rho = s._prior_rho([(c, k, y) for c, k, y, _ in own])
+    own = [Measured(8, c, _landscape(c, 8, best)) for c in cands[:10]]
+    good = [Measured(8, c, _landscape(c, 8, best) + 0.1, ("k1", "dev")) for c in cands]
+    bad = [Measured(8, c, -_landscape(c, 8, best), ("k2", "dev")) for c in cands]
+    s.model.sync(Level(8, WL, cands), own + good + bad)
+    rho = s.model.prior_rho([(c, k, y) for c, k, y, _ in own])
     assert rho[("k1", "dev")] > 0.9 and rho[("k2", "dev")] == 0.0
 
 
@@ -314,22 +312,20 @@ def test_the_best_tile_shapes_are_tried_at_every_split_target_before_a_level_sto
     best = KernelConfig(BLOCK_T=64, num_warps=8, num_stages=1, TARGET_CTAS=128)
     for cfg in [best, *near[best]]:  # the incumbent and all its neighbours
         lvl.measured[cfg] = -0.4 if cfg == best else -0.1
-    within = math.log(1 + surrogate.LINE_WITHIN)
+    within = math.log(1 + s.options.line_within)
     # the second best shape (within LINE_WITHIN of the best), the third just beyond it, and a worse fourth
     shapes = [(32, 4, -0.4 + within / 2), (16, 8, -0.4 + within * 1.05), (16, 2, 0.2)]
     for t, w, y in shapes:
         lvl.measured[KernelConfig(BLOCK_T=t, num_warps=w, num_stages=1, TARGET_CTAS=128)] = y
-    s.history([(48, k, y, None) for k, y in lvl.measured.items()])
     tried = [KernelConfig(BLOCK_T=t, num_warps=w, num_stages=1, TARGET_CTAS=128) for t, w, _ in shapes[:1]]
     want = {o for cfg in tried for o in lines[cfg]}
     assert want and want.isdisjoint(lvl.measured)
-    assert s.stop_reason(lvl) is None
-    assert set(s.propose(lvl, 1)) <= want
-    assert not any(o.BLOCK_T == 16 and o.num_warps == 8 and o.TARGET_CTAS != 128 for o in s._lines(lvl))
+    assert s.stop_reason(lvl, ()) is None
+    assert set(s.propose(lvl, 1, ())) <= want
+    assert not any(o.BLOCK_T == 16 and o.num_warps == 8 and o.TARGET_CTAS != 128 for o in s.lines(lvl))
     for o in want:
         lvl.measured[o] = 0.0
-    s.history([(48, k, y, None) for k, y in lvl.measured.items()])
-    assert not s._lines(lvl)
+    assert not s.lines(lvl)
 
 
 def test_the_surrogates_first_picks_are_the_same_on_a_resume():
@@ -338,8 +334,8 @@ def test_the_surrogates_first_picks_are_the_same_on_a_resume():
     cands = _candidates()
     a, b = strategies.make("surrogate", seed=5), strategies.make("surrogate", seed=5)
     lvl = Level(8, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands))
-    a.propose(lvl, 1)  # a proposal the killed run made and never measured
-    assert a.propose(lvl, 2) == b.propose(lvl, 2)
+    a.propose(lvl, 1, ())  # a proposal the killed run made and never measured
+    assert a.propose(lvl, 2, ()) == b.propose(lvl, 2, ())
 
 
 def test_screening_is_successive_halving(recorded, tmp_path):
@@ -409,18 +405,17 @@ def test_the_model_carries_what_one_level_taught_to_another():
     def y(cfg, c):
         return (0.5 if cfg in slow else 0.0) + 0.1 * math.log2(cfg.TARGET_CTAS / 128) * (c > 32)
 
-    rows = [(8, cfg, y(cfg, 8), None) for cfg in cands]
+    rows = [Measured(8, cfg, y(cfg, 8)) for cfg in cands]
     here = [cfg for cfg in cands if cfg not in slow][::3]
-    rows += [(96, cfg, y(cfg, 96), None) for cfg in here]
-    s.history(rows)
     lvl = Level(96, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands))
     lvl.measured.update({cfg: y(cfg, 96) for cfg in here})
-    gp, _ = s._model(lvl)
-    shared_ls = gp.kernel_.k1.k1.k2.length_scale
-    assert shared_ls[0] >= surrogate.BLIND_C  # blind to log2 C
-    mu, _ = s._posterior(gp, s._X(sorted(slow, key=str), lvl))
+    s.model.sync(lvl, rows)
+    f, _ = s.model.fitted(lvl)
+    shared_ls = f.kernel.get_params()[model.SHARED_LS]
+    assert shared_ls[0] >= model.BLIND_C  # blind to log2 C
+    mu, _ = s.model.posterior(f, s.model.X(sorted(slow, key=str), lvl))
     assert mu.min() > 0.4, np.round(mu, 3)  # slow (0.5 to 0.7 at C=96), not the level's mean (0.1)
-    mu_here, _ = s._posterior(gp, s._X(here, lvl))
+    mu_here, _ = s.model.posterior(f, s.model.X(here, lvl))
     assert np.abs(mu_here - [y(cfg, 96) for cfg in here]).max() < 0.02
 
 
@@ -430,20 +425,20 @@ def test_a_level_starts_with_the_previous_levels_best_tile_shapes_at_every_split
     moves with C, so the runner-up of C=8 is tried at C=16 at other split counts than the one it did well at."""
     s = strategies.make("surrogate", seed=0)
     cands = _candidates()
-    within = math.log(1 + surrogate.LINE_WITHIN)
+    within = math.log(1 + s.options.line_within)
     best = KernelConfig(BLOCK_T=64, num_warps=8, num_stages=1, TARGET_CTAS=128)
     second = KernelConfig(BLOCK_T=32, num_warps=4, num_stages=1, TARGET_CTAS=256)  # within LINE_WITHIN
     far = KernelConfig(BLOCK_T=16, num_warps=2, num_stages=1, TARGET_CTAS=256)  # beyond it
     at8 = {c: 0.5 for c in cands} | {best: -0.4, best.replace(num_stages=2): -0.39, best.replace(num_stages=3): -0.38}
     at8 |= {second: -0.4 + within / 2, far: -0.4 + within * 1.5}
-    s.history([(8, c, y, None) for c, y in at8.items()])
+    history = [Measured(8, c, y) for c, y in at8.items()]
     lvl = Level(16, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands))
-    carried = s._carried(lvl)
+    carried = s.carried(lvl, history)
     assert carried[:3] == [best, best.replace(num_stages=2), best.replace(num_stages=3)]
     split = lambda c: [o for o in lvl.neighbours[c] if o.replace(TARGET_CTAS=c.TARGET_CTAS) == c]  # noqa: E731
     assert {second, *split(second), *split(best)} <= set(carried)
     assert not {far, *split(far)} & set(carried)
-    assert s.propose(lvl, len(carried)) == carried and s.stop_reason(lvl) is None
+    assert s.propose(lvl, len(carried), history) == carried and s.stop_reason(lvl, history) is None
 
 
 def test_a_levels_hyperparameters_are_refitted_when_its_own_measurements_double():
@@ -451,17 +446,17 @@ def test_a_levels_hyperparameters_are_refitted_when_its_own_measurements_double(
     level starts and each time its own measurements grew REFIT_HERE-fold, not on every new point."""
     s = strategies.make("surrogate", seed=0)
     cands = _candidates()
-    rows = [(8, c, _landscape(c, 8, cands[13]), None) for c in cands]
+    rows = [Measured(8, c, _landscape(c, 8, cands[13])) for c in cands]
     lvl = Level(96, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands))
     fits = []
     for n in range(1, 13):
         lvl.measured = {c: _landscape(c, 96, cands[40]) for c in cands[:n]}
-        s.history(rows + [(96, c, y, None) for c, y in lvl.measured.items()])
-        s._model(lvl)
-        fits.append(s._here_fit)
+        s.model.sync(lvl, rows)
+        s.model.fitted(lvl)
+        fits.append(s.model.here_fit)
     want, last = [], None
-    for n in range(1, 13):  # at the level's first point, then at REFIT_HERE x (the last fit's count, at least 2)
-        if last is None or n >= surrogate.REFIT_HERE * max(last, 2):
+    for n in range(1, 13):  # at the level's first point, then at refit_here x (the last fit's count, at least 2)
+        if last is None or n >= s.options.refit_here * max(last, 2):
             last = n
         want.append(last)
     assert fits == want and len(set(want)) >= 3, (fits, want)
@@ -471,8 +466,8 @@ def _two_levels_rows(cands):
     """Measurements at C=8 and C=32 of every candidate (C=32 the nearer to C=24 in log C)."""
     best8 = KernelConfig(BLOCK_T=64, num_warps=8, num_stages=1, TARGET_CTAS=128)
     best32 = KernelConfig(BLOCK_T=16, num_warps=2, num_stages=3, TARGET_CTAS=512)
-    rows = [(8, c, _landscape(c, 8, best8), None) for c in cands]
-    rows += [(32, c, _landscape(c, 32, best32), None) for c in cands]
+    rows = [Measured(8, c, _landscape(c, 8, best8)) for c in cands]
+    rows += [Measured(32, c, _landscape(c, 32, best32)) for c in cands]
     return rows, best8, best32
 
 
@@ -483,17 +478,17 @@ def test_two_levels_with_the_same_training_points_get_models_of_their_own():
     s = strategies.make("surrogate", seed=0)
     cands = _candidates()[::2]
     rows, *_ = _two_levels_rows(cands)
-    s.history(rows)
     models = {}
     for c in (8, 32):
         lvl = Level(c, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands))
-        lvl.measured = {cfg: y for cc, cfg, y, _ in rows if cc == c}
-        X, _, _ = s._training(lvl)
-        gp, _ = s._model(lvl)
-        assert np.array_equal(gp.X_train_, X), c  # this level's rows, in this level's order
-        models[c] = gp
+        lvl.measured = {m.config: m.y for m in rows if m.concurrency == c}
+        s.model.sync(lvl, [m for m in rows if m.concurrency != c])
+        X, _, _ = s.model.training(lvl)
+        f, _ = s.model.fitted(lvl)
+        assert np.array_equal(f.X, X), c  # this level's rows, in this level's order
+        models[c] = f
     assert models[8] is not models[32]
-    assert not np.array_equal(models[8].X_train_, models[32].X_train_)
+    assert not np.array_equal(models[8].X, models[32].X)
 
 
 def test_carried_picks_come_only_from_levels_searched_before():
@@ -502,42 +497,42 @@ def test_carried_picks_come_only_from_levels_searched_before():
     s = strategies.make("surrogate", seed=0)
     cands = _candidates()
     rows, best8, best32 = _two_levels_rows(cands)
-    s.history(rows)
     lvl = Level(24, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands))
-    carried = s._carried(lvl)
+    carried = s.carried(lvl, rows)
     assert carried[0] == best8 and best32 not in carried
-    assert s.propose(lvl, 1) == [best8]
+    assert s.propose(lvl, 1, rows) == [best8]
     first = Level(4, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands))
-    assert s._carried(first) == []  # every measured level comes later
+    assert s.carried(first, rows) == []  # every measured level comes later
     lvl.order = (96, 32, 24, 8)  # a space that lists its levels downwards: C=32 was searched before C=24
-    assert s._carried(lvl)[0] == best32
+    assert s.carried(lvl, rows)[0] == best32
 
 
 def _grow(s, lvl, rows, best, n):
     """Measure the level's first ``n`` candidates and return the model's hyperparameters."""
     lvl.measured = {c: _landscape(c, lvl.concurrency, best) for c in lvl.candidates[:n]}
-    s.history(rows + [(lvl.concurrency, c, y, None) for c, y in lvl.measured.items()])
-    gp, _ = s._model(lvl)
-    return gp.kernel_.theta
+    s.model.sync(lvl, rows)
+    f, _ = s.model.fitted(lvl)
+    return f.kernel.theta
 
 
 def test_a_deterministic_refit_swaps_in_lag_measurements_later():
     """Deterministic mode (a replay): an optimization started at a level's n-th measurement is used from its
-    (n + HPO_LAG)-th; until then the model is refitted with the last hyperparameters."""
+    (n + hpo_lag)-th; until then the model is refitted with the last hyperparameters."""
     cands = _candidates()
-    rows = [(8, c, _landscape(c, 8, cands[13]), None) for c in cands[::2]]
+    rows = [Measured(8, c, _landscape(c, 8, cands[13])) for c in cands[::2]]
 
     def run():
         s = strategies.make("surrogate", seed=0, refit="deterministic")
-        s.history(rows)
-        s._model(Level(8, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands)))
+        at8 = Level(8, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands))
+        s.model.sync(at8, rows)
+        s.model.fitted(at8)
         assert not s.refitter.pending  # the first optimization has nothing to go on with: used at once
         lvl = Level(96, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands))
         thetas = [_grow(s, lvl, rows, cands[40], 1)]  # a new level: its optimization starts here
-        assert s.refitter.pending and s._here_fit == 1
-        for n in range(2, 2 + surrogate.HPO_LAG):
+        assert s.refitter.pending and s.model.here_fit == 1
+        for n in range(2, 2 + s.options.hpo_lag):
             thetas.append(_grow(s, lvl, rows, cands[40], n))
-            assert s.refitter.pending == (n < 1 + surrogate.HPO_LAG)
+            assert s.refitter.pending == (n < 1 + s.options.hpo_lag)
         return thetas
 
     thetas = run()
@@ -568,16 +563,17 @@ def test_proposals_go_on_while_an_optimization_runs_and_use_its_result_after(mon
     monkeypatch.setattr(hpo.Refitter, "_worker", lambda self: pool)
     s = strategies.make("surrogate", seed=0, refit="background")
     cands = _candidates()
-    rows = [(8, c, _landscape(c, 8, cands[13]), None) for c in cands[::2]]
-    s.history(rows)
-    s._model(Level(8, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands)))  # the first
-    first = s._kernel.theta.copy()
+    rows = [Measured(8, c, _landscape(c, 8, cands[13])) for c in cands[::2]]
+    at8 = Level(8, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands))
+    s.model.sync(at8, rows)
+    s.model.fitted(at8)  # the first
+    first = s.model.kernel.theta.copy()
     lvl = Level(96, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands))
     _grow(s, lvl, rows, cands[40], 1)  # a new level: its optimization starts, and blocks
     assert s.refitter.pending and started.wait(60) and len(calls) == 2  # the worker may start it a bit later
     for n in range(2, 8):
         assert np.array_equal(_grow(s, lvl, rows, cands[40], n), first)
-        assert s.propose(lvl, 1) and s.stop_reason(lvl) is None
+        assert s.propose(lvl, 1, rows) and s.stop_reason(lvl, rows) is None
         assert s.refitter.pending
     gate.set()
     pool.submit(lambda: None).result(timeout=60)  # the optimization finished
@@ -586,3 +582,133 @@ def test_proposals_go_on_while_an_optimization_runs_and_use_its_result_after(mon
     # fits counts optimizations started: the last growth may have started one the worker has not run yet
     assert len(calls) <= s.refitter.fits <= len(calls) + 1 and s.hpo_seconds > 0 and s.model_seconds > 0
     pool.shutdown()
+
+
+# --- options, TPE on its own, the package's shape ---------------------------------------------------
+
+
+def _space_with_sampler(tmp_path, sampler: str) -> Path:
+    text = Path(SMOKE).read_text()
+    assert "sampler: {name: surrogate, seed: 0}" in text
+    path = tmp_path / f"opts{len(list(tmp_path.glob('opts*.yaml')))}.yaml"
+    path.write_text(text.replace("sampler: {name: surrogate, seed: 0}", f"sampler: {sampler}"))
+    return path
+
+
+def test_an_unknown_sampler_option_is_refused_in_one_sentence(tmp_path):
+    """A key the named strategy does not take: one sentence naming the file, the key and every allowed key."""
+    from sparse_mla_tuner.tuner.errors import SpaceError
+    from sparse_mla_tuner.tuner.space import load_space
+
+    path = _space_with_sampler(tmp_path, "{name: surrogate, stop_q: 0.1}")
+    with pytest.raises(SpaceError) as e:
+        load_space(str(path))
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: `sampler.stop_q`: unknown key for strategy surrogate; allowed: ")
+    for key in ("name", "seed", "n_trials", *surrogate.SurrogateOptions.names()):
+        assert repr(key) in msg, key
+    assert "\n" not in msg
+    # another strategy's option is unknown to this one
+    with pytest.raises(SpaceError, match="`sampler.stop_p`: unknown key for strategy grid"):
+        load_space(str(_space_with_sampler(tmp_path, "{name: grid, stop_p: 0.1}")))
+    # a value out of its range, or of the wrong type
+    with pytest.raises(SpaceError, match=r"`sampler.stop_p`: must be a number in \[0, 1\], got 1.5"):
+        load_space(str(_space_with_sampler(tmp_path, "{name: surrogate, stop_p: 1.5}")))
+    with pytest.raises(SpaceError, match="`sampler.carry`: must be an integer >= 0, got 'two'"):
+        load_space(str(_space_with_sampler(tmp_path, "{name: surrogate, carry: two}")))
+    proc = _tuner("search", str(path), "--backend", "replay", "--db", f"sqlite:///{tmp_path / 'x.db'}", "-q")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "`sampler.stop_q`" in proc.stderr
+
+
+def test_an_option_from_the_space_file_reaches_the_strategy(tmp_path):
+    """``sampler: {name: surrogate, stop_p: ..., carry: ...}`` makes the search's strategy with those options; a
+    --sampler naming another strategy leaves them; a benchmark's ``strategy_options`` go over them."""
+    from sparse_mla_tuner.tuner.search import Options
+    from sparse_mla_tuner.tuner.search import make_strategy
+    from sparse_mla_tuner.tuner.space import load_space
+
+    space = load_space(str(_space_with_sampler(tmp_path, "{name: surrogate, seed: 0, stop_p: 0.2, carry: 1}")))
+    st = make_strategy(space, Options(backend="replay"))
+    assert st.name == "surrogate" and st.options.stop_p == 0.2 and st.options.carry == 1
+    assert st.options.min_here == surrogate.SurrogateOptions().min_here  # the rest at their defaults
+    assert make_strategy(space, Options(backend="replay", sampler="tpe")).options == strategies.make("tpe").options
+    over = make_strategy(space, Options(backend="replay", strategy_options={"stop_p": 0.3}))
+    assert over.options.stop_p == 0.3 and over.options.carry == 1
+
+
+def test_options_are_typed_and_listed_in_the_search_help():
+    """Every option of every strategy has a doc, a rule and a default of its declared type; ``make`` refuses an
+    unknown one by name; ``tuner search --help`` lists each with its default."""
+    with pytest.raises(strategies.OptionError, match="option stop_q is not an option of strategy surrogate"):
+        strategies.make("surrogate", stop_q=0.1)
+    with pytest.raises(strategies.OptionError, match="option max_asks must be an integer >= 1, got 0"):
+        strategies.make("tpe", max_asks=0)
+    assert strategies.make("surrogate", refit_growth=2).options.refit_growth == 2.0  # an int for a float
+    with pytest.raises(strategies.OptionError):
+        strategies.make("surrogate", carry=1.5)  # a float for an int
+    text = _tuner("search", "--help").stdout
+    for name in strategies.NAMES:
+        for opt, rule, default, doc in strategies.options_type(name).table():
+            assert doc and rule and isinstance(default, int | float)
+            assert f"{opt} = {default!r}" in text, opt
+
+
+def test_tpe_proposes_by_itself_and_learns_from_what_is_measured():
+    """TPE proposes through its own in-memory study per level (no study of the tuner's), only open candidates,
+    and once past its random start its proposals are better than the candidates on average."""
+    cands = _candidates()
+    best = KernelConfig(BLOCK_T=32, num_warps=4, num_stages=1, TARGET_CTAS=256)
+    true = {c: _landscape(c, 8, best) for c in cands}
+    tpe = strategies.make("tpe", seed=1, n_startup=5)
+    lvl = Level(8, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands))
+    order = []
+    for _ in range(30):
+        (pick,) = tpe.propose(lvl, 1, ())
+        assert pick in cands and pick not in lvl.measured
+        order.append(pick)
+        lvl.measured[pick] = true[pick]
+    learned = order[5:]
+    assert np.mean([true[c] for c in learned]) < np.mean(list(true.values()))
+    assert min(true[c] for c in order) <= sorted(true.values())[2]  # it found one of the three best
+    again = strategies.make("tpe", seed=1, n_startup=5)
+    lvl2 = Level(8, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands))
+    for c in order[:10]:
+        assert again.propose(lvl2, 1, ()) == [c]  # the same seed, the same proposals
+        lvl2.measured[c] = true[c]
+    lvl2.pending = set(again.propose(lvl2, 3, ()))
+    assert len(lvl2.pending) == 3 and not lvl2.pending & set(lvl2.measured)
+
+
+def _classes(folder: Path):
+    import ast
+
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                yield path, node
+
+
+def test_strategy_classes_are_small_and_make_their_attributes_in_init():
+    """No class in tuner/strategies/ over 250 lines, and none that creates an attribute outside ``__init__``
+    (every ``self.x = ...`` elsewhere assigns one that ``__init__``, or a dataclass's fields, made)."""
+    import ast
+
+    found = 0
+    for path, cls in _classes(ROOT / "tuner" / "strategies"):
+        found += 1
+        length = cls.end_lineno - cls.lineno + 1
+        assert length <= 250, f"{path.name}: {cls.name} is {length} lines"
+        # a dataclass's fields are made by its generated __init__
+        made = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+        elsewhere = []
+        for fn in (n for n in cls.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                targets = node.targets if isinstance(node, ast.Assign) else []
+                targets = [node.target] if isinstance(node, ast.AnnAssign | ast.AugAssign) else targets
+                for t in targets:
+                    for el in t.elts if isinstance(t, ast.Tuple) else [t]:
+                        if isinstance(el, ast.Attribute) and isinstance(el.value, ast.Name) and el.value.id == "self":
+                            (made.add(el.attr) if fn.name == "__init__" else elsewhere.append((fn.name, el.attr)))
+        late = [(fn, a) for fn, a in elsewhere if a not in made]
+        assert not late, f"{path.name}: {cls.name} creates {late} outside __init__"
+    assert found >= 8

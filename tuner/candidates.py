@@ -33,7 +33,7 @@ class Candidates:
         self.prior: list[KernelConfig] = []  # measured first: --first, the previous kernel's best, untried values
         self.queue_order: list[KernelConfig] = []  # the candidates in measuring order
         self.neighbours: dict[KernelConfig, list[KernelConfig]] = {}
-        self.history: list[tuple] = []  # other levels' measurements: (C, config, log ratio or None, source)
+        self.history: list[strategies.Measured] = []  # other levels' measurements and the priors
         self.measured: dict[KernelConfig, tuple[KernelConfig, float | None]] = {}  # recorded -> (candidate, log ratio)
         self.more = False  # a finished level reopened by a larger --n-trials: measured up to it, no stop rule
         self.expected_share: float | None = None  # the share of launches measured at this search's finished levels
@@ -64,7 +64,7 @@ class Candidates:
             if c in plan.verdicts and plan.verdicts[c].feasible and c not in done
         ]
 
-    def history_of(self, found, study_id: int, kernel_id: int, device: str) -> list[tuple]:
+    def history_of(self, found, study_id: int, kernel_id: int, device: str) -> list[strategies.Measured]:
         """The strategy's history from the space's recorded trials (``found``): this kernel on this device at the
         levels before this one in the space's order (source None), and earlier records (source: kernel hash and
         device) as priors; never this study's own rows, nor this search's levels after this one (a resume)."""
@@ -85,7 +85,7 @@ class Candidates:
                 cfg = config_type(**t.params)
             except (ValueError, TypeError):  # recorded under another version of the declaration
                 continue
-            rows.append((t.concurrency, cfg, y, None if own else (t.kernel_id, t.gpu_name)))
+            rows.append(strategies.Measured(t.concurrency, cfg, y, None if own else (t.kernel_id, t.gpu_name)))
         return rows
 
     def _make_neighbours(self) -> dict[KernelConfig, list[KernelConfig]]:
@@ -170,14 +170,11 @@ class Candidates:
             if len(level.measured) >= len(level.candidates):
                 return f"every launch measured, {len(level.measured)} of {len(level.candidates)}"
             return None
-        self.strategy.history(
-            self.history + [(self.plan.concurrency, cfg, y, None) for cfg, y in level.measured.items()]
-        )
-        return self.strategy.stop_reason(level)
+        return self.strategy.stop_reason(level, self.history)
 
     def propose(self, level: strategies.Level) -> KernelConfig | None:
         """The next launch to measure (after :meth:`why_stop` said go on), or None."""
-        proposals = self.strategy.propose(level, 1)
+        proposals = self.strategy.propose(level, 1, self.history)
         return proposals[0] if proposals else None
 
     def not_a_candidate(self, cfg: KernelConfig, recorded) -> str | None:

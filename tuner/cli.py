@@ -413,7 +413,25 @@ def _backend(requested: str | None) -> str:
     return "cuda" if torch.cuda.is_available() else "interpreter"
 
 
-@cli.command(short_help="Tune every workload x concurrency of SPACE_FILE; every sample goes to the database.")
+class _SearchCommand(click.Command):
+    """`tuner search`, whose help ends with every strategy's options (read when the help is shown)."""
+
+    def format_epilog(self, ctx, formatter) -> None:
+        from sparse_mla_tuner.tuner import strategies
+
+        formatter.write_paragraph()
+        formatter.write_text(
+            "Strategy options: set in the space file's `sampler:` mapping next to `name`, e.g. "
+            "`sampler: {name: surrogate, stop_p: 0.1}` (name = default: what it does):"
+        )
+        formatter.write_paragraph()
+        formatter.write_text("\b\n" + strategies.options_help())
+
+
+@cli.command(
+    cls=_SearchCommand,
+    short_help="Tune every workload x concurrency of SPACE_FILE; every sample goes to the database.",
+)
 @click.argument("space_file", type=click.Path(dir_okay=False))
 @click.option(
     "--backend",

@@ -18,7 +18,6 @@ from dataclasses import field
 
 from sparse_mla_tuner.tuner import stats
 from sparse_mla_tuner.tuner import strategies
-from sparse_mla_tuner.tuner.errors import TunerError
 from sparse_mla_tuner.tuner.feasibility import Feasibility
 from sparse_mla_tuner.tuner.space import SearchSpace
 from sparse_mla_tuner.tuner.study import StudyPlan
@@ -40,25 +39,26 @@ class LevelResult:
 def run_local_study(space: SearchSpace, device: str = "cpu", sampler: str | None = None) -> list[LevelResult]:
     """Every workload x level of ``space``, measured in this process; one :class:`LevelResult` each."""
     name = sampler or space.sampler.get("name") or strategies.DEFAULT
-    strategy = strategies.make(name, space.sampler.get("seed", 0))
-    if strategy.asks:
-        raise TunerError(f"sampler {name!r} proposes through Optuna's queue, which a study without a database lacks")
+    given = space.sampler.get("options", {}) if name == space.sampler.get("name") else {}
+    strategy = strategies.make(name, space.sampler.get("seed", 0), **given)
     rounds = space.measurement["rounds"]
-    out, rows = [], []
+    out, history = [], []
     for spec in space.workloads:
         wl = spec.workload()
         # no compile here: under the interpreter there is no compiler (check it with KernelAdapter.compile_specs)
         verdicts = {c: Feasibility(True, 0, space.limit_bytes, None, None, 0, "not compiled") for c in space.configs()}
         for conc in space.concurrency:
             plan = StudyPlan(space, spec, wl, conc, verdicts, name)
-            out.append(_level(space, plan, strategy, rounds, device, rows))
+            out.append(_level(space, plan, strategy, rounds, device, history))
     close = getattr(strategy, "close", None)
     if close is not None:
         close()
     return out
 
 
-def _level(space: SearchSpace, plan: StudyPlan, strategy, rounds: int, device: str, rows: list) -> LevelResult:
+def _level(space: SearchSpace, plan: StudyPlan, strategy, rounds: int, device: str, history: list) -> LevelResult:
+    """One level, measured until the strategy stops it; its measurements are added to ``history`` (the
+    earlier levels' :class:`tuner.strategies.Measured` rows, which the strategy learns from)."""
     adapter, wl, conc, base = space.adapter, plan.workload, plan.concurrency, space.baseline
     inputs = adapter.inputs(wl, conc, device, seed=conc)
     expected = adapter.reference(inputs)
@@ -66,9 +66,8 @@ def _level(space: SearchSpace, plan: StudyPlan, strategy, rounds: int, device: s
     level = strategies.Level(conc, wl, candidates, baseline=base, adapter=adapter)
     result = LevelResult(plan.spec.name, conc, base, launches=len(candidates))
     while True:
-        strategy.history(rows)  # every measurement so far, this level's too: (C, config, log ratio, source)
-        why = strategy.stop_reason(level)
-        proposed = strategy.propose(level, 1) if why is None else []
+        why = strategy.stop_reason(level, history)
+        proposed = strategy.propose(level, 1, history) if why is None else []
         if not proposed:
             result.stopped = why or "the strategy proposes nothing more"
             break
@@ -80,7 +79,7 @@ def _level(space: SearchSpace, plan: StudyPlan, strategy, rounds: int, device: s
             pairs = [(_time(adapter, cfg, inputs), _time(adapter, base, inputs)) for _ in range(rounds)]
             ratio = 1.0 if cfg == base else stats.paired(*zip(*pairs, strict=True), bootstrap=False).ratio
             result.ratios[cfg], level.measured[cfg] = ratio, math.log(ratio)
-        rows.append((conc, cfg, level.measured[cfg], None))
+    history += level.own()
     best = level.best()
     result.pick = best[0] if best is not None and best[1] < 0 else base
     return result

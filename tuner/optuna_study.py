@@ -151,17 +151,16 @@ class OptunaStudy:
         owned = {OWNER_ATTR: self._owner} if self._beats and self._owner else {}
         return optuna_rows.start_trial(self.study, cfg.as_dict(), self.dists, owned)
 
-    def take(self, asks: bool = False) -> optuna.Trial | None:
+    def take(self) -> optuna.Trial | None:
         """The next queued trial, now running here (with its first heartbeat and owner); None when another
-        process took the last queued one first (Optuna then made a new trial, pruned here), unless the
-        strategy ``asks`` Optuna's sampler."""
+        process took the last queued one first (Optuna then made a new trial, pruned here)."""
         trial = self.study.ask(fixed_distributions=self.dists)
         trial_id = trial._trial_id
         if self._beats:  # at once: a trial without any heartbeat is never failed as stale
             self.storage.record_heartbeat(trial_id)
             if self._owner:  # and who runs it: a resumed search fails it at once if this process has ended
                 self.storage.set_trial_system_attr(trial_id, OWNER_ATTR, self._owner)
-        if not (asks or "fixed_params" in trial.storage.get_trial(trial_id).system_attrs):
+        if "fixed_params" not in trial.storage.get_trial(trial_id).system_attrs:
             self.prune(trial, {"reason": "another process took the last queued trial first"})
             return None
         return trial

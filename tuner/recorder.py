@@ -176,34 +176,6 @@ class StudyRecorder:
         with self.store.session() as s:
             return summary_row(s, self.study_id, self.plan.spec.name, self.plan.concurrency)
 
-    # --- noise --------------------------------------------------------------------------------------------------
-
-    def noise(self, proc) -> tuple[int, tuple | None, tuple | None]:
-        """``(environment id, (band, A/A samples) this GPU already uses here or None, (spread, multimodal,
-        samples) of this kernel's latest calibration here or None)``."""
-        with self.store.session() as s:
-            env_id = queries.ensure_environment(s, proc.info).id
-            known = record.noise_band(s, self.study_id, proc.info["host"], proc.gpu_index)
-            cal = queries.latest_calibration(
-                s, env_id, self.workload_id, self.plan.concurrency, self.opts.backend, kernel_id=self.kernel_id
-            )
-            stored = None if cal is None else (cal.spread, cal.multimodal, json.loads(cal.samples))
-        return env_id, known, stored
-
-    def calibration(self, proc, c) -> None:
-        """An A/A this study measured, stored as this kernel's calibration here."""
-        plan = self.plan
-        with self.store.session() as s:
-            calibrate.store_calibration(
-                s, c, proc.info, plan.spec, plan.concurrency, self.opts.backend, plan.space.baseline, self.kernel_hash
-            )
-
-    def band(self, proc, band: float, spread: float, min_effect: float, multimodal: bool, samples) -> None:
-        """The band one GPU uses in this study, with the A/A it comes from."""
-        with self.store.session() as s:
-            record.add_noise(s, self.study_id, proc.info["host"], proc.gpu_index, band, samples)
-            record.set_study_noise(s, self.study_id, band, spread, min_effect, multimodal, len(samples))
-
     # --- writes -------------------------------------------------------------------------------------------------
 
     def trial(self, proc, env_id, cfg: KernelConfig, reply: MeasureReply, band, number, wall_s, key, original):
@@ -319,6 +291,42 @@ class StudyRecorder:
                 rows = [st for t in trials if (st := t.statistic(phase)) is not None and st.p_value is not None]
                 effects = stats.decide([(st.p_value, _direction(st)) for st in rows])
                 record.set_effects(s, {st.id: e for st, e in zip(rows, effects, strict=True)})
+
+
+class NoiseRecords:
+    """The noise rows of one study: the band each GPU uses in it, and this kernel's A/A calibrations (the tuner's
+    rows, as :class:`StudyRecorder`'s, whose study it reads once that is open)."""
+
+    def __init__(self, records: StudyRecorder) -> None:
+        self.records = records
+
+    def noise(self, proc) -> tuple[int, tuple | None, tuple | None]:
+        """``(environment id, (band, A/A samples) this GPU already uses here or None, (spread, multimodal,
+        samples) of this kernel's latest calibration here or None)``."""
+        r = self.records
+        with r.store.session() as s:
+            env_id = queries.ensure_environment(s, proc.info).id
+            known = record.noise_band(s, r.study_id, proc.info["host"], proc.gpu_index)
+            cal = queries.latest_calibration(
+                s, env_id, r.workload_id, r.plan.concurrency, r.opts.backend, kernel_id=r.kernel_id
+            )
+            stored = None if cal is None else (cal.spread, cal.multimodal, json.loads(cal.samples))
+        return env_id, known, stored
+
+    def calibration(self, proc, c) -> None:
+        """An A/A this study measured, stored as this kernel's calibration here."""
+        r, plan = self.records, self.records.plan
+        with r.store.session() as s:
+            calibrate.store_calibration(
+                s, c, proc.info, plan.spec, plan.concurrency, r.opts.backend, plan.space.baseline, r.kernel_hash
+            )
+
+    def band(self, proc, band: float, spread: float, min_effect: float, multimodal: bool, samples) -> None:
+        """The band one GPU uses in this study, with the A/A it comes from."""
+        r = self.records
+        with r.store.session() as s:
+            record.add_noise(s, r.study_id, proc.info["host"], proc.gpu_index, band, samples)
+            record.set_study_noise(s, r.study_id, band, spread, min_effect, multimodal, len(samples))
 
 
 def add_samples(s, trial_id: int, phase: Phase, reply: MeasureReply, gpu_index: int, band: float, seed: int):

@@ -54,6 +54,7 @@ class Options:
     replay_queue: str = "memory"  # where the replay backend keeps Optuna's queue: memory | database
     seed: int = 0  # seeds the strategy and the replay backend's draws
     refit: str | None = None  # when re-fitted hyperparameters swap in (strategies.make; default: see make_strategy)
+    strategy_options: dict = field(default_factory=dict)  # the strategy's options, over the space file's (benchmarks)
     replay_source: object | None = None  # a ReplaySource to draw from instead of opening replay_db (benchmarks)
     record_kernel: str | None = None  # the kernel hash the search records under (default: this code's)
     interrupted: bool = False  # set by run_search: Ctrl-C or SIGTERM stopped it (the CLI then exits 128 + signal)
@@ -140,11 +141,15 @@ def _serialized(engine) -> None:
 
 def make_strategy(space: SearchSpace, opts: Options) -> strategies.Strategy:
     """The strategy of a workload's studies: ``opts.sampler``, else the space's, else the default, seeded by the
-    space's seed plus ``opts.seed``. Its re-fits are ``opts.refit``, else deterministic when replaying (a seed
+    space's seed plus ``opts.seed``, with the space's ``sampler:`` options (when it names that strategy) and
+    ``opts.strategy_options``. Its re-fits are ``opts.refit``, else deterministic when replaying (a seed
     repeats the search) and in the background on a GPU (the search never waits for the model)."""
     sampler = opts.sampler or space.sampler.get("name") or strategies.DEFAULT
     refit = opts.refit or ("deterministic" if opts.backend == "replay" else "background")
-    return strategies.make(sampler, space.sampler.get("seed", 0) + opts.seed, refit)
+    # the space's options are its own strategy's (a --sampler of another strategy leaves them), then opts'
+    given = dict(space.sampler.get("options", {})) if sampler == space.sampler.get("name") else {}
+    given.update(opts.strategy_options)
+    return strategies.make(sampler, space.sampler.get("seed", 0) + opts.seed, refit, **given)
 
 
 def run_search(space: SearchSpace, store, opts: Options, strategy: strategies.Strategy | None = None) -> list[dict]:

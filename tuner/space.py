@@ -61,7 +61,7 @@ TOP_KEYS = {
     "constraints": "a list of expressions over the parameters",
     "baseline": "a config inside the space",
     "measurement": "rounds, screen_rounds, finalists, finalist_rounds, trial_timeout_s, min_effect",
-    "sampler": "name (grid | tpe | surrogate), seed, n_trials",
+    "sampler": "name (grid | tpe | surrogate), seed, n_trials, and the strategy's options (`tuner search --help`)",
     "max_spill_bytes": "a non-negative integer; configs that spill more are infeasible",
 }
 MEASUREMENT_DEFAULTS = {"rounds": 10, "finalists": 3, "finalist_rounds": 30, "trial_timeout_s": 60}
@@ -593,14 +593,32 @@ def _measurement(path: str, meas) -> dict:
 
 
 def _sampler(path: str, samp) -> dict:
-    _check_keys(path, "sampler", samp, SAMPLER_KEYS)
+    """The strategy's name, seed, trial cap and ``options`` (the other keys: checked against the named strategy's
+    options table, :func:`tuner.strategies.options_type`)."""
+    if not isinstance(samp, dict):
+        raise _err(path, "sampler", f"must be a mapping with keys {list(SAMPLER_KEYS)}, got {type(samp).__name__}")
     sampler = {
         "name": samp.get("name", strategies.DEFAULT),
         "seed": samp.get("seed", 0),
         "n_trials": samp.get("n_trials"),
     }
     _choice(path, "sampler.name", sampler["name"], SAMPLERS)
+    table = strategies.options_type(sampler["name"])
+    allowed = [*SAMPLER_KEYS, *table.names()]
+    unknown = [k for k in samp if not isinstance(k, str) or k not in allowed]
+    if unknown:
+        raise _err(
+            path,
+            f"sampler.{_key(unknown[0])}",
+            f"unknown key for strategy {sampler['name']}; allowed: {allowed} (options: `tuner search --help`)",
+        )
     _pos_int(path, "sampler.seed", sampler["seed"], minimum=0)
     if sampler["n_trials"] is not None:
         _pos_int(path, "sampler.n_trials", sampler["n_trials"])
+    options = {k: v for k, v in samp.items() if k not in SAMPLER_KEYS}
+    try:
+        table.from_mapping(options, sampler["name"])
+    except strategies.OptionError as e:
+        raise _err(path, f"sampler.{e.name}", e.problem) from None
+    sampler["options"] = options
     return sampler

@@ -3,7 +3,7 @@
 The study is an Optuna study in the results database. What it measures next comes from its strategy
 (:mod:`tuner.strategies`): whenever Optuna's queue is empty, the strategy proposes open candidates (feasible
 launches not yet measured at this level) and the study enqueues them, so resuming, several GPUs and several
-hosts share one queue; TPE proposes through Optuna's own sampler instead. The level stops when its strategy
+hosts share one queue. The level stops when its strategy
 says why (the reason is shown in the summary and kept as the study's ``stopped`` attribute), or at
 ``--n-trials`` measurements; then its finalists are re-measured.
 
@@ -46,6 +46,7 @@ from sparse_mla_tuner.tuner.output import us
 from sparse_mla_tuner.tuner.progress import Progress
 from sparse_mla_tuner.tuner.protocol import MeasureReply
 from sparse_mla_tuner.tuner.protocol import MeasureRequest
+from sparse_mla_tuner.tuner.recorder import NoiseRecords
 from sparse_mla_tuner.tuner.recorder import StudyRecorder
 from sparse_mla_tuner.tuner.recorder import baseline_median
 from sparse_mla_tuner.tuner.recorder import slug  # noqa: F401 - part of this module's interface
@@ -146,6 +147,7 @@ class StudyRun:
         self.candidates = Candidates(plan, self.strategy, n_trials, min_effect)
         self.measurer = Measurer(plan, opts.seed, self.clock)
         self.records = StudyRecorder(plan, TimedStore(store, self.clock), opts, processes[0].info)
+        self.noise_records = NoiseRecords(self.records)
         self.optuna = OptunaStudy(plan.space, storage)
         self.progress = _Progress()
 
@@ -393,20 +395,20 @@ class _Measuring:
     def _noise_band(self) -> tuple[int, float]:
         """The band this GPU's verdicts use in the study (see :mod:`tuner.noise`) and its environment id."""
         run, proc = self.run, self.proc
-        env_id, known, cal = run.records.noise(proc)
+        env_id, known, cal = run.noise_records.noise(proc)
         if known is not None:
             band = run.measurer.known_band(*known)
             run.candidates.set_band(band)
             return env_id, band
         if cal is None:
             c = run.measurer.aa(proc, run.progress.bar.phase)
-            run.records.calibration(proc, c)
+            run.noise_records.calibration(proc, c)
             cal = (c.spread, c.multimodal, c.samples)
         spread, multimodal, samples = cal
         band = run.measurer.band(spread, samples)
         run.candidates.set_band(band)
         run.optuna.set_attr("noise_band", band)
-        run.records.band(proc, band, spread, run.measurer.min_effect, multimodal, samples)
+        run.noise_records.band(proc, band, spread, run.measurer.min_effect, multimodal, samples)
         if multimodal:
             run.ui.warn(
                 f"warning: the baseline's A/A samples look multimodal (two speeds) at C={run.plan.concurrency}; "
@@ -427,11 +429,10 @@ class _Measuring:
                 if not level.pending and not run.optuna.settle_running():
                     run.progress.stopped = why
                 return None
-            if not run.strategy.asks:
-                with run.clock.section("model"):
-                    cfg = run.candidates.propose(level)
-                return None if cfg is None else run.optuna.start(cfg)  # the rest may run elsewhere
-        return run.optuna.take(run.strategy.asks)
+            with run.clock.section("model"):
+                cfg = run.candidates.propose(level)
+            return None if cfg is None else run.optuna.start(cfg)  # the rest may run elsewhere
+        return run.optuna.take()
 
     def _run_trial(self, trial: optuna.Trial) -> None:
         run, plan, proc, env_id, band = self.run, self.run.plan, self.proc, self.env_id, self.band

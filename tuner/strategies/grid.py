@@ -1,14 +1,27 @@
 """The exhaustive grid: every distinct feasible launch, in queue order (the baseline, the configs measured
-first, then the space's order). Reliable, and the reference the others are judged against."""
+first, then the space's order). Reliable, and the reference the others are judged against. No options."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from sparse_mla_tuner.tuner.strategies.base import History
 from sparse_mla_tuner.tuner.strategies.base import Level
+from sparse_mla_tuner.tuner.strategies.base import Options
 from sparse_mla_tuner.tuner.strategies.base import Strategy
+
+
+@dataclass(frozen=True)
+class GridOptions(Options):
+    """The grid has none."""
 
 
 class Grid(Strategy):
     name = "grid"
+    options_type = GridOptions
 
-    def propose(self, level: Level, n: int) -> list:
+    def __init__(self, options: GridOptions | None = None) -> None:
+        self.options = options or GridOptions()
+
+    def propose(self, level: Level, n: int, history: History) -> list:
         return level.open()[:n]

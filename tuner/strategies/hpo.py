@@ -85,11 +85,27 @@ def _end_all() -> None:
         _end(pool)
 
 
+class _Forked:
+    """What multiprocessing's after-fork hook is registered on (it keeps its objects by weak reference)."""
+
+
+_FORKED = _Forked()
+
+
+def _in_forked_child(_) -> None:
+    """In a process multiprocessing forked: the parent's pools are not this one's, and multiprocessing has
+    cleared the exit hooks this module registered in the parent (the search benchmark's runs import it first
+    there): register them again, or the child's exit would wait for its workers forever."""
+    _POOLS.clear()
+    multiprocessing.util.Finalize(None, _end_all, exitpriority=100)
+
+
 # at exit, before anything waits for the workers: concurrent.futures' own hook (in the main process; these run
 # last registered first) and multiprocessing's join of a forked process's children (the search benchmark's runs)
 if hasattr(threading, "_register_atexit"):
     threading._register_atexit(_end_all)
 multiprocessing.util.Finalize(None, _end_all, exitpriority=100)
+multiprocessing.util.register_after_fork(_FORKED, _in_forked_child)
 
 
 def _ready() -> None:
