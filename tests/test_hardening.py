@@ -363,10 +363,9 @@ def test_a_stored_config_outside_the_bounds_is_never_exported(tmp_path):
     import sqlite3
 
     from sparse_mla_tuner.db.store import Store
+    from tests.recorded import make_results
 
-    src = os.path.join(os.path.dirname(__file__), "..", "results", "h200.db")
-    path = tmp_path / "bounds.db"
-    shutil.copy(src, path)
+    path = make_results(tmp_path / "bounds.db")  # three workloads' results, two levels each
     Store(f"sqlite:///{path}", upgrade=True).engine.dispose()
     con = sqlite3.connect(path)
     con.execute("UPDATE tuner_trials SET BLOCK_T = ? WHERE verdict = 'ok' AND workload_id = 1", (2**40,))
@@ -644,6 +643,18 @@ def h200_copy(tmp_path_factory):
     return f"sqlite:///{path}"
 
 
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """Results to export and report (tests/recorded.py's make_results: three workloads, two levels each): what is
+    tested below is where and how the files are written, which does not depend on how much was measured."""
+    from sparse_mla_tuner.db.store import Store
+    from tests.recorded import make_results
+
+    path = make_results(tmp_path_factory.mktemp("results") / "results.db")
+    Store(f"sqlite:///{path}", upgrade=True).engine.dispose()
+    return f"sqlite:///{path}"
+
+
 def _run_main(args):
     """``tuner ARGS`` as the executable runs it (tuner.cli.main: usage errors too are one line), in this process."""
     from sparse_mla_tuner.tuner.cli import main
@@ -727,28 +738,28 @@ def test_a_database_that_is_a_fifo_or_a_directory_is_one_sentence(tmp_path, cmd,
     ids=["fifo", "directory", "missing", "bad-port", "port-word", "mysql", "aiosqlite", "asyncpg"],
 )
 @pytest.mark.parametrize("option", ["--db", "--replay-db"])
-def test_db_and_replay_db_share_one_url_check(tmp_path, url, fragment, option, h200_copy):
+def test_db_and_replay_db_share_one_url_check(tmp_path, url, fragment, option, results):
     os.mkfifo(tmp_path / "fifo.db")
     url = url.format(tmp=tmp_path)
     if option == "--db" and "none.db" in url:
         pytest.skip("a search creates its --db")
     out = f"sqlite:///{tmp_path / 'out.db'}"
     args = ["search", os.path.abspath(SMOKE), "--backend", "replay", "-q"]
-    args += ["--db", url, "--replay-db", h200_copy] if option == "--db" else ["--db", out, "--replay-db", url]
+    args += ["--db", url, "--replay-db", results] if option == "--db" else ["--db", out, "--replay-db", url]
     result = _tuner(*args, cwd=tmp_path)
     _one_sentence(result, fragment)
     assert not (tmp_path / "out.db").exists()  # nothing is created
 
 
-def test_export_refuses_a_fifo_or_a_link_at_a_tables_name_and_writes_nothing_outside(tmp_path, h200_copy):
+def test_export_refuses_a_fifo_or_a_link_at_a_tables_name_and_writes_nothing_outside(tmp_path, results):
     import json
 
     out = tmp_path / "out"
-    first = _tuner("export", "--db", h200_copy, "--out", str(out), cwd=tmp_path)
+    first = _tuner("export", "--db", results, "--out", str(out), cwd=tmp_path)
     assert first.exit_code == 0, first.stderr
     tables = sorted(p for p in out.iterdir() if not p.name.endswith(".provenance.json"))
     assert tables
-    again = _tuner("export", "--db", h200_copy, "--out", str(out), cwd=tmp_path)  # replaced whole, at once
+    again = _tuner("export", "--db", results, "--out", str(out), cwd=tmp_path)  # replaced whole, at once
     assert again.exit_code == 0, again.stderr
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left
     assert all(json.loads(p.read_text()) for p in out.iterdir())  # whole files only
@@ -757,29 +768,29 @@ def test_export_refuses_a_fifo_or_a_link_at_a_tables_name_and_writes_nothing_out
     outside.write_text("keep me")
     tables[0].unlink()
     tables[0].symlink_to(outside)
-    result = _tuner("export", "--db", h200_copy, "--out", str(out), cwd=tmp_path)
+    result = _tuner("export", "--db", results, "--out", str(out), cwd=tmp_path)
     _one_sentence(result, "symbolic link")
     assert outside.read_text() == "keep me" and tables[0].is_symlink()
     # a FIFO there: refused at once, never opened
     tables[0].unlink()
     os.mkfifo(tables[0])
-    _one_sentence(_tuner("export", "--db", h200_copy, "--out", str(out), cwd=tmp_path), "FIFO")
+    _one_sentence(_tuner("export", "--db", results, "--out", str(out), cwd=tmp_path), "FIFO")
     # an SGLang version folder that is a link out of --out
     sg = tmp_path / "sg"
     sg.mkdir()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    first_sg = _tuner("export", "--db", h200_copy, "--out", str(tmp_path / "probe"), "--format", "sglang")
+    first_sg = _tuner("export", "--db", results, "--out", str(tmp_path / "probe"), "--format", "sglang")
     assert first_sg.exit_code == 0, first_sg.stderr
     for sub in (tmp_path / "probe").iterdir():
         (sg / sub.name).symlink_to(elsewhere, target_is_directory=True)
-    _one_sentence(_tuner("export", "--db", h200_copy, "--out", str(sg), "--format", "sglang"), "leads outside")
+    _one_sentence(_tuner("export", "--db", results, "--out", str(sg), "--format", "sglang"), "leads outside")
     assert list(elsewhere.iterdir()) == []
 
 
 @pytest.mark.parametrize("what", ["fifo", "directory", "link"])
 @pytest.mark.parametrize("cmd", [["export", "--format", "triton", "--out"], ["report", "-o"]], ids=["triton", "report"])
-def test_a_single_output_file_that_is_a_fifo_directory_or_link_is_one_sentence(tmp_path, h200_copy, cmd, what):
+def test_a_single_output_file_that_is_a_fifo_directory_or_link_is_one_sentence(tmp_path, results, cmd, what):
     target = tmp_path / "target.out"
     outside = tmp_path / "outside.txt"
     outside.write_text("keep me")
@@ -789,17 +800,17 @@ def test_a_single_output_file_that_is_a_fifo_directory_or_link_is_one_sentence(t
         target.mkdir()
     else:
         target.symlink_to(outside)
-    result = _tuner(*cmd, str(target), "--db", h200_copy, cwd=tmp_path)
+    result = _tuner(*cmd, str(target), "--db", results, cwd=tmp_path)
     _one_sentence(result, {"fifo": "FIFO", "directory": "directory", "link": "symbolic link"}[what])
     assert outside.read_text() == "keep me"
 
 
-def test_export_without_out_never_writes_into_the_package(tmp_path, h200_copy):
+def test_export_without_out_never_writes_into_the_package(tmp_path, results):
     import sparse_mla_tuner.kernels.table as kt
 
     before = sorted(p.name for p in kt.CONFIG_DIR.iterdir())
     stamps = {p.name: p.stat().st_mtime_ns for p in kt.CONFIG_DIR.iterdir()}
-    result = _tuner("export", "--db", h200_copy, cwd=tmp_path)
+    result = _tuner("export", "--db", results, cwd=tmp_path)
     assert result.exit_code == 0, result.stderr
     written = [line for line in result.stdout.splitlines() if line.strip()]
     assert written and all(os.path.abspath(os.path.join(tmp_path, w)).startswith(str(tmp_path)) for w in written)

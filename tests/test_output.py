@@ -170,13 +170,14 @@ def test_units_have_one_format():
     assert gbps(4120.4) == "4120 GB/s"
 
 
-def test_stored_strings_cannot_break_a_table_or_drive_the_terminal(h200, tmp_path):
+def test_stored_strings_cannot_break_a_table_or_drive_the_terminal(tmp_path):
     """A results database may come from someone else: a device name with a newline or a terminal escape
     stays one cell of one row, shown as escapes, in the brief and the wide table alike."""
     import sqlite3
 
-    path = tmp_path / "hostile.db"
-    shutil.copy(h200.removeprefix("sqlite:///"), path)
+    from tests.recorded import make_results
+
+    path = make_results(tmp_path / "hostile.db")  # the committed results' three workloads, two levels each
     con = sqlite3.connect(path)
     con.execute("UPDATE tuner_environments SET gpu_name = ?", ("GPU\n\x1b[2J\x1b[31mred\x07",))
     con.commit()

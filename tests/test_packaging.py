@@ -119,12 +119,10 @@ def test_report_plots_without_matplotlib_say_how_to_get_it(tmp_path):
     db = ROOT / "results" / "h200.db"
     if not db.exists():
         pytest.skip("no committed results database")
-    import shutil
-
     from sparse_mla_tuner.db.store import Store
+    from tests.recorded import make_results
 
-    copy = tmp_path / "h200.db"
-    shutil.copy(db, copy)
+    copy = make_results(tmp_path / "h200.db")  # the committed results' three workloads, two levels each
     Store(f"sqlite:///{copy}", upgrade=True)
     blocker = tmp_path / "block"
     blocker.mkdir()
