@@ -159,21 +159,35 @@ class _Proc:
         self.exit_code, self.stdout, self.stderr, self.exception = proc.returncode, proc.stdout, proc.stderr, None
 
 
-@pytest.mark.parametrize(
-    "args, fragment",
-    [
-        (["check", "{tmp}"], "is a directory"),
-        (["best", "--concurrency", "x"], "'x' is not a valid integer"),
-        (["trials", "--verdict", "great"], "'great' is not one of"),
-        (["nosuch"], "No such command 'nosuch'"),
-    ],
-    ids=["space-is-dir", "bad-int", "bad-choice", "bad-command"],
-)
-def test_usage_errors_of_the_executable_are_one_line(tmp_path, args, fragment):
-    exe = shutil.which("tuner")
-    cmd = [exe] if exe else [sys.executable, "-m", "sparse_mla_tuner.tuner"]
-    proc = subprocess.run(cmd + [a.format(tmp=tmp_path) for a in args], capture_output=True, text=True, timeout=120)
-    _one_sentence(_Proc(proc), fragment)
+USAGE_ERRORS = {
+    "space-is-dir": (["check", "{tmp}"], "is a directory"),
+    "bad-int": (["best", "--concurrency", "x"], "'x' is not a valid integer"),
+    "bad-choice": (["trials", "--verdict", "great"], "'great' is not one of"),
+    "bad-command": (["nosuch"], "No such command 'nosuch'"),
+}
+BIG = "9" * 20  # past SQLite's signed 64-bit INTEGER
+OUT_OF_RANGE = {
+    "cmd0": ["best", "--concurrency", BIG],
+    "cmd1": ["show", BIG],
+    "cmd2": ["search", SMOKE, "--timeout", "nan"],
+}
+
+
+@pytest.fixture(scope="module")
+def from_the_executable(tmp_path_factory):
+    """The command lines of the two tests below, each run as the executable runs it (its entry point,
+    tuner.cli.main, in a process of its own: conftest.py's tuner_processes, one import for them all), by name."""
+    from tests.conftest import tuner_processes
+
+    tmp = tmp_path_factory.mktemp("usage")
+    runs = {name: [a.format(tmp=tmp) for a in args] for name, (args, _) in USAGE_ERRORS.items()}
+    runs |= OUT_OF_RANGE
+    return dict(zip(runs, tuner_processes(runs.values()), strict=True))
+
+
+@pytest.mark.parametrize("name", USAGE_ERRORS)
+def test_usage_errors_of_the_executable_are_one_line(from_the_executable, name):
+    _one_sentence(_Proc(from_the_executable[name]), USAGE_ERRORS[name][1])
 
 
 def test_int_range_is_counted_not_built():
@@ -275,21 +289,25 @@ def test_write_failures_are_one_sentence(tmp_path):
         _one_sentence(result)  # an empty database: "nothing to ..." or "cannot write ..."
 
 
-def _ro_run(directory, args):
+def _ro_runs(directory, runs):
     """Run the CLI where ``directory`` is read-only, also as root: a read-only bind mount in a private
-    mount namespace (root ignores permission bits), else permission bits for other users."""
-    exe = [
-        shutil.which("tuner") or sys.executable,
-        *([] if shutil.which("tuner") else ["-m", "sparse_mla_tuner.tuner"]),
-    ]
+    mount namespace (root ignores permission bits), else permission bits for other users. Each ``tuner ARGS``
+    of ``runs`` is a process of its own, one after another, forked from one that imported the tuner once
+    (conftest.py's tuner_processes, started under the mount)."""
+    from tests.conftest import tuner_processes
+
+    prefix = []
     if os.geteuid() == 0:
         if not shutil.which("unshare"):
             pytest.skip("needs unshare(1) to make a read-only mount as root")
         script = 'mount --bind -o ro "$0" "$0" && exec "$@"'
-        cmd = ["unshare", "-m", "sh", "-c", script, str(directory), *exe, *args]
-    else:
-        cmd = [*exe, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        prefix = ["unshare", "-m", "sh", "-c", script, str(directory)]
+    return tuner_processes(runs, prefix=prefix, timeout=300)
+
+
+def _ro_run(directory, args):
+    """One ``tuner ARGS`` where ``directory`` is read-only (as :func:`_ro_runs`)."""
+    return _ro_runs(directory, [args])[0]
 
 
 def test_database_on_a_read_only_directory_is_readable(tmp_path):
@@ -306,14 +324,14 @@ def test_database_on_a_read_only_directory_is_readable(tmp_path):
     if os.geteuid() != 0:
         ro.chmod(0o555)
     try:
-        for cmd in (["studies"], ["trials", "-f", "json"]):
-            proc = _ro_run(ro, [*cmd, "--db", url])
+        runs = [["studies"], ["trials", "-f", "json"], ["check", SMOKE], ["studies"]]
+        urls = [url, url, url, f"sqlite:///{ro / 'other.db'}"]
+        *reads, check, other = _ro_runs(ro, [[*cmd, "--db", u] for cmd, u in zip(runs, urls, strict=True)])
+        for proc in reads:
             assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
-        proc = _ro_run(ro, ["check", SMOKE, "--db", url])  # a writer: one sentence
-        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-        assert "is read-only" in proc.stderr
-        proc = _ro_run(ro, ["studies", "--db", f"sqlite:///{ro / 'other.db'}"])
-        assert proc.returncode == 2 and "no database at" in proc.stderr
+        assert check.returncode == 2 and len(check.stderr.strip().splitlines()) == 1, check.stderr  # a writer
+        assert "is read-only" in check.stderr
+        assert other.returncode == 2 and "no database at" in other.stderr
     finally:
         ro.chmod(0o755)
     assert sorted(p.name for p in ro.iterdir()) == ["tuner.db"]
@@ -432,7 +450,6 @@ def _main(args, capsys, monkeypatch):
     return _Exit(e.value.code, out, err)
 
 
-BIG = "9" * 20  # past SQLite's signed 64-bit INTEGER
 HUGE = "x" * 100_000
 LONG_NAME = "a" * 300  # one path component past NAME_MAX (Errno 36)
 
@@ -495,11 +512,9 @@ def test_an_overlong_database_file_name_is_one_sentence_in_every_command(tmp_pat
     assert len(result.stderr) < 700
 
 
-@pytest.mark.parametrize("cmd", [["best", "--concurrency", BIG], ["show", BIG], ["search", SMOKE, "--timeout", "nan"]])
-def test_out_of_range_numbers_from_the_executable_are_one_line(cmd):
-    exe = ["tuner"] if shutil.which("tuner") else [sys.executable, "-m", "sparse_mla_tuner.tuner"]
-    proc = subprocess.run([*exe, *cmd], capture_output=True, text=True, timeout=120)
-    _one_sentence(_Proc(proc))
+@pytest.mark.parametrize("name", OUT_OF_RANGE)
+def test_out_of_range_numbers_from_the_executable_are_one_line(from_the_executable, name):
+    _one_sentence(_Proc(from_the_executable[name]))
 
 
 def test_workers_within_the_cores_pass_the_check():
