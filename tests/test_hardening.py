@@ -412,22 +412,24 @@ def test_decode_with_a_table_outside_the_bounds_or_a_fifo_falls_back(tmp_path, m
     entry = {"BLOCK_T": 2**40, "num_warps": 4, "num_stages": 1, "TARGET_CTAS": 4}
     (bad / name).write_text(json.dumps({"1": entry}))
     os.mkfifo(fifo / name)
-    script = (
-        "import warnings, torch\n"
+    script = (  # the call with each folder in turn, in one process (the table's folder is read at each call)
+        "import os, sys, warnings, torch\n"
         "from sparse_mla_tuner.kernels import Workload, make_batch, sparse_mla_decode\n"
         "bt = make_batch(Workload('fp8_v32', 16, 32, page_size=64, context=64), 1, device='cpu', seed=1)\n"
-        "with warnings.catch_warnings(record=True) as w:\n"
-        "    warnings.simplefilter('always')\n"
-        "    out, lse = sparse_mla_decode(*bt.args(), kv_format='fp8_v32')\n"
-        "assert torch.isfinite(out.float()).all()\n"
-        "print(sum(x.category.__name__ == 'TableWarning' for x in w))\n"
+        "for folder in sys.argv[1:]:\n"
+        "    os.environ['SPARSE_MLA_CONFIG_DIR'] = folder\n"
+        "    with warnings.catch_warnings(record=True) as w:\n"
+        "        warnings.simplefilter('always')\n"
+        "        out, lse = sparse_mla_decode(*bt.args(), kv_format='fp8_v32')\n"
+        "    assert torch.isfinite(out.float()).all()\n"
+        "    print(sum(x.category.__name__ == 'TableWarning' for x in w), flush=True)\n"
     )
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for folder in (bad, fifo):
-        env = {**os.environ, "SPARSE_MLA_CONFIG_DIR": str(folder), "TRITON_INTERPRET": "1", "PYTHONPATH": root}
-        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
-        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
-        assert proc.stdout.strip() == "1", proc.stdout
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": root}
+    cmd = [sys.executable, "-c", script, str(bad), str(fifo)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout.split() == ["1", "1"], proc.stdout  # one warning per folder
 
 
 # --- numbers and strings at the command line -------------------------------------------------------
