@@ -17,10 +17,11 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from sparse_mla_tuner.tuner import cli  # noqa: E402
-
 
 def main() -> None:
+    # imported here, not when the surrogate's optimization worker (a spawned process) runs this file as __mp_main__
+    from sparse_mla_tuner.tuner import cli
+
     plan = json.load(sys.stdin)
     runs = plan["runs"] if "runs" in plan else [plan["argv"]] * plan["n"]
     if any(argv[:1] == ["search"] for argv in runs):  # imported before the forks, with everything a search imports
