@@ -75,6 +75,26 @@ def tuner_in_process(*args: str) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(["tuner", *args], code, stdout, stderr)
 
 
+def tuner_processes(runs, prefix=(), env=None, timeout=600) -> list[subprocess.CompletedProcess]:
+    """Each ``tuner ARGS`` of ``runs`` in a process of its own, through the executable's own entry point
+    (:func:`tuner.cli.main`), one after another, every one forked from one process that imported the tuner once
+    (tests/many_searches.py): one interpreter start for them all. ``prefix`` starts that process under a wrapper
+    (a read-only mount: tests/test_hardening.py), ``env`` with that environment. Their exit statuses, stdout and
+    stderr, in order."""
+    runs = [[str(a) for a in args] for args in runs]
+    proc = subprocess.run(
+        [*prefix, sys.executable, str(ROOT / "tests" / "many_searches.py")],
+        input=json.dumps({"runs": runs, "together": False}), capture_output=True, text=True, cwd=ROOT,
+        env=env, timeout=timeout,
+    )  # fmt: skip  # the limit only guards against a hang
+    assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr[-3000:]
+    done = json.loads(proc.stdout.splitlines()[-1])
+    return [
+        subprocess.CompletedProcess(["tuner", *args], r["rc"], r["stdout"], r["stderr"])
+        for args, r in zip(runs, done, strict=True)
+    ]
+
+
 @pytest.fixture(scope="session")
 def smoke_search(tmp_path_factory):
     """One smoke search under the interpreter (``tuner search search_spaces/smoke.yaml``) for the whole run, which

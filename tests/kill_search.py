@@ -23,18 +23,21 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from sparse_mla_tuner.tuner import calibrate  # noqa: E402
-from sparse_mla_tuner.tuner import cli  # noqa: E402
-from sparse_mla_tuner.tuner import replay  # noqa: E402
-from sparse_mla_tuner.tuner import search  # noqa: E402, F401 - imported before the fork, with everything a search imports
-from sparse_mla_tuner.tuner.protocol import CalibrateRequest  # noqa: E402
-from sparse_mla_tuner.tuner.recorder import StudyRecorder  # noqa: E402
+# Only in the program itself: the surrogate's optimization worker, a spawned process, runs this file again as
+# __mp_main__ and needs none of it (imported there, the tuner and torch cost every search a few CPU-seconds more)
+if __name__ == "__main__":
+    from sparse_mla_tuner.tuner import calibrate
+    from sparse_mla_tuner.tuner import cli
+    from sparse_mla_tuner.tuner import replay
+    from sparse_mla_tuner.tuner import search  # noqa: F401 - imported before the fork, with everything a search imports
+    from sparse_mla_tuner.tuner.protocol import CalibrateRequest
+    from sparse_mla_tuner.tuner.recorder import StudyRecorder
 
-AFTER = {  # the write that follows each phase's measurement: the 'after' moment is when it returns
-    "aa": (calibrate, "store_calibration"),
-    "screen": (StudyRecorder, "trial"),
-    "finalist": (StudyRecorder, "finalist"),
-}
+    AFTER = {  # the write that follows each phase's measurement: the 'after' moment is when it returns
+        "aa": (calibrate, "store_calibration"),
+        "screen": (StudyRecorder, "trial"),
+        "finalist": (StudyRecorder, "finalist"),
+    }
 
 
 def _arm(kill: dict, marker: str) -> None:

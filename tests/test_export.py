@@ -45,6 +45,19 @@ def h200(tmp_path_factory):
     return {"url": f"sqlite:///{path}", "path": path}
 
 
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """The committed results' three workloads at two levels each (tests/recorded.py's make_results), for the tests
+    of names, passwords and paths, which do not depend on how much was measured: a few thousand trials to read
+    instead of 55 000."""
+    from sparse_mla_tuner.db.store import Store
+    from tests.recorded import make_results
+
+    path = make_results(tmp_path_factory.mktemp("results") / "results.db")
+    Store(f"sqlite:///{path}", upgrade=True).engine.dispose()
+    return {"url": f"sqlite:///{path}", "path": path}
+
+
 def engine_loader(folder, device_name, kv_format, heads, topk, batch):
     """How an engine reads a tuned table (vLLM's fused-MoE get_moe_configs / SGLang): file name,
     json.load, nearest key. Written here from the engines' code, independent of kernels.table."""
@@ -134,12 +147,12 @@ def test_engine_export_is_what_an_engine_loader_and_the_kernel_read(h200, tmp_pa
     assert any(p.endswith(f"{name}.json") and json.loads(c)["table"] == table for p, c in rows)
 
 
-def test_sidecar_and_export_row_hold_no_password(h200, tmp_path):
+def test_sidecar_and_export_row_hold_no_password(results, tmp_path):
     from sparse_mla_tuner.db.models import ExportModel
     from sparse_mla_tuner.db.store import Store
     from sparse_mla_tuner.tuner.export import export_tables
 
-    store = Store(h200["url"])
+    store = Store(results["url"])
     store.url = "postgresql+psycopg://tuner:s3cr3t-pw@db-host/tuner?sslpassword=other-secret"
     paths = export_tables(store, tmp_path, record=True)
     text = "".join(p.read_text() for p in paths)
@@ -225,11 +238,11 @@ HOSTILE = [
 
 
 @pytest.fixture()
-def hostile_db(h200, tmp_path):
+def hostile_db(results, tmp_path):
     """A copy of the H200 results whose device names (and URL) are hostile: newlines with code, NUL bytes,
     quotes, path separators, non-ASCII, 300 characters. Each name gets its own environment."""
     path = tmp_path / "hostile.db"
-    shutil.copy(h200["path"], path)
+    shutil.copy(results["path"], path)
     con = sqlite3.connect(path)
     cur = con.execute("SELECT * FROM tuner_environments")
     cols, env = [d[0] for d in cur.description], cur.fetchone()
@@ -276,9 +289,9 @@ def test_hostile_stored_names_are_data_in_every_export(hostile_db, tmp_path, mon
             assert side["device"] in HOSTILE or side["device"] == "NVIDIA H200" or "H200" not in side["device"]
 
 
-def test_a_nul_byte_in_a_stored_name_exports_without_a_traceback(h200, tmp_path):
+def test_a_nul_byte_in_a_stored_name_exports_without_a_traceback(results, tmp_path):
     path = tmp_path / "nul.db"
-    shutil.copy(h200["path"], path)
+    shutil.copy(results["path"], path)
     con = sqlite3.connect(path)
     con.execute("UPDATE tuner_environments SET gpu_name = ?", ("NVIDIA\x00H200",))
     con.commit()
@@ -600,17 +613,17 @@ def test_report_on_the_h200_results(h200, tmp_path):
     ]
 
 
-def test_the_export_history_names_paths_inside_the_working_directory_relatively(h200, tmp_path, monkeypatch):
+def test_the_export_history_names_paths_inside_the_working_directory_relatively(results, tmp_path, monkeypatch):
     """A committed database must not carry one machine's folders: a table written under the working
     directory is recorded relative to it; one written elsewhere keeps its absolute path."""
     from sparse_mla_tuner.db.store import Store
     from sparse_mla_tuner.tuner.export import export_tables
 
-    store = Store(h200["url"])
+    store = Store(results["url"])
     monkeypatch.chdir(tmp_path)
     inside = export_tables(store, Path("tables"), record=True)
     outside = export_tables(store, tmp_path.parent / f"{tmp_path.name}-elsewhere", record=True)
-    con = sqlite3.connect(h200["path"])
+    con = sqlite3.connect(results["path"])
     recorded = {p for (p,) in con.execute("SELECT path FROM tuner_exports")}
     con.close()
     assert {str(Path("tables") / p.name) for p in inside if not p.name.endswith(".provenance.json")} <= recorded

@@ -159,21 +159,35 @@ class _Proc:
         self.exit_code, self.stdout, self.stderr, self.exception = proc.returncode, proc.stdout, proc.stderr, None
 
 
-@pytest.mark.parametrize(
-    "args, fragment",
-    [
-        (["check", "{tmp}"], "is a directory"),
-        (["best", "--concurrency", "x"], "'x' is not a valid integer"),
-        (["trials", "--verdict", "great"], "'great' is not one of"),
-        (["nosuch"], "No such command 'nosuch'"),
-    ],
-    ids=["space-is-dir", "bad-int", "bad-choice", "bad-command"],
-)
-def test_usage_errors_of_the_executable_are_one_line(tmp_path, args, fragment):
-    exe = shutil.which("tuner")
-    cmd = [exe] if exe else [sys.executable, "-m", "sparse_mla_tuner.tuner"]
-    proc = subprocess.run(cmd + [a.format(tmp=tmp_path) for a in args], capture_output=True, text=True, timeout=120)
-    _one_sentence(_Proc(proc), fragment)
+USAGE_ERRORS = {
+    "space-is-dir": (["check", "{tmp}"], "is a directory"),
+    "bad-int": (["best", "--concurrency", "x"], "'x' is not a valid integer"),
+    "bad-choice": (["trials", "--verdict", "great"], "'great' is not one of"),
+    "bad-command": (["nosuch"], "No such command 'nosuch'"),
+}
+BIG = "9" * 20  # past SQLite's signed 64-bit INTEGER
+OUT_OF_RANGE = {
+    "cmd0": ["best", "--concurrency", BIG],
+    "cmd1": ["show", BIG],
+    "cmd2": ["search", SMOKE, "--timeout", "nan"],
+}
+
+
+@pytest.fixture(scope="module")
+def from_the_executable(tmp_path_factory):
+    """The command lines of the two tests below, each run as the executable runs it (its entry point,
+    tuner.cli.main, in a process of its own: conftest.py's tuner_processes, one import for them all), by name."""
+    from tests.conftest import tuner_processes
+
+    tmp = tmp_path_factory.mktemp("usage")
+    runs = {name: [a.format(tmp=tmp) for a in args] for name, (args, _) in USAGE_ERRORS.items()}
+    runs |= OUT_OF_RANGE
+    return dict(zip(runs, tuner_processes(runs.values()), strict=True))
+
+
+@pytest.mark.parametrize("name", USAGE_ERRORS)
+def test_usage_errors_of_the_executable_are_one_line(from_the_executable, name):
+    _one_sentence(_Proc(from_the_executable[name]), USAGE_ERRORS[name][1])
 
 
 def test_int_range_is_counted_not_built():
@@ -275,21 +289,25 @@ def test_write_failures_are_one_sentence(tmp_path):
         _one_sentence(result)  # an empty database: "nothing to ..." or "cannot write ..."
 
 
-def _ro_run(directory, args):
+def _ro_runs(directory, runs):
     """Run the CLI where ``directory`` is read-only, also as root: a read-only bind mount in a private
-    mount namespace (root ignores permission bits), else permission bits for other users."""
-    exe = [
-        shutil.which("tuner") or sys.executable,
-        *([] if shutil.which("tuner") else ["-m", "sparse_mla_tuner.tuner"]),
-    ]
+    mount namespace (root ignores permission bits), else permission bits for other users. Each ``tuner ARGS``
+    of ``runs`` is a process of its own, one after another, forked from one that imported the tuner once
+    (conftest.py's tuner_processes, started under the mount)."""
+    from tests.conftest import tuner_processes
+
+    prefix = []
     if os.geteuid() == 0:
         if not shutil.which("unshare"):
             pytest.skip("needs unshare(1) to make a read-only mount as root")
         script = 'mount --bind -o ro "$0" "$0" && exec "$@"'
-        cmd = ["unshare", "-m", "sh", "-c", script, str(directory), *exe, *args]
-    else:
-        cmd = [*exe, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        prefix = ["unshare", "-m", "sh", "-c", script, str(directory)]
+    return tuner_processes(runs, prefix=prefix, timeout=300)
+
+
+def _ro_run(directory, args):
+    """One ``tuner ARGS`` where ``directory`` is read-only (as :func:`_ro_runs`)."""
+    return _ro_runs(directory, [args])[0]
 
 
 def test_database_on_a_read_only_directory_is_readable(tmp_path):
@@ -306,14 +324,14 @@ def test_database_on_a_read_only_directory_is_readable(tmp_path):
     if os.geteuid() != 0:
         ro.chmod(0o555)
     try:
-        for cmd in (["studies"], ["trials", "-f", "json"]):
-            proc = _ro_run(ro, [*cmd, "--db", url])
+        runs = [["studies"], ["trials", "-f", "json"], ["check", SMOKE], ["studies"]]
+        urls = [url, url, url, f"sqlite:///{ro / 'other.db'}"]
+        *reads, check, other = _ro_runs(ro, [[*cmd, "--db", u] for cmd, u in zip(runs, urls, strict=True)])
+        for proc in reads:
             assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
-        proc = _ro_run(ro, ["check", SMOKE, "--db", url])  # a writer: one sentence
-        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-        assert "is read-only" in proc.stderr
-        proc = _ro_run(ro, ["studies", "--db", f"sqlite:///{ro / 'other.db'}"])
-        assert proc.returncode == 2 and "no database at" in proc.stderr
+        assert check.returncode == 2 and len(check.stderr.strip().splitlines()) == 1, check.stderr  # a writer
+        assert "is read-only" in check.stderr
+        assert other.returncode == 2 and "no database at" in other.stderr
     finally:
         ro.chmod(0o755)
     assert sorted(p.name for p in ro.iterdir()) == ["tuner.db"]
@@ -363,10 +381,9 @@ def test_a_stored_config_outside_the_bounds_is_never_exported(tmp_path):
     import sqlite3
 
     from sparse_mla_tuner.db.store import Store
+    from tests.recorded import make_results
 
-    src = os.path.join(os.path.dirname(__file__), "..", "results", "h200.db")
-    path = tmp_path / "bounds.db"
-    shutil.copy(src, path)
+    path = make_results(tmp_path / "bounds.db")  # three workloads' results, two levels each
     Store(f"sqlite:///{path}", upgrade=True).engine.dispose()
     con = sqlite3.connect(path)
     con.execute("UPDATE tuner_trials SET BLOCK_T = ? WHERE verdict = 'ok' AND workload_id = 1", (2**40,))
@@ -395,22 +412,24 @@ def test_decode_with_a_table_outside_the_bounds_or_a_fifo_falls_back(tmp_path, m
     entry = {"BLOCK_T": 2**40, "num_warps": 4, "num_stages": 1, "TARGET_CTAS": 4}
     (bad / name).write_text(json.dumps({"1": entry}))
     os.mkfifo(fifo / name)
-    script = (
-        "import warnings, torch\n"
+    script = (  # the call with each folder in turn, in one process (the table's folder is read at each call)
+        "import os, sys, warnings, torch\n"
         "from sparse_mla_tuner.kernels import Workload, make_batch, sparse_mla_decode\n"
         "bt = make_batch(Workload('fp8_v32', 16, 32, page_size=64, context=64), 1, device='cpu', seed=1)\n"
-        "with warnings.catch_warnings(record=True) as w:\n"
-        "    warnings.simplefilter('always')\n"
-        "    out, lse = sparse_mla_decode(*bt.args(), kv_format='fp8_v32')\n"
-        "assert torch.isfinite(out.float()).all()\n"
-        "print(sum(x.category.__name__ == 'TableWarning' for x in w))\n"
+        "for folder in sys.argv[1:]:\n"
+        "    os.environ['SPARSE_MLA_CONFIG_DIR'] = folder\n"
+        "    with warnings.catch_warnings(record=True) as w:\n"
+        "        warnings.simplefilter('always')\n"
+        "        out, lse = sparse_mla_decode(*bt.args(), kv_format='fp8_v32')\n"
+        "    assert torch.isfinite(out.float()).all()\n"
+        "    print(sum(x.category.__name__ == 'TableWarning' for x in w), flush=True)\n"
     )
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for folder in (bad, fifo):
-        env = {**os.environ, "SPARSE_MLA_CONFIG_DIR": str(folder), "TRITON_INTERPRET": "1", "PYTHONPATH": root}
-        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
-        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
-        assert proc.stdout.strip() == "1", proc.stdout
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": root}
+    cmd = [sys.executable, "-c", script, str(bad), str(fifo)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout.split() == ["1", "1"], proc.stdout  # one warning per folder
 
 
 # --- numbers and strings at the command line -------------------------------------------------------
@@ -433,7 +452,6 @@ def _main(args, capsys, monkeypatch):
     return _Exit(e.value.code, out, err)
 
 
-BIG = "9" * 20  # past SQLite's signed 64-bit INTEGER
 HUGE = "x" * 100_000
 LONG_NAME = "a" * 300  # one path component past NAME_MAX (Errno 36)
 
@@ -496,11 +514,9 @@ def test_an_overlong_database_file_name_is_one_sentence_in_every_command(tmp_pat
     assert len(result.stderr) < 700
 
 
-@pytest.mark.parametrize("cmd", [["best", "--concurrency", BIG], ["show", BIG], ["search", SMOKE, "--timeout", "nan"]])
-def test_out_of_range_numbers_from_the_executable_are_one_line(cmd):
-    exe = ["tuner"] if shutil.which("tuner") else [sys.executable, "-m", "sparse_mla_tuner.tuner"]
-    proc = subprocess.run([*exe, *cmd], capture_output=True, text=True, timeout=120)
-    _one_sentence(_Proc(proc))
+@pytest.mark.parametrize("name", OUT_OF_RANGE)
+def test_out_of_range_numbers_from_the_executable_are_one_line(from_the_executable, name):
+    _one_sentence(_Proc(from_the_executable[name]))
 
 
 def test_workers_within_the_cores_pass_the_check():
@@ -644,6 +660,18 @@ def h200_copy(tmp_path_factory):
     return f"sqlite:///{path}"
 
 
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """Results to export and report (tests/recorded.py's make_results: three workloads, two levels each): what is
+    tested below is where and how the files are written, which does not depend on how much was measured."""
+    from sparse_mla_tuner.db.store import Store
+    from tests.recorded import make_results
+
+    path = make_results(tmp_path_factory.mktemp("results") / "results.db")
+    Store(f"sqlite:///{path}", upgrade=True).engine.dispose()
+    return f"sqlite:///{path}"
+
+
 def _run_main(args):
     """``tuner ARGS`` as the executable runs it (tuner.cli.main: usage errors too are one line), in this process."""
     from sparse_mla_tuner.tuner.cli import main
@@ -727,28 +755,28 @@ def test_a_database_that_is_a_fifo_or_a_directory_is_one_sentence(tmp_path, cmd,
     ids=["fifo", "directory", "missing", "bad-port", "port-word", "mysql", "aiosqlite", "asyncpg"],
 )
 @pytest.mark.parametrize("option", ["--db", "--replay-db"])
-def test_db_and_replay_db_share_one_url_check(tmp_path, url, fragment, option, h200_copy):
+def test_db_and_replay_db_share_one_url_check(tmp_path, url, fragment, option, results):
     os.mkfifo(tmp_path / "fifo.db")
     url = url.format(tmp=tmp_path)
     if option == "--db" and "none.db" in url:
         pytest.skip("a search creates its --db")
     out = f"sqlite:///{tmp_path / 'out.db'}"
     args = ["search", os.path.abspath(SMOKE), "--backend", "replay", "-q"]
-    args += ["--db", url, "--replay-db", h200_copy] if option == "--db" else ["--db", out, "--replay-db", url]
+    args += ["--db", url, "--replay-db", results] if option == "--db" else ["--db", out, "--replay-db", url]
     result = _tuner(*args, cwd=tmp_path)
     _one_sentence(result, fragment)
     assert not (tmp_path / "out.db").exists()  # nothing is created
 
 
-def test_export_refuses_a_fifo_or_a_link_at_a_tables_name_and_writes_nothing_outside(tmp_path, h200_copy):
+def test_export_refuses_a_fifo_or_a_link_at_a_tables_name_and_writes_nothing_outside(tmp_path, results):
     import json
 
     out = tmp_path / "out"
-    first = _tuner("export", "--db", h200_copy, "--out", str(out), cwd=tmp_path)
+    first = _tuner("export", "--db", results, "--out", str(out), cwd=tmp_path)
     assert first.exit_code == 0, first.stderr
     tables = sorted(p for p in out.iterdir() if not p.name.endswith(".provenance.json"))
     assert tables
-    again = _tuner("export", "--db", h200_copy, "--out", str(out), cwd=tmp_path)  # replaced whole, at once
+    again = _tuner("export", "--db", results, "--out", str(out), cwd=tmp_path)  # replaced whole, at once
     assert again.exit_code == 0, again.stderr
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left
     assert all(json.loads(p.read_text()) for p in out.iterdir())  # whole files only
@@ -757,29 +785,29 @@ def test_export_refuses_a_fifo_or_a_link_at_a_tables_name_and_writes_nothing_out
     outside.write_text("keep me")
     tables[0].unlink()
     tables[0].symlink_to(outside)
-    result = _tuner("export", "--db", h200_copy, "--out", str(out), cwd=tmp_path)
+    result = _tuner("export", "--db", results, "--out", str(out), cwd=tmp_path)
     _one_sentence(result, "symbolic link")
     assert outside.read_text() == "keep me" and tables[0].is_symlink()
     # a FIFO there: refused at once, never opened
     tables[0].unlink()
     os.mkfifo(tables[0])
-    _one_sentence(_tuner("export", "--db", h200_copy, "--out", str(out), cwd=tmp_path), "FIFO")
+    _one_sentence(_tuner("export", "--db", results, "--out", str(out), cwd=tmp_path), "FIFO")
     # an SGLang version folder that is a link out of --out
     sg = tmp_path / "sg"
     sg.mkdir()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    first_sg = _tuner("export", "--db", h200_copy, "--out", str(tmp_path / "probe"), "--format", "sglang")
+    first_sg = _tuner("export", "--db", results, "--out", str(tmp_path / "probe"), "--format", "sglang")
     assert first_sg.exit_code == 0, first_sg.stderr
     for sub in (tmp_path / "probe").iterdir():
         (sg / sub.name).symlink_to(elsewhere, target_is_directory=True)
-    _one_sentence(_tuner("export", "--db", h200_copy, "--out", str(sg), "--format", "sglang"), "leads outside")
+    _one_sentence(_tuner("export", "--db", results, "--out", str(sg), "--format", "sglang"), "leads outside")
     assert list(elsewhere.iterdir()) == []
 
 
 @pytest.mark.parametrize("what", ["fifo", "directory", "link"])
 @pytest.mark.parametrize("cmd", [["export", "--format", "triton", "--out"], ["report", "-o"]], ids=["triton", "report"])
-def test_a_single_output_file_that_is_a_fifo_directory_or_link_is_one_sentence(tmp_path, h200_copy, cmd, what):
+def test_a_single_output_file_that_is_a_fifo_directory_or_link_is_one_sentence(tmp_path, results, cmd, what):
     target = tmp_path / "target.out"
     outside = tmp_path / "outside.txt"
     outside.write_text("keep me")
@@ -789,17 +817,17 @@ def test_a_single_output_file_that_is_a_fifo_directory_or_link_is_one_sentence(t
         target.mkdir()
     else:
         target.symlink_to(outside)
-    result = _tuner(*cmd, str(target), "--db", h200_copy, cwd=tmp_path)
+    result = _tuner(*cmd, str(target), "--db", results, cwd=tmp_path)
     _one_sentence(result, {"fifo": "FIFO", "directory": "directory", "link": "symbolic link"}[what])
     assert outside.read_text() == "keep me"
 
 
-def test_export_without_out_never_writes_into_the_package(tmp_path, h200_copy):
+def test_export_without_out_never_writes_into_the_package(tmp_path, results):
     import sparse_mla_tuner.kernels.table as kt
 
     before = sorted(p.name for p in kt.CONFIG_DIR.iterdir())
     stamps = {p.name: p.stat().st_mtime_ns for p in kt.CONFIG_DIR.iterdir()}
-    result = _tuner("export", "--db", h200_copy, cwd=tmp_path)
+    result = _tuner("export", "--db", results, cwd=tmp_path)
     assert result.exit_code == 0, result.stderr
     written = [line for line in result.stdout.splitlines() if line.strip()]
     assert written and all(os.path.abspath(os.path.join(tmp_path, w)).startswith(str(tmp_path)) for w in written)

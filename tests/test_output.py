@@ -33,6 +33,22 @@ def h200(tmp_path_factory):
     return f"sqlite:///{path}"
 
 
+@pytest.fixture(scope="module")
+def as_json(h200):
+    """A listing's rows (``-f json``), asked once per command line for the whole module: json carries every field
+    whatever the terminal's width, and each of these reads the whole committed record (seconds of CPU)."""
+    rows = {}
+
+    def get(*args):
+        if args not in rows:
+            proc = tuner(*args, "--db", h200, "-f", "json")
+            assert proc.returncode == 0, proc.stderr
+            rows[args] = json.loads(proc.stdout)
+        return rows[args]
+
+    return get
+
+
 def _width(text: str) -> int:
     return max((len(line) for line in text.splitlines()), default=0)
 
@@ -50,13 +66,13 @@ LISTINGS = [
 
 @pytest.mark.parametrize("columns", [80, 100, 200])
 @pytest.mark.parametrize("args", LISTINGS, ids=lambda a: "-".join(a[:2]))
-def test_default_tables_fit_the_terminal_and_cut_no_cell(h200, args, columns, monkeypatch):
+def test_default_tables_fit_the_terminal_and_cut_no_cell(h200, as_json, args, columns, monkeypatch):
     monkeypatch.setenv("COLUMNS", str(columns))
     proc = tuner(*args, "--db", h200)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() and _width(proc.stdout) <= columns, _width(proc.stdout)
     assert "…" not in proc.stdout
-    rows = json.loads(tuner(*args, "--db", h200, "-f", "json").stdout)
+    rows = as_json(*args)
     if isinstance(rows, dict):  # show: one trial
         rows = [rows]
     words = set(proc.stdout.split())
@@ -69,10 +85,10 @@ def test_default_tables_fit_the_terminal_and_cut_no_cell(h200, args, columns, mo
             assert set(r["reason"].split()) <= words, r["reason"]
 
 
-def test_piped_output_keeps_full_values(h200, monkeypatch):
+def test_piped_output_keeps_full_values(h200, as_json, monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)
     proc = tuner("trials", "--verdict", "infeasible", "--db", h200)
-    rows = json.loads(tuner("trials", "--verdict", "infeasible", "--db", h200, "-f", "json").stdout)
+    rows = as_json("trials", "--verdict", "infeasible")
     assert proc.returncode == 0 and "…" not in proc.stdout
     lines = proc.stdout.splitlines()
     assert len(lines) == 2 + len(rows)  # one line per row: nothing wrapped
@@ -170,13 +186,14 @@ def test_units_have_one_format():
     assert gbps(4120.4) == "4120 GB/s"
 
 
-def test_stored_strings_cannot_break_a_table_or_drive_the_terminal(h200, tmp_path):
+def test_stored_strings_cannot_break_a_table_or_drive_the_terminal(tmp_path):
     """A results database may come from someone else: a device name with a newline or a terminal escape
     stays one cell of one row, shown as escapes, in the brief and the wide table alike."""
     import sqlite3
 
-    path = tmp_path / "hostile.db"
-    shutil.copy(h200.removeprefix("sqlite:///"), path)
+    from tests.recorded import make_results
+
+    path = make_results(tmp_path / "hostile.db")  # the committed results' three workloads, two levels each
     con = sqlite3.connect(path)
     con.execute("UPDATE tuner_environments SET gpu_name = ?", ("GPU\n\x1b[2J\x1b[31mred\x07",))
     con.commit()

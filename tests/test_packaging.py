@@ -119,23 +119,23 @@ def test_report_plots_without_matplotlib_say_how_to_get_it(tmp_path):
     db = ROOT / "results" / "h200.db"
     if not db.exists():
         pytest.skip("no committed results database")
-    import shutil
-
     from sparse_mla_tuner.db.store import Store
+    from tests.recorded import make_results
 
-    copy = tmp_path / "h200.db"
-    shutil.copy(db, copy)
+    copy = make_results(tmp_path / "h200.db")  # the committed results' three workloads, two levels each
     Store(f"sqlite:///{copy}", upgrade=True)
     blocker = tmp_path / "block"
     blocker.mkdir()
     (blocker / "sitecustomize.py").write_text("import sys\nsys.modules['matplotlib'] = None\n")
+    from tests.conftest import tuner_processes
+
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocker), str(ROOT)])}
-    cmd = [sys.executable, "-m", "sparse_mla_tuner.tuner", "report", "--db", f"sqlite:///{copy}"]
-    proc = subprocess.run([*cmd, "--plots", str(tmp_path / "plots")], capture_output=True, text=True, env=env)
-    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
-    assert "needs matplotlib" in proc.stderr and "sparse-mla-tuner[report]" in proc.stderr
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    assert proc.returncode == 0 and "## " in proc.stdout, proc.stderr
+    cmd = ["report", "--db", f"sqlite:///{copy}"]
+    # the two commands as processes forked from one that started with matplotlib blocked (one interpreter start)
+    plots, report = tuner_processes([[*cmd, "--plots", str(tmp_path / "plots")], cmd], env=env)
+    assert plots.returncode != 0 and "Traceback" not in plots.stderr, plots.stderr
+    assert "needs matplotlib" in plots.stderr and "sparse-mla-tuner[report]" in plots.stderr
+    assert report.returncode == 0 and "## " in report.stdout, report.stderr
 
 
 def test_the_declared_versions_are_the_tested_ones():

@@ -142,9 +142,9 @@ def test_a_report_from_a_database_with_hostile_names_keeps_them_as_text(tmp_path
 
     from sparse_mla_tuner.db.store import Store
     from sparse_mla_tuner.tuner.report import render_report
+    from tests.recorded import make_results
 
-    src = tmp_path / "h.db"
-    shutil.copy(H200_DB, src)
+    src = make_results(tmp_path / "h.db")  # the three workloads of the committed results, two levels each
     con = sqlite3.connect(src)
     con.execute("UPDATE tuner_environments SET gpu_name = ?, host = ?", (HOSTILE, "h`o|st\nx"))
     con.commit()
@@ -166,9 +166,9 @@ def test_plots_without_matplotlib_are_one_sentence(tmp_path, monkeypatch):
 
     from sparse_mla_tuner.db.store import Store
     from sparse_mla_tuner.tuner.cli import cli
+    from tests.recorded import make_results
 
-    url = f"sqlite:///{tmp_path / 'h.db'}"
-    shutil.copy(H200_DB, tmp_path / "h.db")
+    url = f"sqlite:///{make_results(tmp_path / 'h.db')}"  # the committed results' three workloads, two levels each
     Store(url, readonly=True)
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.delitem(sys.modules, name)

@@ -296,8 +296,12 @@ def test_check_in_every_format(fmt, check_db):
 
 
 def test_version_and_help():
-    assert tuner("--version").stdout.strip() == "tuner, version 0.1.0"
-    out = tuner("--help").stdout
+    from tests.conftest import tuner_processes  # each its own process, after one import
+
+    version, help_ = tuner_processes([["--version"], ["--help"]])
+    assert version.returncode == 0 and version.stdout.strip() == "tuner, version 0.1.0"
+    assert help_.returncode == 0
+    out = help_.stdout
     for cmd in ("check", "search", "best", "trials", "db"):
         assert cmd in out
 
