@@ -67,11 +67,10 @@ class Level:
 
     def lookup(self) -> Callable[[KernelConfig], KernelConfig | None]:
         """config -> the candidate that launches what it launches here, or None: ``representative``, or without
-        one the candidate with the same printed key."""
+        one the candidate equal to it."""
         if self.representative is not None:
             return self.representative
-        by_key = {str(c): c for c in self.candidates}
-        return lambda cfg: by_key.get(str(cfg))
+        return {c: c for c in self.candidates}.get
 
 
 # --- options: a strategy's settings as a typed, validated, documented table -------------------------------
