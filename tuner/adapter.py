@@ -25,6 +25,7 @@ from __future__ import annotations
 import abc
 import functools
 import importlib
+import json
 import math
 import re
 from collections.abc import Callable
@@ -157,6 +158,11 @@ class KernelAdapter(abc.ABC):
     def export_table(self, picks: Mapping[int, Any]) -> dict:
         """The table an engine reads: the picked config per level (batch size -> config)."""
         return {str(batch): cfg.as_dict() for batch, cfg in sorted(picks.items())}
+
+
+def stored_launch(identity: Hashable) -> str:
+    """A launch identity (:meth:`KernelAdapter.launch_identity`) as the database stores and indexes it."""
+    return json.dumps(identity)
 
 
 @functools.cache

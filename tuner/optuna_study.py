@@ -197,13 +197,12 @@ class OptunaStudy:
             for t in self.study.get_trials(deepcopy=False, states=(COMPLETE,))
         }
 
-    def finalist(self, trial_id: int, cfg: KernelConfig, screen, final, reference: float) -> None:
-        """A finalist's estimate: its config's one trial revised, or a trial added (its process ended before
-        Optuna was told)."""
+    def finalist(self, trial_id: int, cfg: KernelConfig, screen, final, reference: float, number: int | None) -> None:
+        """A finalist's estimate: its config's one trial (Optuna's ``number``, from :meth:`told_trial_ids`) revised,
+        or a trial added when there is none (its process ended before Optuna was told)."""
         attrs = {"tuner_trial_id": trial_id, "verdict": Verdict.OK.value, **ok_attrs(screen, final)}
-        told = self.told_trial_ids()
-        if trial_id in told:
-            optuna_rows.revise(self.study, told[trial_id], final.ratio * reference, attrs)
+        if number is not None:
+            optuna_rows.revise(self.study, number, final.ratio * reference, attrs)
             return
         trial = optuna.trial.create_trial(
             state=COMPLETE,

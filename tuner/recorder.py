@@ -28,6 +28,7 @@ from sparse_mla_tuner.db.verdicts import Phase
 from sparse_mla_tuner.db.verdicts import Verdict
 from sparse_mla_tuner.tuner import calibrate
 from sparse_mla_tuner.tuner import stats
+from sparse_mla_tuner.tuner.adapter import stored_launch
 from sparse_mla_tuner.tuner.candidates import LAUNCHED
 from sparse_mla_tuner.tuner.errors import SpaceError
 from sparse_mla_tuner.tuner.protocol import MeasureReply
@@ -96,16 +97,17 @@ class StudyRecorder:
                 if problem:
                     raise SpaceError(problem)
             self.study_id, self.kernel_id, self.workload_id, self.env_id = row.id, kernel.id, wrow.id, env.id
-            return self._configs(queries.done_keys(s, row.id))
+            return set(self._configs(queries.done_keys(s, row.id)))
 
-    def _configs(self, keys) -> set[KernelConfig]:
-        """Stored config keys as this kernel's configs (a key of another version of its parameters is left out)."""
-        return {c for c in (known_config(self.plan.space.adapter.config_type, k) for k in keys) if c is not None}
+    def _configs(self, keys) -> list[KernelConfig]:
+        """Stored config keys as this kernel's configs, in order (a key of another version of its parameters is
+        left out)."""
+        return [c for c in (known_config(self.plan.space.adapter.config_type, k) for k in keys) if c is not None]
 
     def done(self) -> set[KernelConfig]:
         """The configs this study has recorded."""
         with self.store.session() as s:
-            return self._configs(queries.done_keys(s, self.study_id))
+            return set(self._configs(queries.done_keys(s, self.study_id)))
 
     def recorded(self, cfg: KernelConfig) -> bool:
         """Whether this study has recorded ``cfg``."""
@@ -148,7 +150,7 @@ class StudyRecorder:
             keys = queries.prior_picks(
                 s, self.kernel_id, plan.concurrency, n=None, space=plan.space.name, workload=plan.spec.name, **where
             )
-        return [c for c in (known_config(plan.space.adapter.config_type, k) for k in keys) if c is not None]
+        return self._configs(keys)
 
     def history(self) -> list:
         """Every recorded trial of this space's workload on this backend (:func:`db.queries.history`)."""
@@ -247,7 +249,7 @@ class StudyRecorder:
         items = []
         for identity, group in self.plan.launches().items():
             original = next((c for c in group if c in done and done[c][1] is None), None)
-            key = json.dumps(identity)  # the launch as stored (study.launch_key)
+            key = stored_launch(identity)
             for cfg in group:
                 if original is None or cfg in done:
                     continue

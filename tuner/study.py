@@ -17,7 +17,6 @@ Optuna's).
 from __future__ import annotations
 
 import functools
-import json
 import threading
 import time
 from collections.abc import Hashable
@@ -31,6 +30,7 @@ from sparse_mla_tuner.tuner import stats
 from sparse_mla_tuner.tuner import strategies
 from sparse_mla_tuner.tuner.adapter import KernelAdapter
 from sparse_mla_tuner.tuner.adapter import default_adapter
+from sparse_mla_tuner.tuner.adapter import stored_launch
 from sparse_mla_tuner.tuner.candidates import LAUNCHED
 from sparse_mla_tuner.tuner.candidates import Candidates
 from sparse_mla_tuner.tuner.candidates import new_value_variants  # noqa: F401 - part of this module's interface
@@ -333,10 +333,11 @@ class StudyRun:
         rounds = self.plan.space.measurement["finalist_rounds"]
         if todo and rounds:
             self.progress.bar.phase(f"finalists: {len(todo)} x {rounds} rounds")
+        told = self.optuna.told_trial_ids()  # once: a finalist revises its own trial, never another's
         for trial_id, cfg, screen in todo if rounds else []:
             final = self.records.finalist(proc, trial_id, self.measurer.finalist(proc, cfg), band)
             if final is not None:
-                self.optuna.finalist(trial_id, cfg, screen, final, self._reference())
+                self.optuna.finalist(trial_id, cfg, screen, final, self._reference(), told.get(trial_id))
 
     def _unlaunched(self, items: list[tuple]) -> None:
         """Configs decided without a launch: the tuner's rows in one transaction, their Optuna trials in another."""
@@ -353,7 +354,7 @@ class StudyRun:
 def launch_key(cfg: KernelConfig, workload: Workload, concurrency: int, adapter: KernelAdapter | None = None) -> str:
     """The launch identity (compiled binary + grid, :meth:`KernelAdapter.launch_identity`) as the string the
     database stores and indexes (``adapter``: the space's; by default the one a space that names none gets)."""
-    return json.dumps((adapter or default_adapter()).launch_identity(cfg, workload, concurrency))
+    return stored_launch((adapter or default_adapter()).launch_identity(cfg, workload, concurrency))
 
 
 class _Measuring:
