@@ -141,8 +141,8 @@ def _dequant(b_u8, b_scale, NATIVE_FP8: tl.constexpr, DOT_F32: tl.constexpr):
 
 @triton.jit
 def _gather_kv_tile(
-    KV8, KV16, KV32, b_idx, m_tok, FORMAT: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr,
-    WORDS: tl.constexpr,
+    KV8, KV16, KV32, b_idx, m_tok, in_x, FORMAT: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr,
+    X_PAGE_SIZE: tl.constexpr, X_PAGE_BYTES: tl.constexpr, WORDS: tl.constexpr,
 ):  # fmt: skip
     """Issue the loads of one tile: (e4m3 bytes, their scales as stored, the bf16 rope part).
 
@@ -152,23 +152,38 @@ def _gather_kv_tile(
     (keys only). Masked-out tokens (``m_tok`` false) are never read. Offsets are written per view (bytes,
     bf16 or fp32 elements) from the token index so that Triton can prove their alignment and vectorize
     the loads. Nothing here waits for the data: the loop issues the next tile's gather before it
-    computes on this one.
+    computes on this one. ``in_x`` (a scalar) says the tile is the extra cache's, whose pages are
+    ``X_PAGE_SIZE`` tokens ``X_PAGE_BYTES`` apart (fp8_model1; the same as the main cache's when one loop
+    walks one cache or two caches of one page layout).
     """
     b_idx = b_idx.to(tl.int64)
     o_rope = tl.arange(0, 64)
     if FORMAT == 0:
         o_g = tl.arange(0, 8)
         o_j = tl.arange(0, 64)
-        b_page = b_idx // PAGE_SIZE
-        b_tok = b_idx % PAGE_SIZE
-        o_data = b_page * PAGE_BYTES + b_tok * 576  # [T] bytes
+        if X_PAGE_SIZE == PAGE_SIZE and X_PAGE_BYTES == PAGE_BYTES:
+            b_page = b_idx // PAGE_SIZE
+            b_tok = b_idx % PAGE_SIZE
+            o_data = b_page * PAGE_BYTES + b_tok * 576  # [T] bytes
+            o_scale = b_page * PAGE_BYTES + PAGE_SIZE * 576 + b_tok * 8
+            o_rope16 = b_page * (PAGE_BYTES // 2) + b_tok * 288 + 224  # bf16 elements
+        else:
+            # two page layouts in one loop (the host checks both strides are whole 16-byte units): the
+            # tile's cache selects its page size and stride; offsets are built in 16- and 8-byte units and
+            # then scaled by constants, so that Triton still proves the alignment that vectorizes the loads
+            b_page = tl.where(in_x, b_idx // X_PAGE_SIZE, b_idx // PAGE_SIZE)
+            b_tok = tl.where(in_x, b_idx % X_PAGE_SIZE, b_idx % PAGE_SIZE)
+            b_row16 = b_page * tl.where(in_x, X_PAGE_BYTES // 16, PAGE_BYTES // 16) + b_tok * 36
+            o_data = b_row16 * 16
+            o_scale = (b_page * tl.where(in_x, X_PAGE_BYTES // 8, PAGE_BYTES // 8) + b_tok) * 8 + tl.where(
+                in_x, X_PAGE_SIZE * 576, PAGE_SIZE * 576
+            )
+            o_rope16 = b_row16 * 8 + 224
         o_nope = o_data[:, None, None] + o_g[None, :, None] * 64 + o_j[None, None, :]
         m_nope = m_tok[:, None, None] & (o_g[None, :, None] < 7)
         b_q8 = tl.load(KV8 + o_nope, mask=m_nope, other=0)
-        o_scale = b_page * PAGE_BYTES + PAGE_SIZE * 576 + b_tok * 8
         m_scale = m_tok[:, None] & (o_g[None, :] < 7)
         b_sc = tl.load(KV8 + o_scale[:, None] + o_g[None, :], mask=m_scale, other=127)
-        o_rope16 = b_page * (PAGE_BYTES // 2) + b_tok * 288 + 224  # bf16 elements
         b_rope = tl.load(KV16 + o_rope16[:, None] + o_rope[None, :], mask=m_tok[:, None], other=0.0)
     else:
         o_g = tl.arange(0, 4)
@@ -352,24 +367,28 @@ def _vtile(
     BLOCK_T: tl.constexpr,
     TWO: tl.constexpr,
 ):
-    """Tile ``i_t`` of a walk: its token indices, their mask and the cache they point into (KV8, KV16, KV32).
+    """Tile ``i_t`` of a walk: its token indices, their mask, whether it is the extra cache's, and the cache
+    they point into (KV8, KV16, KV32).
 
     Tile ``i_t`` starts at position ``t_begin + i_t * BLOCK_T``. One cache: that is its place in the list at
     ``p_idx``, valid below ``t_end``. ``TWO`` (two caches of one format and page size in one loop): positions
     from ``u_split`` on are the extra cache's, whose list entry for position u is ``XIdx[x_off + u]``, valid
-    below ``x_lim``; scalar selects pick the list, its bound, its size and the cache's base pointers (the extra
+    below ``x_lim``; scalar selects pick the list, its bound, its size and the cache's base pointers, and the
+    gather its page layout (the extra
     cache's offset and bound are two integers, so that little stays live across the loop)."""
     t_first = t_begin + i_t * BLOCK_T
+    in_x = t_first >= u_split  # the extra cache's tile (``TWO``); unused otherwise
     if TWO:
-        in_x = t_first >= u_split
         p = tl.where(in_x, XIdx + x_off, p_idx)
         b_idx, m_tok = _tile_indices(
             p, t_first, tl.where(in_x, x_lim, t_end), tl.where(in_x, x_num_tokens, num_tokens), BLOCK_T
         )
-        return b_idx, m_tok, tl.where(in_x, XKV8, KV8), tl.where(in_x, XKV16, KV16), tl.where(in_x, XKV32, KV32)
+        return (
+            b_idx, m_tok, in_x, tl.where(in_x, XKV8, KV8), tl.where(in_x, XKV16, KV16), tl.where(in_x, XKV32, KV32)
+        )  # fmt: skip
     else:
         b_idx, m_tok = _tile_indices(p_idx, t_first, t_end, num_tokens, BLOCK_T)
-        return b_idx, m_tok, KV8, KV16, KV32
+        return b_idx, m_tok, in_x, KV8, KV16, KV32
 
 
 @triton.jit
@@ -401,6 +420,8 @@ def _walk(
     FORMAT: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     PAGE_BYTES: tl.constexpr,
+    X_PAGE_SIZE: tl.constexpr,
+    X_PAGE_BYTES: tl.constexpr,
     BLOCK_T: tl.constexpr,
     PREFETCH: tl.constexpr,
     WORDS: tl.constexpr,
@@ -409,8 +430,9 @@ def _walk(
     TWO: tl.constexpr,
 ):
     """The tile loop over tokens [t_begin, t_end) of one cache's top-k list (at ``p_idx``), then with ``TWO``
-    over [x_begin, x_end) of the extra cache's list (at ``XIdx + x_start``; same format and page size; see
-    :func:`_vtile`), into the online softmax state (b_m, b_l, b_a0..b_a3): the updated state."""
+    over [x_begin, x_end) of the extra cache's list (at ``XIdx + x_start``; same format, its own page size
+    ``X_PAGE_SIZE`` and stride ``X_PAGE_BYTES``; see :func:`_vtile`), into the online softmax state (b_m, b_l,
+    b_a0..b_a3): the updated state."""
     # tiles wholly past t_end (topk_length) are skipped, not masked
     n_tiles = tl.maximum(t_end - t_begin + BLOCK_T - 1, 0) // BLOCK_T
     u_split = t_begin + n_tiles * BLOCK_T  # the extra cache's tiles follow at these positions
@@ -425,53 +447,63 @@ def _walk(
         # overlaps the dots, but the gather first waits for the indices just loaded. 3 also loads tile
         # i+2's indices, so no gather waits for its addresses, for the index registers of a third tile
         # (fp8_model1 spills more). A tile past the end is fully masked.
-        b_idx, m_next, k8, k16, k32 = _vtile(
+        b_idx, m_next, i_x, k8, k16, k32 = _vtile(
             0, u_split, KV8, KV16, KV32, p_idx, t_begin, t_end, num_tokens,
             XKV8, XKV16, XKV32, XIdx, x_off, x_lim, x_num_tokens, BLOCK_T, TWO,
         )  # fmt: skip
-        r_q8, r_sc, r_rope = _gather_kv_tile(k8, k16, k32, b_idx, m_next, FORMAT, PAGE_SIZE, PAGE_BYTES, WORDS)
+        r_q8, r_sc, r_rope = _gather_kv_tile(
+            k8, k16, k32, b_idx, m_next, i_x, FORMAT, PAGE_SIZE, PAGE_BYTES, X_PAGE_SIZE, X_PAGE_BYTES, WORDS
+        )
         if PREFETCH == 3:
-            n_idx, m_after, n8, n16, n32 = _vtile(
+            n_idx, m_after, n_x, n8, n16, n32 = _vtile(
                 1, u_split, KV8, KV16, KV32, p_idx, t_begin, t_end, num_tokens,
                 XKV8, XKV16, XKV32, XIdx, x_off, x_lim, x_num_tokens, BLOCK_T, TWO,
             )  # fmt: skip
     elif PREFETCH == 2:
         # Index prefetch only: one register per token instead of the whole tile; the KV gather's
         # address is ready at the top of the iteration, so one of the two latencies is hidden.
-        n_idx, m_next, n8, n16, n32 = _vtile(
+        n_idx, m_next, n_x, n8, n16, n32 = _vtile(
             0, u_split, KV8, KV16, KV32, p_idx, t_begin, t_end, num_tokens,
             XKV8, XKV16, XKV32, XIdx, x_off, x_lim, x_num_tokens, BLOCK_T, TWO,
         )  # fmt: skip
     for i_t in range(0, n_tiles):
         if PREFETCH == 2:
             b_idx, m_tok = n_idx, m_next
-            c_q8, c_sc, c_rope = _gather_kv_tile(n8, n16, n32, b_idx, m_tok, FORMAT, PAGE_SIZE, PAGE_BYTES, WORDS)
-            n_idx, m_next, n8, n16, n32 = _vtile(
+            c_q8, c_sc, c_rope = _gather_kv_tile(
+                n8, n16, n32, b_idx, m_tok, n_x, FORMAT, PAGE_SIZE, PAGE_BYTES, X_PAGE_SIZE, X_PAGE_BYTES, WORDS
+            )
+            n_idx, m_next, n_x, n8, n16, n32 = _vtile(
                 i_t + 1, u_split, KV8, KV16, KV32, p_idx, t_begin, t_end, num_tokens,
                 XKV8, XKV16, XKV32, XIdx, x_off, x_lim, x_num_tokens, BLOCK_T, TWO,
             )  # fmt: skip
         elif PREFETCH == 1:
             m_tok = m_next
             c_q8, c_sc, c_rope = r_q8, r_sc, r_rope
-            b_idx, m_next, k8, k16, k32 = _vtile(
+            b_idx, m_next, i_x, k8, k16, k32 = _vtile(
                 i_t + 1, u_split, KV8, KV16, KV32, p_idx, t_begin, t_end, num_tokens,
                 XKV8, XKV16, XKV32, XIdx, x_off, x_lim, x_num_tokens, BLOCK_T, TWO,
             )  # fmt: skip
-            r_q8, r_sc, r_rope = _gather_kv_tile(k8, k16, k32, b_idx, m_next, FORMAT, PAGE_SIZE, PAGE_BYTES, WORDS)
+            r_q8, r_sc, r_rope = _gather_kv_tile(
+                k8, k16, k32, b_idx, m_next, i_x, FORMAT, PAGE_SIZE, PAGE_BYTES, X_PAGE_SIZE, X_PAGE_BYTES, WORDS
+            )
         elif PREFETCH == 3:
             m_tok, m_next = m_next, m_after
             c_q8, c_sc, c_rope = r_q8, r_sc, r_rope
-            r_q8, r_sc, r_rope = _gather_kv_tile(n8, n16, n32, n_idx, m_next, FORMAT, PAGE_SIZE, PAGE_BYTES, WORDS)
-            n_idx, m_after, n8, n16, n32 = _vtile(
+            r_q8, r_sc, r_rope = _gather_kv_tile(
+                n8, n16, n32, n_idx, m_next, n_x, FORMAT, PAGE_SIZE, PAGE_BYTES, X_PAGE_SIZE, X_PAGE_BYTES, WORDS
+            )
+            n_idx, m_after, n_x, n8, n16, n32 = _vtile(
                 i_t + 2, u_split, KV8, KV16, KV32, p_idx, t_begin, t_end, num_tokens,
                 XKV8, XKV16, XKV32, XIdx, x_off, x_lim, x_num_tokens, BLOCK_T, TWO,
             )  # fmt: skip
         else:
-            b_idx, m_tok, k8, k16, k32 = _vtile(
+            b_idx, m_tok, i_x, k8, k16, k32 = _vtile(
                 i_t, u_split, KV8, KV16, KV32, p_idx, t_begin, t_end, num_tokens,
                 XKV8, XKV16, XKV32, XIdx, x_off, x_lim, x_num_tokens, BLOCK_T, TWO,
             )  # fmt: skip
-            c_q8, c_sc, c_rope = _gather_kv_tile(k8, k16, k32, b_idx, m_tok, FORMAT, PAGE_SIZE, PAGE_BYTES, WORDS)
+            c_q8, c_sc, c_rope = _gather_kv_tile(
+                k8, k16, k32, b_idx, m_tok, i_x, FORMAT, PAGE_SIZE, PAGE_BYTES, X_PAGE_SIZE, X_PAGE_BYTES, WORDS
+            )
         b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _tile_step(
             p_q, m_h, c_q8, c_sc, c_rope, m_tok, qk_scale, b_m, b_l, b_a0, b_a1, b_a2, b_a3,
             FORMAT, BLOCK_T, WORDS, DOT_F32, NATIVE_FP8,
@@ -572,28 +604,38 @@ def _attend(
             x_valid = tl.minimum(tl.maximum(tl.load(XTopkLen + i_b), 0), x_topk)
         x_begin = tl.maximum(t_begin - span, 0)
         x_end = tl.minimum(t_stop - span, x_valid)
-        if X_FORMAT == FORMAT and X_PAGE_SIZE == PAGE_SIZE and X_PAGE_BYTES == PAGE_BYTES:  # one loop over both
+        # one loop over both: one format and, for fp8_model1, one page layout or page strides of whole 16-byte
+        # units (see _gather_kv_tile); fp8_v32's rows are addressed by token, not by page
+        if X_FORMAT == FORMAT and (
+            FORMAT != 0
+            or (X_PAGE_SIZE == PAGE_SIZE and X_PAGE_BYTES == PAGE_BYTES)
+            or (PAGE_BYTES % 16 == 0 and X_PAGE_BYTES % 16 == 0)
+        ):
             b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _walk(
                 p_q, m_h, qk_scale, b_m, b_l, b_a0, b_a1, b_a2, b_a3, KV8, KV16, KV32, p_idx, t_begin, t_end,
                 num_tokens, XKV8, XKV16, XKV32, XIdx, i_r * x_topk, x_begin, x_end, x_num_tokens,
-                FORMAT, PAGE_SIZE, PAGE_BYTES, BLOCK_T, PREFETCH, WORDS, DOT_F32, NATIVE_FP8, True,
+                FORMAT, PAGE_SIZE, PAGE_BYTES, X_PAGE_SIZE, X_PAGE_BYTES, BLOCK_T, PREFETCH, WORDS, DOT_F32,
+                NATIVE_FP8, True,
             )  # fmt: skip
-        else:  # one loop per cache, each with its own page size
+        else:  # one loop per cache, each with its own format and page size
             b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _walk(
                 p_q, m_h, qk_scale, b_m, b_l, b_a0, b_a1, b_a2, b_a3, KV8, KV16, KV32, p_idx, t_begin, t_end,
                 num_tokens, KV8, KV16, KV32, Idx, 0, 0, 0, 0,
-                FORMAT, PAGE_SIZE, PAGE_BYTES, BLOCK_T, PREFETCH, WORDS, DOT_F32, NATIVE_FP8, False,
+                FORMAT, PAGE_SIZE, PAGE_BYTES, PAGE_SIZE, PAGE_BYTES, BLOCK_T, PREFETCH, WORDS, DOT_F32,
+                NATIVE_FP8, False,
             )  # fmt: skip
             b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _walk(
                 p_q, m_h, qk_scale, b_m, b_l, b_a0, b_a1, b_a2, b_a3, XKV8, XKV16, XKV32, XIdx + i_r * x_topk,
                 x_begin, x_end, x_num_tokens, XKV8, XKV16, XKV32, XIdx, 0, 0, 0, 0,
-                X_FORMAT, X_PAGE_SIZE, X_PAGE_BYTES, BLOCK_T, PREFETCH, WORDS, DOT_F32, NATIVE_FP8, False,
+                X_FORMAT, X_PAGE_SIZE, X_PAGE_BYTES, X_PAGE_SIZE, X_PAGE_BYTES, BLOCK_T, PREFETCH, WORDS, DOT_F32,
+                NATIVE_FP8, False,
             )  # fmt: skip
     else:
         b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _walk(
             p_q, m_h, qk_scale, b_m, b_l, b_a0, b_a1, b_a2, b_a3, KV8, KV16, KV32, p_idx, t_begin, t_end,
             num_tokens, KV8, KV16, KV32, Idx, 0, 0, 0, 0,
-            FORMAT, PAGE_SIZE, PAGE_BYTES, BLOCK_T, PREFETCH, WORDS, DOT_F32, NATIVE_FP8, False,
+            FORMAT, PAGE_SIZE, PAGE_BYTES, PAGE_SIZE, PAGE_BYTES, BLOCK_T, PREFETCH, WORDS, DOT_F32, NATIVE_FP8,
+            False,
         )  # fmt: skip
 
     if WORDS:  # dims 4m + 2a + b <- slice 2a + b: one interleave per program, outside the tile loop

@@ -311,7 +311,8 @@ def test_every_kernel_variant_compiles_for_sm90_and_sm120():
 
 def _one_launch_batch(fmt, B, device, seed=0, x_page=16, **kw):
     """main: 40 tokens = 3 tiles of 16 (the last one ragged); extra: 40 tokens = 3 more tiles, on pages of
-    ``x_page`` tokens (16: one loop per cache; 64, the main cache's: one loop over both)."""
+    ``x_page`` tokens (64, the main cache's: one loop over one page layout; 16: one loop over two layouts; 3, a page
+    stride of no whole 16-byte units: one loop per cache)."""
     main = Workload(fmt, 16, 40, page_size=64, context=200)
     extra = Workload(fmt, 16, 40, page_size=x_page, context=96)
     return make_batch(main, B, device=device, seed=seed, invalid_fraction=0.1, extra=extra, **kw)
@@ -364,6 +365,19 @@ def test_one_launch_matches_the_reference(fmt, cfg, q_tokens, x_page, device):
     assert torch.isfinite(lse).all()
 
 
+@pytest.mark.parametrize("cfg", ["T16-w4-s1-c4", "T16-w4-s1-c5-p3", "T16-w4-s2-c7-b1"])
+def test_one_launch_over_unaligned_pages_walks_a_loop_per_cache_and_matches_the_reference(cfg, device):
+    """Pages of 3 tokens (a 1752-byte stride, no whole 16-byte units): the two-loop path, same contract."""
+    kw = {"q_tokens": 2, "with_sink": True, "with_topk_length": True}
+    bt = _one_launch_batch("fp8_model1", 3, device, seed=2, x_page=3, **kw)
+    assert bt.extra_kv_cache.stride(0) % 16 != 0
+    bt.topk_length[:] = torch.tensor([40, 17, 0], dtype=torch.int32)
+    bt.extra_topk_length[:] = torch.tensor([5, 40, 33], dtype=torch.int32)
+    bt.extra_indices.view(3, -1, 40)[0, 0] = -1
+    out, lse = _check(bt, KernelConfig.parse(cfg))
+    assert torch.isfinite(lse).all()
+
+
 @pytest.mark.parametrize("x_page", [16, 64])
 @pytest.mark.parametrize("cfg", ["T16-w4-s1-c1", "T16-w4-s1-c4", "T16-w4-s1-c7-b1"])
 def test_rows_empty_in_both_caches_are_zero_with_the_sink(cfg, x_page, device):
@@ -391,8 +405,8 @@ def test_one_launch_split_geometry_counts_both_caches():
 
 @pytest.mark.parametrize("padded", ["both", "main"])
 def test_padded_pages_in_the_one_launch_give_the_contiguous_result(padded, device):
-    """SGLang's padded fp8_model1 pages: both caches padded alike walk one loop, a padded main cache beside a
-    contiguous extra one (other page strides) a loop each; either way the contiguous caches' result, exactly."""
+    """SGLang's padded fp8_model1 pages: both caches padded alike, or a padded main cache beside a contiguous
+    extra one (two page strides, one loop): either way the contiguous caches' result, exactly."""
     from sparse_mla_tuner.kernels.sglang_plugin import engine_cache
 
     bt = _one_launch_batch("fp8_model1", 2, device, x_page=64, with_sink=True, with_topk_length=True)
