@@ -27,7 +27,8 @@
 # Every search resumes what results/h200.db holds, so a phase cut short by LIMIT (seconds, default 540; each
 # search gets SIGINT and stops after its running trial) goes on where it stopped when run again.
 # $OUT (default results/out, ignored by git) has the layout of results/: a run's files replace the committed ones
-# by name. What each step printed goes to $OUT/NAME.log; the database comes back as $OUT/h200.db.gz.
+# by name. What each step printed goes to $OUT/NAME.log; the database comes back gzipped in 15-MiB parts,
+# $OUT/h200.db.gz.part00, part01, ...
 set -u
 OUT=${OUT:-results/out}
 DB=${TUNER_DB:-sqlite:///results/h200.db}
@@ -45,7 +46,9 @@ search() { local name=$1 space=$2 levels=$3; shift 3; local l; l=$(left)
 retune() { local name=$1 space=$2 l; l=$(left)
   if [ "$l" -lt 30 ]; then echo "$name: not started, ${l} s left"; return; fi
   mkdir -p "$OUT/$(dirname "$name")"
-  step "$name" "$l" sh -c 'exec python3 -m sparse_mla_tuner search "$1" --db "$2" -f json > "$3"' sh "$space" "$DB" "$OUT/$name.json"; }
+  # cold: a Triton cache of its own, so that nothing compiled by an earlier search on this host is reused
+  TRITON_CACHE_DIR=$(mktemp -d) step "$name" "$l" sh -c 'exec python3 -m sparse_mla_tuner search "$1" --db "$2" -f json > "$3"' \
+    sh "$space" "$DB" "$OUT/$name.json"; }
 case "${PHASE:-grids}" in
   retune)
     for g in ${RETUNES:-v4 v32 layer}; do case $g in
@@ -139,4 +142,6 @@ PY
   *) echo "unknown PHASE=$PHASE (allowed: grids, search, retune, ab, call, feasibility)"; exit 2 ;;
 esac
 for f in "$OUT"/*.log "$OUT"/*/*.log; do [ -e "$f" ] || continue; echo "== $f"; tail -22 "$f" | cut -c1-150; done
-db=${DB#sqlite:///}; gzip -c "$db" > "$OUT/$(basename "$db").gz"
+# the database, gzipped, in parts of at most 15 MiB (a device run returns files of up to 16 MiB):
+# `cat h200.db.gz.part* | gunzip > h200.db` puts it together again
+db=${DB#sqlite:///}; gzip -c "$db" | split -b 15m -d - "$OUT/$(basename "$db").gz.part"
