@@ -199,10 +199,11 @@ class StudyRun:
             [c for c in cand.queue_order if c in first and c not in level.measured and c not in level.pending]
         )
 
-    def _level(self) -> strategies.Level:
-        """The level as the strategy sees it, brought up to date with what was recorded since the last look."""
+    def _level(self, read: bool = True) -> strategies.Level:
+        """The level as the strategy sees it, brought up to date with what was recorded since the last look (the
+        trials queued or running read anew, or with ``read=False`` as :meth:`OptunaStudy.waiting` just read them)."""
         self.candidates.update(self.records.measured_since())
-        return self.candidates.level(self.optuna.pending_params())
+        return self.candidates.level(self.optuna.pending_params(read))
 
     # --- running -------------------------------------------------------------------------------------------------
 
@@ -421,7 +422,7 @@ class _Measuring:
         """The next trial to measure, or None to wait (or when the level stopped). Under the progress lock."""
         run = self.run
         if not run.optuna.waiting():
-            level = run._level()
+            level = run._level(read=False)
             with run.clock.section("model"):
                 why = run.candidates.why_stop(level, run.stop.requested)
             if why is not None:
