@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 
 from sqlalchemy import delete
+from sqlalchemy import insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -82,19 +83,22 @@ def add_samples(
     gpu_index: int,
     summary: Summary,
 ) -> StatisticModel:
-    """Every raw paired sample of one measurement and its statistic (returned)."""
-    for r, (c, b) in enumerate(samples):
-        session.add(
-            SampleModel(
-                trial_id=trial_id,
-                phase=phase,
-                round=r,
-                candidate_us=c,
-                baseline_us=b,
-                replays=replays,
-                gpu_index=gpu_index,
-            )
-        )
+    """Every raw paired sample of one measurement and its statistic (returned); the samples in one Core insert
+    (executemany: no ORM object per round)."""
+    if samples:
+        rows = [
+            {
+                "trial_id": trial_id,
+                "phase": phase,
+                "round": r,
+                "candidate_us": c,
+                "baseline_us": b,
+                "replays": replays,
+                "gpu_index": gpu_index,
+            }
+            for r, (c, b) in enumerate(samples)
+        ]
+        session.execute(insert(SampleModel), rows)
     stat = StatisticModel(
         trial_id=trial_id,
         phase=phase,
