@@ -57,6 +57,16 @@ def add_trial(session: Session, **fields) -> TrialModel | None:
     return t
 
 
+def insert_trial(session: Session, **fields) -> int | None:
+    """:func:`add_trial` as one Core insert (no ORM object to flush): the new trial's id, or None when another worker
+    already recorded this config in this study."""
+    try:
+        with session.begin_nested():
+            return session.execute(insert(TrialModel).values(**fields)).inserted_primary_key[0]
+    except IntegrityError:
+        return None
+
+
 def add_trials(session: Session, rows: list[dict]) -> list[int | None]:
     """Insert many trials in the caller's transaction (one flush); returns each one's id, None for a config
     another worker recorded first (then each is inserted in a savepoint of its own)."""

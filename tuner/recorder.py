@@ -128,12 +128,11 @@ class StudyRecorder:
         last_trial, last_stat = self._since
         with self.store.session() as s:
             out = []
-            for t in queries.done_since(s, self.study_id, last_trial, last_stat):
-                last_trial = max(last_trial, t.id)
-                last_stat = max([last_stat, *(st.id for st in t.statistics)])
-                st, cfg = t.statistic(), known_config(self.plan.space.adapter.config_type, t.config_key)
+            for trial_id, key, verdict, ratio, stat_id in queries.done_since(s, self.study_id, last_trial, last_stat):
+                last_trial, last_stat = max(last_trial, trial_id), max(last_stat, stat_id)
+                cfg = known_config(self.plan.space.adapter.config_type, key)
                 if cfg is not None:
-                    out.append((cfg, Verdict(t.verdict), st.ratio if st is not None else None))
+                    out.append((cfg, Verdict(verdict), ratio))
         self._since = (last_trial, last_stat)
         return out
 
@@ -189,12 +188,12 @@ class StudyRecorder:
         """
         fields = self._fields(env_id, cfg, reply, number, wall_s, key, original)
         with self.store.session() as s:
-            t = record.add_trial(s, **fields)
-            if t is None:
+            trial_id = record.insert_trial(s, **fields)
+            if trial_id is None:
                 return False
             if not reply.samples:  # only an ok measurement has samples
-                return t.id, None
-            return t.id, add_samples(s, t.id, Phase.SCREEN, reply, proc.gpu_index, band, seed=t.id)
+                return trial_id, None
+            return trial_id, add_samples(s, trial_id, Phase.SCREEN, reply, proc.gpu_index, band, seed=trial_id)
 
     def _fields(self, env_id, cfg: KernelConfig, reply: MeasureReply, number, wall_s, key, original) -> dict:
         """One ``tuner_trials`` row's fields."""
