@@ -61,6 +61,12 @@ def done_configs(session: Session, study_id: int) -> dict[str, TrialModel]:
     return {t.config_key: t for t in rows}
 
 
+def done_launches(session: Session, study_id: int) -> list[tuple[str, int, int | None]]:
+    """``(config key, trial id, duplicate_of)`` of every recorded trial of a study (three columns, no ORM objects)."""
+    q = select(TrialModel.config_key, TrialModel.id, TrialModel.duplicate_of).where(TrialModel.study_id == study_id)
+    return [tuple(r) for r in session.execute(q.order_by(TrialModel.id))]
+
+
 def done_keys(session: Session, study_id: int) -> set[str]:
     """The config keys a study has recorded (cheap: one column)."""
     return set(session.scalars(select(TrialModel.config_key).where(TrialModel.study_id == study_id)))
@@ -72,17 +78,24 @@ def is_recorded(session: Session, study_id: int, config_key: str) -> bool:
     return session.scalar(q) is not None
 
 
-def done_since(session: Session, study_id: int, trial_id: int = 0, stat_id: int = 0) -> list[TrialModel]:
+def done_since(session: Session, study_id: int, trial_id: int = 0, stat_id: int = 0) -> list[tuple]:
     """The trials of a study recorded after trial ``trial_id`` or given a statistic after ``stat_id`` (a study's
-    state read incrementally: only what changed since the last look), in id order, statistics loaded."""
+    state read incrementally: only what changed since the last look), in id order, as ``(trial id, config key,
+    verdict, ratio or None, the newest of its statistics' ids or 0)``: the ratio is :meth:`TrialModel.statistic`'s
+    (the finalist's when there is one). Columns, not ORM trials: the search reads this once or twice per launch."""
+    from sqlalchemy.orm import aliased
+
+    fin, scr = aliased(StatisticModel), aliased(StatisticModel)
+    newest = select(func.max(StatisticModel.id)).where(StatisticModel.trial_id == TrialModel.id).scalar_subquery()
     newer_stat = select(StatisticModel.trial_id).where(StatisticModel.id > stat_id)
     q = (
-        select(TrialModel)
+        select(TrialModel.id, TrialModel.config_key, TrialModel.verdict, func.coalesce(fin.ratio, scr.ratio), newest)
+        .outerjoin(fin, (fin.trial_id == TrialModel.id) & (fin.phase == Phase.FINALIST.value))
+        .outerjoin(scr, (scr.trial_id == TrialModel.id) & (scr.phase == Phase.SCREEN.value))
         .where(TrialModel.study_id == study_id, (TrialModel.id > trial_id) | TrialModel.id.in_(newer_stat))
-        .options(selectinload(TrialModel.statistics))
         .order_by(TrialModel.id)
     )
-    return list(session.scalars(q))
+    return [(i, key, verdict, ratio, newest_stat or 0) for i, key, verdict, ratio, newest_stat in session.execute(q)]
 
 
 def done_verdicts(session: Session, study_id: int) -> dict[str, Verdict]:
@@ -130,12 +143,18 @@ class HistoryRow:
     verdict: str
     ratio: float | None  # the finalist statistic's when there is one, else the screening one's
     params: dict  # the config's parameter columns
+    trial_id: int = 0
+    stat_id: int = 0  # the newest of its statistics' ids (0: none)
 
 
-def history(session: Session, space: str, workload: str, backend: str) -> list[HistoryRow]:
+def history(
+    session: Session, space: str, workload: str, backend: str, trial_id: int = 0, stat_id: int = 0
+) -> list[HistoryRow]:
     """Every trial of ``space``'s ``workload`` on ``backend``, oldest first, read lean: columns, not ORM objects (a
     level's opening read every kernel's trials with their statistics through the ORM, 1-2 s on a database of
-    many kernels' grids); its ratio is :meth:`TrialModel.statistic`'s."""
+    many kernels' grids); its ratio is :meth:`TrialModel.statistic`'s. With ``trial_id`` or ``stat_id``, only
+    the trials recorded after trial ``trial_id`` or given a statistic after ``stat_id`` (what changed since a read
+    that saw up to those ids, as :func:`done_since`)."""
     from sqlalchemy.orm import aliased
 
     fin, scr = aliased(StatisticModel), aliased(StatisticModel)
@@ -148,6 +167,9 @@ def history(session: Session, space: str, workload: str, backend: str) -> list[H
             EnvironmentModel.gpu_name,
             TrialModel.verdict,
             func.coalesce(fin.ratio, scr.ratio),
+            TrialModel.id,
+            fin.id,
+            scr.id,
             *(getattr(TrialModel, n) for n in names),
         )
         .join(StudyModel, TrialModel.study_id == StudyModel.id)
@@ -159,7 +181,13 @@ def history(session: Session, space: str, workload: str, backend: str) -> list[H
         .where(SpaceModel.name == space, WorkloadModel.name == workload, TrialModel.backend == backend)
         .order_by(TrialModel.id)
     )
-    return [HistoryRow(*r[:6], dict(zip(names, r[6:], strict=True))) for r in session.execute(q)]
+    if trial_id or stat_id:
+        newer_stat = select(StatisticModel.trial_id).where(StatisticModel.id > stat_id)
+        q = q.where((TrialModel.id > trial_id) | TrialModel.id.in_(newer_stat))
+    return [
+        HistoryRow(*r[:6], dict(zip(names, r[9:], strict=True)), r[6], max(r[7] or 0, r[8] or 0))
+        for r in session.execute(q)
+    ]
 
 
 def ok_levels(session: Session, **filters) -> list[int]:

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 
 from sqlalchemy import delete
+from sqlalchemy import insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -56,6 +57,16 @@ def add_trial(session: Session, **fields) -> TrialModel | None:
     return t
 
 
+def insert_trial(session: Session, **fields) -> int | None:
+    """:func:`add_trial` as one Core insert (no ORM object to flush): the new trial's id, or None when another worker
+    already recorded this config in this study."""
+    try:
+        with session.begin_nested():
+            return session.execute(insert(TrialModel).values(**fields)).inserted_primary_key[0]
+    except IntegrityError:
+        return None
+
+
 def add_trials(session: Session, rows: list[dict]) -> list[int | None]:
     """Insert many trials in the caller's transaction (one flush); returns each one's id, None for a config
     another worker recorded first (then each is inserted in a savepoint of its own)."""
@@ -82,19 +93,22 @@ def add_samples(
     gpu_index: int,
     summary: Summary,
 ) -> StatisticModel:
-    """Every raw paired sample of one measurement and its statistic (returned)."""
-    for r, (c, b) in enumerate(samples):
-        session.add(
-            SampleModel(
-                trial_id=trial_id,
-                phase=phase,
-                round=r,
-                candidate_us=c,
-                baseline_us=b,
-                replays=replays,
-                gpu_index=gpu_index,
-            )
-        )
+    """Every raw paired sample of one measurement and its statistic (returned); the samples in one Core insert
+    (executemany: no ORM object per round)."""
+    if samples:
+        rows = [
+            {
+                "trial_id": trial_id,
+                "phase": phase,
+                "round": r,
+                "candidate_us": c,
+                "baseline_us": b,
+                "replays": replays,
+                "gpu_index": gpu_index,
+            }
+            for r, (c, b) in enumerate(samples)
+        ]
+        session.execute(insert(SampleModel), rows)
     stat = StatisticModel(
         trial_id=trial_id,
         phase=phase,

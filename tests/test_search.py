@@ -501,3 +501,45 @@ def test_a_value_the_previous_kernel_never_ran_is_tried_on_its_best_configs():
     assert got == ["T32-w4-s1-c768-p2", "T64-w8-s1-c128-p2", "T32-w4-s2-c256-p2"]
     assert new_value_variants(best, measured + [KernelConfig.parse("T16-w4-s1-c4-p2")], parameters) == []
     assert new_value_variants(best, [], parameters) == []  # no previous kernel: nothing is new
+
+
+def test_a_searchs_history_read_level_after_level_is_the_whole_history(smoke_db, tmp_path):
+    """A search reads its workload's history whole once, then only what changed (new trials, new statistics): at
+    every read it holds what a whole read holds."""
+    from sparse_mla_tuner.db import queries
+    from sparse_mla_tuner.db.store import Store
+    from sparse_mla_tuner.tuner.recorder import SpaceHistory
+
+    path = tmp_path / "history.db"
+    shutil.copy(smoke_db["path"], path)
+    store, known = Store(f"sqlite:///{path}"), SpaceHistory()
+
+    def both():
+        with store.session() as s:
+            return known.read(s, "smoke", "v4_tiny", "interpreter"), queries.history(
+                s, "smoke", "v4_tiny", "interpreter"
+            )
+
+    ours, whole = both()
+    assert ours == whole and len(whole) == 8
+    con = sqlite3.connect(path)
+    with con:  # a finalist statistic for an old trial (its ratio changes), and a trial recorded since
+        old = con.execute("SELECT trial_id FROM tuner_statistics WHERE phase = 'screen' ORDER BY id LIMIT 1").fetchone()
+        con.execute("DELETE FROM tuner_statistics WHERE trial_id = ? AND phase = 'finalist'", old)
+        columns = [
+            r[1] for r in con.execute("PRAGMA table_info(tuner_statistics)") if r[1] not in ("id", "phase", "ratio")
+        ]
+        con.execute(
+            f"INSERT INTO tuner_statistics (phase, ratio, {', '.join(columns)}) SELECT 'finalist', 0.5, "
+            f"{', '.join(columns)} FROM tuner_statistics WHERE trial_id = ? AND phase = 'screen'",
+            old,
+        )
+        columns = [r[1] for r in con.execute("PRAGMA table_info(tuner_trials)") if r[1] not in ("id", "config_key")]
+        con.execute(
+            f"INSERT INTO tuner_trials (config_key, {', '.join(columns)}) SELECT 'T64-w4-s1-c4', {', '.join(columns)} "
+            "FROM tuner_trials ORDER BY id LIMIT 1"
+        )
+    con.close()
+    ours, whole = both()
+    assert ours == whole and len(whole) == 9
+    assert next(r for r in whole if r.trial_id == old[0]).ratio == 0.5

@@ -58,6 +58,7 @@ class OptunaStudy:
         self._beaten: set[int] = set()  # running trials of other processes given one heartbeat here
         self._owner = owner()  # this process, as the owner of the trials it asks
         self._stale_checked = -math.inf  # when this run last failed stale trials (at most every HEARTBEAT_S)
+        self._unfinished: list | None = None  # (state, params) of the trials queued or running at the last look
 
     # --- opening -------------------------------------------------------------------------------------------------
 
@@ -132,18 +133,22 @@ class OptunaStudy:
 
     # --- the queue -----------------------------------------------------------------------------------------------
 
-    def pending_params(self) -> list[dict]:
-        """The parameters of every trial queued or running."""
-        return [t.params for t in self.study.get_trials(deepcopy=False, states=(WAITING, RUNNING))]
+    def pending_params(self, read: bool = True) -> list[dict]:
+        """The parameters of every trial queued or running; ``read=False``: as :meth:`waiting` has just read them
+        (Optuna reads a study's unfinished trials anew at every look, whichever states are asked)."""
+        if read or self._unfinished is None:
+            self._unfinished = optuna_rows.unfinished(self.study)
+        return [params for _, params in self._unfinished]
 
     def waiting(self) -> bool:
         """Whether a trial is queued; first fails a dead host's trials (at most every HEARTBEAT_S), which
-        re-queues them."""
+        re-queues them. The trials queued or running are kept for :meth:`pending_params`."""
         now = time.monotonic()
         if now - self._stale_checked >= HEARTBEAT_S:
             optuna.storages.fail_stale_trials(self.study)
             self._stale_checked = now
-        return bool(self.study.get_trials(deepcopy=False, states=(WAITING,)))
+        self._unfinished = optuna_rows.unfinished(self.study)
+        return any(state == WAITING for state, _ in self._unfinished)
 
     def start(self, cfg: KernelConfig) -> optuna.Trial:
         """A proposal that runs here and now: created running, with its owner and first heartbeat (a trial
@@ -168,8 +173,7 @@ class OptunaStudy:
     # --- telling -------------------------------------------------------------------------------------------------
 
     def prune(self, trial, attrs: dict) -> None:
-        optuna_rows.set_attrs(trial, attrs)
-        self.study.tell(trial, state=PRUNED)
+        optuna_rows.finish(trial, attrs, state=PRUNED)
 
     def record_low(self, ratio: float) -> tuple[bool, bool]:
         """(whether nothing was told a value yet, whether ``ratio`` is below every value told so far)."""
@@ -187,15 +191,11 @@ class OptunaStudy:
         told = final or screen
         with self._lock:
             self.told_min = told.ratio if self.told_min is None else min(self.told_min, told.ratio)
-        optuna_rows.set_attrs(trial, {**attrs, **ok_attrs(screen, final)})
-        self.study.tell(trial, told.ratio * reference())
+        optuna_rows.finish(trial, {**attrs, **ok_attrs(screen, final)}, told.ratio * reference())
 
     def told_trial_ids(self) -> dict[int, int]:
         """The tuner trial id -> Optuna trial number of every trial told a value."""
-        return {
-            t.user_attrs.get("tuner_trial_id"): t.number
-            for t in self.study.get_trials(deepcopy=False, states=(COMPLETE,))
-        }
+        return optuna_rows.told(self.study, "tuner_trial_id")
 
     def finalist(self, trial_id: int, cfg: KernelConfig, screen, final, reference: float, number: int | None) -> None:
         """A finalist's estimate: its config's one trial (Optuna's ``number``, from :meth:`told_trial_ids`) revised,

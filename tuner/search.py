@@ -31,6 +31,7 @@ from sparse_mla_tuner.tuner.heartbeat import GRACE_S
 from sparse_mla_tuner.tuner.heartbeat import HEARTBEAT_S
 from sparse_mla_tuner.tuner.measure import MeasurementProcess
 from sparse_mla_tuner.tuner.progress import Progress
+from sparse_mla_tuner.tuner.recorder import SpaceHistory
 from sparse_mla_tuner.tuner.space import SearchSpace
 from sparse_mla_tuner.tuner.study import StudyPlan
 from sparse_mla_tuner.tuner.study import StudyRun
@@ -185,11 +186,14 @@ def run_search(space: SearchSpace, store, opts: Options, strategy: strategies.St
                     progress.message(f"{spec.name}: compiling {len(feasible)} feasible configs in the background")
                 compile_s = time.perf_counter() - t0  # counted in this workload's first level's row
                 shares: list[float] = []  # the share of launches each finished level measured (the ETA's guess)
+                history = SpaceHistory()  # the workload's recorded trials, read whole once, then what each level added
                 for conc in levels:
                     if stop.requested or (opts.timeout_s and time.monotonic() - t_start > opts.timeout_s):
                         break
                     plan = StudyPlan(space, spec, wl, conc, verdicts, sampler)
-                    run = StudyRun(plan, store, storage, processes, opts, stop, t_start, progress, level_strategy)
+                    run = StudyRun(
+                        plan, store, storage, processes, opts, stop, t_start, progress, level_strategy, history
+                    )
                     run.candidates.expected_share = sum(shares) / len(shares) if shares else None
                     row = run.run()
                     queue = run.candidates.queue_order  # empty at a level finished earlier

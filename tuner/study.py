@@ -47,6 +47,7 @@ from sparse_mla_tuner.tuner.progress import Progress
 from sparse_mla_tuner.tuner.protocol import MeasureReply
 from sparse_mla_tuner.tuner.protocol import MeasureRequest
 from sparse_mla_tuner.tuner.recorder import NoiseRecords
+from sparse_mla_tuner.tuner.recorder import SpaceHistory
 from sparse_mla_tuner.tuner.recorder import StudyRecorder
 from sparse_mla_tuner.tuner.recorder import baseline_median
 from sparse_mla_tuner.tuner.recorder import slug  # noqa: F401 - part of this module's interface
@@ -137,6 +138,7 @@ class StudyRun:
         t_start,
         ui=None,
         strategy: strategies.Strategy | None = None,
+        history: SpaceHistory | None = None,
     ):
         self.clock = Clock()  # where this level's time goes (compile, GPU, model, database, other)
         self.plan, self.processes, self.opts, self.stop, self.t_start = plan, processes, opts, stop, t_start
@@ -150,6 +152,7 @@ class StudyRun:
         self.noise_records = NoiseRecords(self.records)
         self.optuna = OptunaStudy(plan.space, storage)
         self.progress = _Progress()
+        self.history = history or SpaceHistory()  # the workload's recorded trials, shared by a search's levels
 
     # --- opening -------------------------------------------------------------------------------------------------
 
@@ -191,7 +194,7 @@ class StudyRun:
             }
         )
         self.optuna.open()
-        history = cand.history_of(rec.history(), rec.study_id, rec.kernel_id, device)
+        history = cand.history_of(rec.history(self.history), rec.study_id, rec.kernel_id, device)
         cand.open(self.opts.first, rec.prior_ranked(), done, history)
         level = self._level()
         first = {plan.space.baseline, *cand.prior}
@@ -199,10 +202,11 @@ class StudyRun:
             [c for c in cand.queue_order if c in first and c not in level.measured and c not in level.pending]
         )
 
-    def _level(self) -> strategies.Level:
-        """The level as the strategy sees it, brought up to date with what was recorded since the last look."""
+    def _level(self, read: bool = True) -> strategies.Level:
+        """The level as the strategy sees it, brought up to date with what was recorded since the last look (the
+        trials queued or running read anew, or with ``read=False`` as :meth:`OptunaStudy.waiting` just read them)."""
         self.candidates.update(self.records.measured_since())
-        return self.candidates.level(self.optuna.pending_params())
+        return self.candidates.level(self.optuna.pending_params(read))
 
     # --- running -------------------------------------------------------------------------------------------------
 
@@ -421,7 +425,7 @@ class _Measuring:
         """The next trial to measure, or None to wait (or when the level stopped). Under the progress lock."""
         run = self.run
         if not run.optuna.waiting():
-            level = run._level()
+            level = run._level(read=False)
             with run.clock.section("model"):
                 why = run.candidates.why_stop(level, run.stop.requested)
             if why is not None:
