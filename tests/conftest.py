@@ -95,6 +95,21 @@ def tuner_processes(runs, prefix=(), env=None, timeout=600) -> list[subprocess.C
     ]
 
 
+SMOKE_MEASUREMENT = "rounds: 4, finalists: 2, finalist_rounds: 5"  # search_spaces/smoke.yaml's
+
+
+def cheap_smoke(folder: Path, trial_timeout_s: int = 60) -> str:
+    """The smoke space with the fewest rounds allowed (and ``trial_timeout_s``) written in ``folder``: its path. For
+    the searches whose test is about their trials, processes and database (killed, interrupted, faulted, shared by
+    workers), not about how many rounds a trial measures (tests/test_search.py's smoke search checks those)."""
+    text = (ROOT / "search_spaces" / "smoke.yaml").read_text()
+    assert SMOKE_MEASUREMENT in text and "trial_timeout_s: 60" in text, "smoke.yaml's measurement changed"
+    text = text.replace(SMOKE_MEASUREMENT, "rounds: 3, finalists: 1, finalist_rounds: 3")
+    path = folder / "cheap.yaml"
+    path.write_text(text.replace("trial_timeout_s: 60", f"trial_timeout_s: {trial_timeout_s}"))
+    return str(path)
+
+
 @pytest.fixture(scope="session")
 def smoke_search(tmp_path_factory):
     """One smoke search under the interpreter (``tuner search search_spaces/smoke.yaml``) for the whole run, which

@@ -19,6 +19,7 @@ from sparse_mla_tuner.db.errors import DatabaseError
 from sparse_mla_tuner.db.store import Store
 from sparse_mla_tuner.db.store import resource_error
 from sparse_mla_tuner.tuner.cli import cli
+from tests.conftest import cheap_smoke
 
 SMOKE = "search_spaces/smoke.yaml"
 
@@ -85,7 +86,8 @@ def test_verify_is_quiet_for_a_file_written_in_place(tmp_path):
 def test_search_stops_when_its_database_is_deleted_or_replaced(tmp_path, how):
     """The search must not exit 0 and print "results in ..." for a file that does not hold them."""
     path = tmp_path / "s.db"
-    cmd = [*_tuner_cmd(), "search", SMOKE, "-q", "--backend", "interpreter", "--db", f"sqlite:///{path}"]
+    space = cheap_smoke(tmp_path)  # what is tested is the stop: the fewest rounds allowed
+    cmd = [*_tuner_cmd(), "search", space, "-q", "--backend", "interpreter", "--db", f"sqlite:///{path}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 600
