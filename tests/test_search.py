@@ -470,7 +470,8 @@ def test_a_changed_kernel_measures_the_previous_kernels_best_first(smoke_db, tmp
     assert len(ranked) == 3  # the three feasible configs, best first
     baseline = "T16-w4-s2-c4"
     given = next(k for k in reversed(ranked) if k != baseline)  # not the old kernel's best: --first puts it ahead
-    proc = tuner("search", SMOKE, "--db", url, "--concurrency", "1", "--n-trials", "3", "--first", given)
+    space = cheap_smoke(tmp_path)  # the smoke space by name (the previous kernel's), its fewest rounds
+    proc = tuner("search", space, "--db", url, "--concurrency", "1", "--n-trials", "3", "--first", given)
     assert proc.returncode == 0, proc.stderr
     assert "first the configs given with --first, then the previous kernel's best" in proc.stderr
     order = [
