@@ -152,9 +152,9 @@ def pytest_cmdline_main(config):
 # and the short ones even out the end. test_strategies.py comes after test_search.py's start, so the smoke
 # search they share (smoke_search) is running or done when it needs it.
 FIRST = (
-    "test_search.py", "test_feasibility.py", "test_verdicts.py", "test_db.py", "test_resources.py",
-    "test_faults.py", "test_workers.py", "test_strategies.py", "test_whole_call.py", "test_export.py",
-    "test_output.py",
+    "test_search.py", "test_decode_call.py", "test_decode.py", "test_resources.py", "test_feasibility.py",
+    "test_workers.py", "test_hardening.py", "test_verdicts.py", "test_whole_call.py", "test_faults.py",
+    "test_export.py", "test_strategies.py", "test_db.py",
 )  # fmt: skip
 
 
