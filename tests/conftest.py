@@ -95,6 +95,21 @@ def tuner_processes(runs, prefix=(), env=None, timeout=600) -> list[subprocess.C
     ]
 
 
+SMOKE_MEASUREMENT = "rounds: 4, finalists: 2, finalist_rounds: 5"  # search_spaces/smoke.yaml's
+
+
+def cheap_smoke(folder: Path, trial_timeout_s: int = 60) -> str:
+    """The smoke space with the fewest rounds allowed (and ``trial_timeout_s``) written in ``folder``: its path. For
+    the searches whose test is about their trials, processes and database (killed, interrupted, faulted, shared by
+    workers), not about how many rounds a trial measures (tests/test_search.py's smoke search checks those)."""
+    text = (ROOT / "search_spaces" / "smoke.yaml").read_text()
+    assert SMOKE_MEASUREMENT in text and "trial_timeout_s: 60" in text, "smoke.yaml's measurement changed"
+    text = text.replace(SMOKE_MEASUREMENT, "rounds: 3, finalists: 1, finalist_rounds: 3")
+    path = folder / "cheap.yaml"
+    path.write_text(text.replace("trial_timeout_s: 60", f"trial_timeout_s: {trial_timeout_s}"))
+    return str(path)
+
+
 @pytest.fixture(scope="session")
 def smoke_search(tmp_path_factory):
     """One smoke search under the interpreter (``tuner search search_spaces/smoke.yaml``) for the whole run, which
@@ -137,9 +152,9 @@ def pytest_cmdline_main(config):
 # and the short ones even out the end. test_strategies.py comes after test_search.py's start, so the smoke
 # search they share (smoke_search) is running or done when it needs it.
 FIRST = (
-    "test_search.py", "test_feasibility.py", "test_verdicts.py", "test_db.py", "test_resources.py",
-    "test_faults.py", "test_workers.py", "test_strategies.py", "test_whole_call.py", "test_export.py",
-    "test_output.py",
+    "test_search.py", "test_decode_call.py", "test_decode.py", "test_resources.py", "test_feasibility.py",
+    "test_workers.py", "test_hardening.py", "test_verdicts.py", "test_whole_call.py", "test_faults.py",
+    "test_export.py", "test_strategies.py", "test_db.py",
 )  # fmt: skip
 
 

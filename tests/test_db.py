@@ -16,6 +16,7 @@ from sparse_mla_tuner.db.models import TrialModel
 from sparse_mla_tuner.db.store import DatabaseError
 from sparse_mla_tuner.db.store import Store
 from sparse_mla_tuner.db.store import head_revision
+from tests.conftest import tuner_in_process  # commands that read and write the database: no interpreter start
 
 
 def test_new_database_is_created_at_head_next_to_optuna(tmp_path):
@@ -38,9 +39,7 @@ def test_fixture_of_schema_0001_upgrades_and_keeps_its_data(tmp_path):
     url = f"sqlite:///{path}"
     with pytest.raises(DatabaseError, match="older schema 0001.*tuner db upgrade"):
         Store(url)
-    proc = subprocess.run(
-        [sys.executable, "-m", "sparse_mla_tuner.tuner", "db", "upgrade", "--db", url], capture_output=True, text=True
-    )
+    proc = tuner_in_process("db", "upgrade", "--db", url)
     assert proc.returncode == 0, proc.stderr
     store = Store(url)
     assert store.revision() == head_revision() != "0001"
@@ -79,9 +78,7 @@ def test_bad_locations_get_one_sentence_and_status_2(tmp_path, make_url, message
     url = make_url(tmp_path)
     with pytest.raises(DatabaseError, match=message):
         Store(url)
-    proc = subprocess.run(
-        [sys.executable, "-m", "sparse_mla_tuner.tuner", "trials", "--db", url], capture_output=True, text=True
-    )
+    proc = tuner_in_process("trials", "--db", url)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     if "/missing/" in url:  # `trials` only reads: it never creates a database
         message = "no database at"
@@ -222,9 +219,7 @@ def test_fixture_of_schema_0004_upgrades_to_the_declared_parameters(tmp_path):
     path = tmp_path / "old4.db"
     shutil.copy("tests/fixtures/schema_0004.db", path)
     url = f"sqlite:///{path}"
-    proc = subprocess.run(
-        [sys.executable, "-m", "sparse_mla_tuner.tuner", "db", "upgrade", "--db", url], capture_output=True, text=True
-    )
+    proc = tuner_in_process("db", "upgrade", "--db", url)
     assert proc.returncode == 0, proc.stderr
     store = Store(url)
     assert store.revision() == head_revision()

@@ -107,17 +107,17 @@ def test_num_stages_is_a_real_lever_on_shared_memory(store):
     assert two.shared_bytes - one.shared_bytes == 16 * 644
 
 
-def test_second_check_is_cached(tmp_path, monkeypatch):
+def test_second_check_is_cached(tmp_path, monkeypatch, store):
     """The second check reads every verdict from the database: no compile process starts (counted, not timed:
-    a busy machine is slow, never wrong)."""
+    a busy machine is slow, never wrong, and a warm Triton cache makes a compile fast but no less counted). The
+    configs are two of :data:`FULL`'s, whose kernels the module's Triton cache holds; this database has none."""
     import subprocess as sp
 
     from sparse_mla_tuner.db.store import Store
     from sparse_mla_tuner.tuner import feasibility
 
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))  # cold: Triton's own cache is empty too
-    store = Store(f"sqlite:///{tmp_path / 'verdicts.db'}")
-    configs = [KernelConfig(16, w, s, 256) for w in (4, 8) for s in (1, 2)]
+    store = Store(f"sqlite:///{tmp_path / 'verdicts.db'}")  # a new database: no verdict cached yet
+    configs = [KernelConfig.parse(k) for k in FULL[(V32, "sm_120")]]
     started, popen = [], sp.Popen
     monkeypatch.setattr(feasibility.subprocess, "Popen", lambda *a, **k: started.append(a) or popen(*a, **k))
     first = check_many(configs, V32, "sm_120", store=store)
@@ -222,10 +222,10 @@ from dataclasses import asdict
 from sparse_mla_tuner.kernels import KernelConfig, Workload
 import sparse_mla_tuner.tuner.compile_process as cp
 wl = Workload("fp8_model1", heads=16, topk=512, page_size=64, context=8192)
-jobs = [{"config": KernelConfig(16, w, 1, 256).as_dict(), "workload": asdict(wl), "cc": 120} for w in (4, 8)]
+jobs = [{"config": KernelConfig(16, 4, s, 256).as_dict(), "workload": asdict(wl), "cc": 120} for s in (1, 2)]
 calls = []
 real = cp._compile_indexed
-cp._compile_indexed = lambda job, i: calls.append((job["config"]["num_warps"], i)) or real(job, i)
+cp._compile_indexed = lambda job, i: calls.append((job["config"]["num_stages"], i)) or real(job, i)
 sys.stdin = io.StringIO(json.dumps(jobs))
 out, sys.stdout = sys.stdout, io.StringIO()
 cp.main()
@@ -236,11 +236,12 @@ print(json.dumps({"calls": len(calls), "total": total, "distinct": distinct, "re
 """
 
 
-def test_the_compile_process_compiles_each_distinct_kernel_once(tmp_path):
+def test_the_compile_process_compiles_each_distinct_kernel_once(store):
     """Configs share kernels (the combine kernel, and variants that coincide): each distinct kernel is
-    compiled once, and every config still gets its own numbers."""
+    compiled once, and every config still gets its own numbers. Counted, not timed: the two configs are
+    :data:`FULL`'s, whose kernels the module's Triton cache holds (a compile asked for is counted all the same)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(tmp_path / "triton"), TUNER_COMPILE_JOBS="1")
+    env.update(TUNER_COMPILE_JOBS="1")
     proc = subprocess.run([sys.executable, "-c", COUNT_KERNELS], capture_output=True, text=True, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.splitlines()[-1])

@@ -34,14 +34,25 @@ def h200(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def as_json(h200):
+def results(tmp_path_factory):
+    """The committed results' three workloads at two levels each (tests/recorded.py's make_results: every kind of
+    row, reason and key the whole record has, 2 000 trials instead of 55 000), for the listings' tables: how a
+    table fits the terminal does not depend on how many rows it has, and rendering 27 000 infeasible trials at
+    three widths took most of this file's time."""
+    from tests.recorded import make_results
+
+    return f"sqlite:///{make_results(tmp_path_factory.mktemp('results') / 'results.db')}"
+
+
+@pytest.fixture(scope="module")
+def as_json(results):
     """A listing's rows (``-f json``), asked once per command line for the whole module: json carries every field
-    whatever the terminal's width, and each of these reads the whole committed record (seconds of CPU)."""
+    whatever the terminal's width."""
     rows = {}
 
     def get(*args):
         if args not in rows:
-            proc = tuner(*args, "--db", h200, "-f", "json")
+            proc = tuner(*args, "--db", results, "-f", "json")
             assert proc.returncode == 0, proc.stderr
             rows[args] = json.loads(proc.stdout)
         return rows[args]
@@ -59,16 +70,16 @@ LISTINGS = [
     ["trials", "--concurrency", "96"],
     ["trials", "--verdict", "infeasible"],
     ["studies"],
-    ["show", "18272"],
+    ["show", "45984"],  # T32-w4-s1-c512-p1 at C=96 on v4_flash, ok
     ["compare", "T32-w4-s1-c512-p1", "T16-w4-s2-c256"],
 ]
 
 
 @pytest.mark.parametrize("columns", [80, 100, 200])
 @pytest.mark.parametrize("args", LISTINGS, ids=lambda a: "-".join(a[:2]))
-def test_default_tables_fit_the_terminal_and_cut_no_cell(h200, as_json, args, columns, monkeypatch):
+def test_default_tables_fit_the_terminal_and_cut_no_cell(results, as_json, args, columns, monkeypatch):
     monkeypatch.setenv("COLUMNS", str(columns))
-    proc = tuner(*args, "--db", h200)
+    proc = tuner(*args, "--db", results)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() and _width(proc.stdout) <= columns, _width(proc.stdout)
     assert "…" not in proc.stdout
@@ -85,9 +96,9 @@ def test_default_tables_fit_the_terminal_and_cut_no_cell(h200, as_json, args, co
             assert set(r["reason"].split()) <= words, r["reason"]
 
 
-def test_piped_output_keeps_full_values(h200, as_json, monkeypatch):
+def test_piped_output_keeps_full_values(results, as_json, monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)
-    proc = tuner("trials", "--verdict", "infeasible", "--db", h200)
+    proc = tuner("trials", "--verdict", "infeasible", "--db", results)
     rows = as_json("trials", "--verdict", "infeasible")
     assert proc.returncode == 0 and "…" not in proc.stdout
     lines = proc.stdout.splitlines()
@@ -95,27 +106,27 @@ def test_piped_output_keeps_full_values(h200, as_json, monkeypatch):
     assert all(r["reason"] in line for r, line in zip(rows, lines[2:], strict=True))
 
 
-def test_best_names_its_config_with_median_ci_verdict_band_and_ties(h200):
-    proc = tuner("best", "--concurrency", "96", "--db", h200)
+def test_best_names_its_config_with_median_ci_verdict_band_and_ties(results):
+    proc = tuner("best", "--concurrency", "96", "--db", results)
     header = proc.stdout.splitlines()[0].split()
     for column in ("config", "median_us", "CI", "verdict", "band", "ties"):
         assert column in header, header
-    rows = json.loads(tuner("best", "--concurrency", "96", "--db", h200, "-f", "json").stdout)
+    rows = json.loads(tuner("best", "--concurrency", "96", "--db", results, "-f", "json").stdout)
     for r in rows:  # the config key is whole in the table, and tied_with's keys are config keys
         assert r["config"] in proc.stdout
         assert all("-w" in k for k in r["tied_with"].split())
 
 
-def test_wide_json_and_csv_carry_every_field(h200, monkeypatch):
+def test_wide_json_and_csv_carry_every_field(results, monkeypatch):
     monkeypatch.setenv("COLUMNS", str(WIDTH))
-    wide = tuner("best", "--concurrency", "96", "--db", h200, "--wide")
+    wide = tuner("best", "--concurrency", "96", "--db", results, "--wide")
     assert wide.returncode == 0 and _width(wide.stdout) > WIDTH
-    rows = json.loads(tuner("best", "--concurrency", "96", "--db", h200, "-f", "json").stdout)
+    rows = json.loads(tuner("best", "--concurrency", "96", "--db", results, "-f", "json").stdout)
     fields = set(rows[0])
     assert {"config", "BLOCK_T", "ci_low_us", "ratio_ci_high", "noise_band", "tied_with", "GBps", "date"} <= fields
     header = wide.stdout.splitlines()[0].split()
     assert fields <= set(header)
-    text = tuner("best", "--concurrency", "96", "--db", h200, "-f", "csv").stdout
+    text = tuner("best", "--concurrency", "96", "--db", results, "-f", "csv").stdout
     (first, *_) = list(csv.DictReader(io.StringIO(text)))
     assert set(first) == fields
 

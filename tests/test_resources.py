@@ -19,6 +19,7 @@ from sparse_mla_tuner.db.errors import DatabaseError
 from sparse_mla_tuner.db.store import Store
 from sparse_mla_tuner.db.store import resource_error
 from sparse_mla_tuner.tuner.cli import cli
+from tests.conftest import cheap_smoke
 
 SMOKE = "search_spaces/smoke.yaml"
 
@@ -85,7 +86,8 @@ def test_verify_is_quiet_for_a_file_written_in_place(tmp_path):
 def test_search_stops_when_its_database_is_deleted_or_replaced(tmp_path, how):
     """The search must not exit 0 and print "results in ..." for a file that does not hold them."""
     path = tmp_path / "s.db"
-    cmd = [*_tuner_cmd(), "search", SMOKE, "-q", "--backend", "interpreter", "--db", f"sqlite:///{path}"]
+    space = cheap_smoke(tmp_path)  # what is tested is the stop: the fewest rounds allowed
+    cmd = [*_tuner_cmd(), "search", space, "-q", "--backend", "interpreter", "--db", f"sqlite:///{path}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 600
@@ -215,25 +217,31 @@ def _as_root_in_a_mount_namespace(script: str, *args: str) -> subprocess.Complet
 
 
 def test_a_full_file_system_is_one_sentence_in_every_writing_command(tmp_path):
-    """A real full disk: a small tmpfs, the database created on it, then filled to the last block."""
+    """A real full disk: a small tmpfs, the database created on it, then filled to the last block. The commands are
+    processes of their own, one after another, forked after one import (conftest.py's tuner_processes, started
+    under the mount)."""
+    from tests.conftest import tuner_processes
+
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    tuner = " ".join(_tuner_cmd())
-    db = f"sqlite:///{mnt}/t.db"
-    script = f"""
-        mount -t tmpfs -o size=4m tmpfs "{mnt}" || exit 77
-        {sys.executable} -c "from sparse_mla_tuner.db.store import Store; Store('{db}')" || exit 78
-        dd if=/dev/zero of="{mnt}/filler" bs=4k 2>/dev/null
-        for cmd in "search {SMOKE} -q --backend interpreter" "check {SMOKE} -q"; do
-            {tuner} $cmd --db {db}; echo "rc=$?"
-        done
-        {tuner} studies --db {db}; echo "rc=$?"
-    """
-    proc = _as_root_in_a_mount_namespace(script)
-    if proc.returncode == 77:
+    if _as_root_in_a_mount_namespace('mount -t tmpfs -o size=4m tmpfs "$0"', str(mnt)).returncode != 0:
         pytest.skip("cannot mount a tmpfs here")
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("rc=2") == 2 and proc.stdout.strip().endswith("rc=0"), (proc.stdout, proc.stderr)
-    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
-    assert len(errors) == 2 and all(f"cannot write {db}: the disk is full" in ln for ln in errors), proc.stderr
-    assert "Traceback" not in proc.stderr
+    db = f"sqlite:///{mnt}/t.db"
+    script = (
+        'mount -t tmpfs -o size=4m tmpfs "$0" && "$1" -c "from sparse_mla_tuner.db.store import Store; Store(\'$2\')" '
+        '&& { dd if=/dev/zero of="$0/filler" bs=4k 2>/dev/null; shift 2; exec "$@"; }'
+    )
+    search, check, studies = tuner_processes(
+        [
+            ["search", SMOKE, "-q", "--backend", "interpreter", "--db", db],
+            ["check", SMOKE, "-q", "--db", db],
+            ["studies", "--db", db],
+        ],
+        prefix=["unshare", "-m", "sh", "-c", script, str(mnt), sys.executable, db],
+    )
+    for proc in (search, check):
+        assert proc.returncode == 2, (proc.stdout, proc.stderr)
+        assert "Traceback" not in proc.stderr, proc.stderr
+        errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+        assert len(errors) == 1 and f"cannot write {db}: the disk is full" in errors[0], proc.stderr
+    assert studies.returncode == 0 and "Traceback" not in studies.stderr, studies.stderr

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from tests.conftest import cheap_smoke
 from tests.conftest import tuner_in_process as query  # a command that only reads: no interpreter start per call
 
 SMOKE = "search_spaces/smoke.yaml"
@@ -112,9 +113,10 @@ def test_kill_9_loses_at_most_the_running_trial_and_resume_completes(tmp_path, s
     path = tmp_path / "k.db"
     url = f"sqlite:///{path}"
     exe = shutil.which("tuner")
+    space = cheap_smoke(tmp_path)
     cmd = ([exe] if exe else [sys.executable, "-m", "sparse_mla_tuner.tuner"]) + [
         "search",
-        SMOKE,
+        space,
         "--db",
         url,
         "-q",
@@ -140,7 +142,7 @@ def test_kill_9_loses_at_most_the_running_trial_and_resume_completes(tmp_path, s
     orphan = study.ask(fixed_distributions=dists)
     assert "fixed_params" in next(t for t in study.get_trials() if t.number == orphan.number).system_attrs
     # a whole smoke search (two levels) five times over, plus the grace period: waiting forever fails here
-    done = tuner("search", SMOKE, "--db", url, "-q", "--concurrency", "1", timeout=5 * smoke_db["wall_s"] + 60)
+    done = tuner("search", space, "--db", url, "-q", "--concurrency", "1", timeout=5 * smoke_db["wall_s"] + 60)
     assert done.returncode == 0, done.stderr
     rows = _rows(path, "SELECT config_key, COUNT(*) FROM tuner_trials GROUP BY config_key")
     assert sorted(rows) == sorted((k, 1) for k in ("T16-w4-s1-c4", "T16-w4-s2-c4", "T32-w4-s1-c4", "T32-w4-s2-c4"))
@@ -153,7 +155,7 @@ def test_ctrl_c_stops_after_the_running_trial(tmp_path, smoke_db):
     exe = shutil.which("tuner")
     cmd = ([exe] if exe else [sys.executable, "-m", "sparse_mla_tuner.tuner"]) + [
         "search",
-        SMOKE,
+        cheap_smoke(tmp_path),
         "--db",
         f"sqlite:///{path}",
         "-q",
@@ -181,12 +183,11 @@ def test_injected_crash_and_hang_are_recorded_and_the_study_goes_on(tmp_path, sm
     # the timeout must exceed a normal trial on this machine now: 5x the slowest trial of the smoke search
     (slowest,) = _rows(smoke_db["path"], "SELECT MAX(wall_s) FROM tuner_trials")[0]
     limit = max(8, int(5 * slowest) + 1)
-    space = tmp_path / "faults.yaml"
-    space.write_text(open(SMOKE).read().replace("trial_timeout_s: 60", f"trial_timeout_s: {limit}"))
+    space = cheap_smoke(tmp_path, trial_timeout_s=limit)
     path = tmp_path / "f.db"
     proc = tuner(
         "search",
-        str(space),
+        space,
         "--db",
         f"sqlite:///{path}",
         "-q",
@@ -244,7 +245,7 @@ def test_out_of_resources_at_launch_is_recorded_as_infeasible(tmp_path):
     path = tmp_path / "o.db"
     proc = tuner(
         "search",
-        SMOKE,
+        cheap_smoke(tmp_path),
         "--db",
         f"sqlite:///{path}",
         "-q",
@@ -469,7 +470,8 @@ def test_a_changed_kernel_measures_the_previous_kernels_best_first(smoke_db, tmp
     assert len(ranked) == 3  # the three feasible configs, best first
     baseline = "T16-w4-s2-c4"
     given = next(k for k in reversed(ranked) if k != baseline)  # not the old kernel's best: --first puts it ahead
-    proc = tuner("search", SMOKE, "--db", url, "--concurrency", "1", "--n-trials", "3", "--first", given)
+    space = cheap_smoke(tmp_path)  # the smoke space by name (the previous kernel's), its fewest rounds
+    proc = tuner("search", space, "--db", url, "--concurrency", "1", "--n-trials", "3", "--first", given)
     assert proc.returncode == 0, proc.stderr
     assert "first the configs given with --first, then the previous kernel's best" in proc.stderr
     order = [

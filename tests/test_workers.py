@@ -17,15 +17,21 @@ from sqlalchemy import text
 
 from tests.conftest import PG
 from tests.conftest import _pg_database
+from tests.conftest import cheap_smoke
 
-SMOKE = "search_spaces/smoke.yaml"
-_SMOKE_MEASUREMENT = "rounds: 4, finalists: 2, finalist_rounds: 5"
 CONFIGS = ["T16-w4-s1-c4", "T16-w4-s2-c4", "T32-w4-s1-c4", "T32-w4-s2-c4"]
 
 
 def _cmd(*args):
     exe = shutil.which("tuner")
     return ([exe] if exe else [sys.executable, "-m", "sparse_mla_tuner.tuner"]) + list(args)
+
+
+@pytest.fixture
+def cheap(tmp_path):
+    """The smoke space with the fewest rounds allowed: what is tested is how workers and hosts share the studies'
+    trials, not how many rounds each trial measures."""
+    return cheap_smoke(tmp_path)
 
 
 @pytest.fixture
@@ -51,9 +57,9 @@ def _check_exactly_once(url, levels):
         return con.execute(text("SELECT DISTINCT gpu_index FROM tuner_samples")).scalars().all()
 
 
-def test_two_workers_share_each_study(shared_url):
+def test_two_workers_share_each_study(shared_url, cheap):
     proc = subprocess.run(
-        _cmd("search", SMOKE, "--db", shared_url, "-q", "--workers", "2"), capture_output=True, text=True, timeout=900
+        _cmd("search", cheap, "--db", shared_url, "-q", "--workers", "2"), capture_output=True, text=True, timeout=900
     )
     assert proc.returncode == 0, proc.stderr
     gpus = _check_exactly_once(shared_url, [1, 4])
@@ -63,11 +69,11 @@ def test_two_workers_share_each_study(shared_url):
         assert con.execute(text("SELECT COUNT(*) FROM tuner_noise")).scalar() == 4
 
 
-def test_host_killed_mid_trial_is_detected_and_its_trial_retried(db_url):
+def test_host_killed_mid_trial_is_detected_and_its_trial_retried(db_url, cheap):
     """Two 'hosts' join the same studies; one is killed with SIGKILL while measuring. The other
     fails its trial once the heartbeat is stale, re-queues it and finishes the grid."""
     a = subprocess.Popen(
-        _cmd("search", SMOKE, "--db", db_url, "-q", "--concurrency", "1"),
+        _cmd("search", cheap, "--db", db_url, "-q", "--concurrency", "1"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -75,7 +81,7 @@ def test_host_killed_mid_trial_is_detected_and_its_trial_retried(db_url):
     )
     time.sleep(2)
     b = subprocess.Popen(
-        _cmd("search", SMOKE, "--db", db_url, "-q", "--concurrency", "1"),
+        _cmd("search", cheap, "--db", db_url, "-q", "--concurrency", "1"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -110,8 +116,7 @@ def test_four_first_starts_on_a_new_postgresql_database(db_url):
 
     if db_url.startswith("sqlite"):
         pytest.skip("the SQLite case is tests/test_db.py::test_four_searches_start_at_once_on_a_new_file")
-    space = Path(tempfile.mkdtemp()) / "cheap.yaml"  # what is tested is the start: the fewest rounds allowed
-    space.write_text(Path(SMOKE).read_text().replace(_SMOKE_MEASUREMENT, "rounds: 3, finalists: 1, finalist_rounds: 3"))
+    space = cheap_smoke(Path(tempfile.mkdtemp()))  # what is tested is the start: the fewest rounds allowed
     args = ["search", str(space), "--concurrency", "1", "--n-trials", "1", "-q", "--db", db_url]
     t0 = time.monotonic()
     root = Path(__file__).resolve().parent.parent
