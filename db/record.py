@@ -62,7 +62,7 @@ def insert_trial(session: Session, **fields) -> int | None:
     already recorded this config in this study."""
     try:
         with session.begin_nested():
-            return session.execute(insert(TrialModel).values(**fields)).inserted_primary_key[0]
+            return session.execute(insert(TrialModel.__table__), fields).inserted_primary_key[0]  # built once
     except IntegrityError:
         return None
 
