@@ -158,8 +158,9 @@ def test_a_prior_that_predicts_well_enters_and_one_that_does_not_is_ignored():
     own = [Measured(8, c, _landscape(c, 8, best)) for c in cands[:10]]
     good = [Measured(8, c, _landscape(c, 8, best) + 0.1, ("k1", "dev")) for c in cands]
     bad = [Measured(8, c, -_landscape(c, 8, best), ("k2", "dev")) for c in cands]
-    s.model.sync(Level(8, WL, cands), own + good + bad)
-    rho = s.model.prior_rho([(c, k, y) for c, k, y, _ in own])
+    lvl = Level(8, WL, cands)
+    s.model.sync(lvl, own + good + bad)
+    rho = s.model.prior_rho(lvl)
     assert rho[("k1", "dev")] > 0.9 and rho[("k2", "dev")] == 0.0
 
 
