@@ -278,7 +278,7 @@ class Model:
 class _History:
     """What the model takes from one history (the other levels' rows and the priors, :meth:`Model.sync`) at one
     level, computed once: what depends on the history alone is not walked again at every measurement (on the
-    H200's results a space's history holds some 30,000 prior rows). With the level's own rows, :meth:`rho` and
+    H200's results a space's history holds over 10,000 prior rows). With the level's own rows, :meth:`rho` and
     :meth:`Model._make_training` give what walking every row in order (the history's, then the level's) gives:
     the same values, in the same order."""
 
