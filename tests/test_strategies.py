@@ -158,9 +158,69 @@ def test_a_prior_that_predicts_well_enters_and_one_that_does_not_is_ignored():
     own = [Measured(8, c, _landscape(c, 8, best)) for c in cands[:10]]
     good = [Measured(8, c, _landscape(c, 8, best) + 0.1, ("k1", "dev")) for c in cands]
     bad = [Measured(8, c, -_landscape(c, 8, best), ("k2", "dev")) for c in cands]
-    s.model.sync(Level(8, WL, cands), own + good + bad)
-    rho = s.model.prior_rho([(c, k, y) for c, k, y, _ in own])
+    lvl = Level(8, WL, cands)
+    s.model.sync(lvl, own + good + bad)
+    rho = s.model.prior_rho(lvl)
     assert rho[("k1", "dev")] > 0.9 and rho[("k2", "dev")] == 0.0
+
+
+def _walk_every_row(m: model.Model, level: Level, rows) -> tuple | None:
+    """The training set as the model built it before its history was computed once per level: every row walked,
+    the history's and then the level's own, at every call (the oracle of the test below)."""
+    if not rows:
+        return None
+    worst = max((y for *_, y, _ in rows if y is not None), default=0.0)
+    mine = {(c, cfg): y for c, cfg, y, src in rows if src is None and y is not None}
+    by_src: dict = {}
+    for c, cfg, y, src in rows:
+        if src is not None and y is not None:
+            by_src.setdefault(src, []).append(((c, cfg), y))
+    rho = {}
+    for src, pts in by_src.items():
+        both = [(mine[k], y) for k, y in pts if k in mine]
+        if len(both) < model.MIN_OVERLAP:
+            rho[src] = model.PRIOR_UNKNOWN_RHO
+            continue
+        from scipy import stats as sps
+
+        r = sps.spearmanr([a for a, _ in both], [b for _, b in both]).statistic
+        rho[src] = 0.0 if not np.isfinite(r) else max(0.0, float(r))
+    logc, pts = math.log2(level.concurrency), []
+    for c, cfg, y, src in rows:
+        if src is None or rho.get(src, 0.0) > 0.0:
+            near = abs(math.log2(c) - logc) + (0.5 if src is not None else 0.0)
+            extra = 0.0 if src is None else model.PRIOR_NOISE / rho[src] ** 2
+            pts.append((near, c, cfg, worst + model.FAIL_MARGIN if y is None else y, extra))
+    pts = sorted(pts, key=lambda p: p[0])[: m.options.max_train]
+    X = np.array([m.features(level.adapter, cfg, level.workload, c) for _, c, cfg, _, _ in pts])
+    return X, np.array([p[3] for p in pts]), np.array([p[4] for p in pts])
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_history_computed_once_per_level_gives_the_training_set_of_every_row_walked(seed):
+    """The same X, y and noise, to the bit, as walking every row at every call: priors that predict well, badly
+    or with too few shared launches, failed launches, ties in nearness, a launch of the history's own rows
+    measured again at the level, and a history appended to between levels."""
+    import random
+
+    rng = random.Random(seed)
+    cands, levels = _candidates(), [1, 2, 8, 16, 48]
+    sources = [None, ("k1", "dev"), ("k2", "dev"), ("k3", "other")][: rng.randint(1, 4)]
+    history = []
+    for _ in range(rng.randint(0, 150)):
+        y = None if rng.random() < 0.1 else rng.choice([rng.gauss(0.0, 1.0), 0.0, -0.0])
+        history.append(Measured(rng.choice(levels), rng.choice(cands), y, rng.choice(sources)))
+    s = surrogate.Surrogate(seed=0, options=surrogate.SurrogateOptions(max_train=rng.choice([5, 40, 250])))
+    for c in rng.sample(levels, 2):
+        lvl = Level(c, WL, cands)
+        for _ in range(rng.randint(1, 20)):
+            lvl.measured[rng.choice(cands)] = None if rng.random() < 0.1 else rng.gauss(0.0, 1.0)
+            s.model.sync(lvl, history)
+            got, want = s.model.training(lvl), _walk_every_row(s.model, lvl, (*history, *lvl.own()))
+            assert (got is None) == (want is None)
+            for a, b in zip(got or (), want or (), strict=True):
+                assert a.shape == b.shape and a.tobytes() == b.tobytes()
+        history += lvl.own()  # as local_study.py appends a level's rows to the next level's history
 
 
 def test_an_unknown_strategy_is_refused_by_name():

@@ -27,7 +27,9 @@ class Measured(NamedTuple):
     source: tuple | None = None  # None: this kernel on this device; else (kernel, device) of an earlier record
 
 
-History = Sequence[Measured]  # every measurement at the space's *other* levels, and the priors
+# every measurement at the space's *other* levels, and the priors: one sequence per level, or the same one appended to
+# between levels, never changed in place otherwise (a strategy may compute what it takes from it once per level)
+History = Sequence[Measured]
 
 
 @dataclass

@@ -11,8 +11,11 @@ is built and why.
 from __future__ import annotations
 
 import hashlib
+import heapq
+import itertools
 import math
 import weakref
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -76,8 +79,12 @@ class Model:
 
     def __init__(self, options: Options, seed: int = 0, refit: str = "deterministic") -> None:
         self.options, self.seed = options, seed  # options: the surrogate's (tuner.strategies.surrogate)
-        self.rows: tuple[Measured, ...] = ()  # every measurement it learns from: the history, then the level's
-        self.version = 0  # bumped whenever ``rows`` change: what the training set and the fits are kept by
+        # every measurement it learns from: the history (other levels, priors), then the level's own
+        self.history: Sequence[Measured] = ()
+        self._history_len = 0
+        self.own: tuple[Measured, ...] = ()
+        self._prepared: _History | None = None  # what ``history`` gives at one level, computed once
+        self.version = 0  # bumped whenever the rows change: what the training set and the fits are kept by
         self.kernel = None  # the hyperparameters in use (a kernel), until an optimization swaps in
         self.n_fit = 0  # the training set's size when the last optimization started
         self.fit_level = None  # the level whose data the hyperparameters were last optimized on
@@ -90,10 +97,17 @@ class Model:
         weakref.finalize(self, self.refitter.close)  # the worker ends with the model
 
     def sync(self, level: Level, history) -> None:
-        """Learn from ``history`` (the other levels, the priors) and the level's own measurements."""
-        rows = (*history, *level.own())
-        if rows != self.rows:
-            self.rows = rows
+        """Learn from ``history`` (the other levels, the priors) and the level's own measurements. ``history`` is
+        taken to be unchanged while it is the same sequence at the same length (a caller passes a new one per
+        level, or appends to it between levels): what it gives is computed once (:class:`_History`), not at
+        every measurement."""
+        own = level.own()
+        changed = own != self.own
+        if history is not self.history or len(history) != self._history_len:
+            self.history, self._history_len = history, len(history)
+            changed = True
+        if changed:
+            self.own = own
             self.version += 1
         self.refitter.start()  # a search is starting: the optimization worker starts beside it
 
@@ -130,46 +144,41 @@ class Model:
         """(X, y, noise) from every row: this kernel's at weight 1, priors with noise by how they predict."""
         return self.memo("training", (level.concurrency,), lambda: self._make_training(level))
 
-    def _make_training(self, level: Level):
-        own = [(c, cfg, y) for c, cfg, y, src in self.rows if src is None]
-        if not own and not self.rows:
-            return None
-        worst = max((y for *_, y, _ in self.rows if y is not None), default=0.0)
-        rho = self.prior_rho(own)
-        logc = math.log2(level.concurrency)
-        pts = []
-        for c, cfg, y, src in self.rows:
-            if src is not None and rho.get(src, 0.0) <= 0.0:
-                continue
-            value = worst + FAIL_MARGIN if y is None else y
-            extra = 0.0 if src is None else PRIOR_NOISE / rho[src] ** 2
-            near = abs(math.log2(c) - logc) + (0.5 if src is not None else 0.0)
-            pts.append((near, c, cfg, value, extra))
-        pts.sort(key=lambda p: p[0])
-        pts = pts[: self.options.max_train]
-        X = np.array([self.features(level.adapter, cfg, level.workload, c) for _, c, cfg, _, _ in pts])
-        y = np.array([p[3] for p in pts])
-        extra = np.array([p[4] for p in pts])
-        return X, y, extra
+    def prepared(self, level: Level) -> _History:
+        """:class:`_History` of the rows' history at ``level``, made once per history and level."""
+        h = self._prepared
+        if h is None or h.history is not self.history or h.n != len(self.history) or h.concurrency != level.concurrency:
+            h = self._prepared = _History(self.history, level.concurrency)
+        return h
 
-    def prior_rho(self, own) -> dict:
+    def prior_rho(self, level: Level) -> dict:
         """Spearman's rho of each prior source against this kernel's values on the launches both measured."""
-        mine = {(c, cfg): y for c, cfg, y in own if y is not None}
-        by_src: dict = {}
-        for c, cfg, y, src in self.rows:
-            if src is not None and y is not None:
-                by_src.setdefault(src, []).append(((c, cfg), y))
-        rho = {}
-        for src, pts in by_src.items():
-            both = [(mine[k], y) for k, y in pts if k in mine]
-            if len(both) < MIN_OVERLAP:
-                rho[src] = PRIOR_UNKNOWN_RHO
-                continue
-            from scipy import stats as sps
+        return self.prepared(level).rho({(c, cfg): y for c, cfg, y, _ in self.own if y is not None})
 
-            r = sps.spearmanr([a for a, _ in both], [b for _, b in both]).statistic
-            rho[src] = 0.0 if not np.isfinite(r) else max(0.0, float(r))
-        return rho
+    def _make_training(self, level: Level):
+        """Every row, this kernel's first by nearness: the history's, kept sorted per source by :class:`_History`,
+        merged with the level's own rows (which come after the history's: a tie keeps the rows' order)."""
+        h = self.prepared(level)
+        own = self.own
+        if not own and not h.n:
+            return None
+        ys = [y for *_, y, _ in own if y is not None]
+        if h.worst is not None:
+            ys.insert(0, h.worst)
+        worst = max(ys, default=0.0)
+        rho = self.prior_rho(level)
+        logc = math.log2(level.concurrency)
+        mine = []
+        for j, (c, cfg, y, src) in enumerate(own):
+            near = abs(math.log2(c) - logc) + (0.5 if src is not None else 0.0)
+            mine.append((near, h.n + j, c, cfg, y, src))
+        mine.sort(key=lambda p: p[0])
+        groups = [rows for src, rows in h.groups.items() if src is None or rho.get(src, 0.0) > 0.0]
+        pts = list(itertools.islice(heapq.merge(*groups, mine), self.options.max_train))
+        X = np.array([self.features(level.adapter, cfg, level.workload, c) for _, _, c, cfg, _, _ in pts])
+        y = np.array([worst + FAIL_MARGIN if v is None else v for *_, v, _ in pts])
+        extra = np.array([0.0 if src is None else PRIOR_NOISE / rho[src] ** 2 for *_, src in pts])
+        return X, y, extra
 
     # --- fits ----------------------------------------------------------------------------------
 
@@ -264,6 +273,62 @@ class Model:
 
     def close(self) -> None:
         self.refitter.close()
+
+
+class _History:
+    """What the model takes from one history (the other levels' rows and the priors, :meth:`Model.sync`) at one
+    level, computed once: what depends on the history alone is not walked again at every measurement (on the
+    H200's results a space's history holds over 10,000 prior rows). With the level's own rows, :meth:`rho` and
+    :meth:`Model._make_training` give what walking every row in order (the history's, then the level's) gives:
+    the same values, in the same order."""
+
+    def __init__(self, history: Sequence[Measured], concurrency: int) -> None:
+        self.history, self.n, self.concurrency = history, len(history), concurrency
+        self.worst = max((m.y for m in history if m.y is not None), default=None)  # the first of the largest
+        # this kernel's values at the other levels, as the level's own rows would see them (the later wins)
+        self.mine = {(c, cfg): y for c, cfg, y, src in history if src is None and y is not None}
+        # per prior source, its launches with a value, in the rows' order; where each launch is in that list; and
+        # (position, this kernel's value, the source's) at the launches this kernel measured at the other levels
+        self.by_src: dict = {}
+        for c, cfg, y, src in history:
+            if src is not None and y is not None:
+                self.by_src.setdefault(src, []).append(((c, cfg), y))
+        self.where = {src: {} for src in self.by_src}
+        self.shared = {src: [] for src in self.by_src}
+        for src, pts in self.by_src.items():
+            for i, (k, y) in enumerate(pts):
+                self.where[src].setdefault(k, []).append(i)
+                if k in self.mine:
+                    self.shared[src].append((i, k, self.mine[k], y))
+        # the training set's candidates: (nearness, row index, C, config, y, source) per source (None: this
+        # kernel's), each sorted by nearness and then the rows' order, as the training set ranks them
+        logc = math.log2(concurrency)
+        self.groups: dict = {None: []}
+        for i, (c, cfg, y, src) in enumerate(history):
+            near = abs(math.log2(c) - logc) + (0.5 if src is not None else 0.0)
+            self.groups.setdefault(src, []).append((near, i, c, cfg, y, src))
+        for rows in self.groups.values():
+            rows.sort(key=lambda p: (p[0], p[1]))
+
+    def rho(self, here: dict) -> dict:
+        """Spearman's rho of each prior source against this kernel's values (``self.mine``, updated with the
+        level's own: ``here``, (C, config) -> y) on the launches both measured, the pairs in the source's order."""
+        again = any(k in self.mine for k in here)  # a launch of the history's own rows measured again: here's wins
+        out = {}
+        for src, pts in self.by_src.items():
+            both = [(i, v, y) for i, k, v, y in self.shared[src] if not again or k not in here]
+            at = self.where[src]
+            new = [(i, v, pts[i][1]) for k, v in here.items() for i in at.get(k, ())]
+            if new:
+                both = sorted(both + new, key=lambda p: p[0])
+            if len(both) < MIN_OVERLAP:
+                out[src] = PRIOR_UNKNOWN_RHO
+                continue
+            from scipy import stats as sps
+
+            r = sps.spearmanr([a for _, a, _ in both], [b for _, _, b in both]).statistic
+            out[src] = 0.0 if not np.isfinite(r) else max(0.0, float(r))
+        return out
 
 
 def kernel_for(n_features: int):

@@ -100,6 +100,7 @@ class Surrogate(Strategy):
         self.model = Model(self.options, seed, refit)
         self.last_p: float | None = None  # the stop rule's last probability
         self.model_seconds = 0.0  # time spent in propose and stop_reason (the proposal path), waits included
+        self._ranked = None  # (history, its length and the level, carried()'s ranked launches there)
 
     @property
     def refitter(self):
@@ -121,17 +122,9 @@ class Surrogate(Strategy):
         """The best ``carry`` launches of the nearest level searched before this one (in the space's order:
         never a later one, such as the next level on a resume), as launched here, then the best launch there of
         each of its ``carry_lines`` best tile shapes, at every split target here."""
-        before = _before(level)
-        own = [
-            (m.concurrency, m.config, m.y)
-            for m in history
-            if m.source is None and m.y is not None and before(m.concurrency)
-        ]
-        if not own:
+        ranked = self._ranked_before(level, history)
+        if not ranked:
             return []
-        logc = math.log2(level.concurrency)
-        nearest = min({c for c, _, _ in own}, key=lambda c: abs(math.log2(c) - logc))
-        ranked = [(y, cfg) for y, _, cfg in sorted((y, str(cfg), cfg) for c, cfg, y in own if c == nearest)]
         rep = level.lookup()
         out = []
         for _, cfg in ranked:
@@ -144,6 +137,27 @@ class Surrogate(Strategy):
             if (cand := rep(cfg)) is not None:
                 out += [cand, *_split_line(level, cand)]
         return list(dict.fromkeys(out))
+
+    def _ranked_before(self, level: Level, history: History) -> list[tuple[float, KernelConfig]]:
+        """``(y, config)`` of this kernel's launches at the nearest level searched before ``level``, best first
+        (ties by the config's key); kept while ``history`` is the same sequence at the same length (as
+        :meth:`tuner.strategies.model.Model.sync` takes it), so the priors are not walked at every call."""
+        key = (len(history), level.concurrency, tuple(getattr(level, "order", ()) or ()))
+        if self._ranked is not None and self._ranked[0] is history and self._ranked[1] == key:
+            return self._ranked[2]
+        before = _before(level)
+        own = [
+            (m.concurrency, m.config, m.y)
+            for m in history
+            if m.source is None and m.y is not None and before(m.concurrency)
+        ]
+        ranked = []
+        if own:
+            logc = math.log2(level.concurrency)
+            nearest = min({c for c, _, _ in own}, key=lambda c: abs(math.log2(c) - logc))
+            ranked = [(y, cfg) for y, _, cfg in sorted((y, str(cfg), cfg) for c, cfg, y in own if c == nearest)]
+        self._ranked = (history, key, ranked)
+        return ranked
 
     def _incumbent_neighbours(self, level: Level) -> list[KernelConfig]:
         best = level.best()
