@@ -70,7 +70,7 @@ LISTINGS = [
     ["trials", "--concurrency", "96"],
     ["trials", "--verdict", "infeasible"],
     ["studies"],
-    ["show", "45984"],  # T32-w4-s1-c512-p1 at C=96 on v4_flash, ok
+    ["show", "OK_TRIAL"],  # an ok trial of T32-w4-s1-c512-p1 at C=96, looked up in the results
     ["compare", "T32-w4-s1-c512-p1", "T16-w4-s2-c256"],
 ]
 
@@ -79,6 +79,11 @@ LISTINGS = [
 @pytest.mark.parametrize("args", LISTINGS, ids=lambda a: "-".join(a[:2]))
 def test_default_tables_fit_the_terminal_and_cut_no_cell(results, as_json, args, columns, monkeypatch):
     monkeypatch.setenv("COLUMNS", str(columns))
+    if args == ["show", "OK_TRIAL"]:  # the trial's id is the database's, so it is read, not written here
+        rows = as_json("trials", "--concurrency", "96")
+        ok = [r["trial"] for r in rows if r["config"] == "T32-w4-s1-c512-p1" and r["verdict"] == "ok"]
+        assert ok, "the results hold no ok trial of T32-w4-s1-c512-p1 at C=96"
+        args = ["show", str(ok[0])]
     proc = tuner(*args, "--db", results)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() and _width(proc.stdout) <= columns, _width(proc.stdout)

@@ -161,17 +161,34 @@ def _glued(text: str) -> str:
     return _GLUE.sub(lambda m: m.group(0).replace(" ", "\x00"), text)
 
 
+_BREAK = re.compile(r"(?<=[/,])(?=[^\s/,])")  # after a slash or a comma inside a word (a path, a study name)
+
+
 def _longest_word(text: str) -> int:
-    return max((len(w) for w in _glued(text).split()), default=0)
+    return max((len(p) for w in _glued(text).split() for p in _BREAK.split(w)), default=0)
 
 
 def _wrap(text: str, width: int) -> str:
-    """``text`` in lines of at most ``width`` characters, broken at spaces only (a word longer than
-    ``width`` stays whole on its own line: never cut)."""
+    """``text`` in lines of at most ``width`` characters, broken at spaces; a word longer than ``width`` (an
+    Optuna study name, a path) also after its slashes and commas. Nothing is cut: a piece longer than
+    ``width`` stays whole on its own line."""
     if len(text) <= width:
         return text
-    lines = textwrap.wrap(_glued(text), width, break_long_words=False, break_on_hyphens=False)
-    return "\n".join(lines).replace("\x00", " ") or text
+    glued = _glued(text)
+    if max((len(w) for w in glued.split()), default=0) <= width:
+        lines = textwrap.wrap(glued, width, break_long_words=False, break_on_hyphens=False)
+        return "\n".join(lines).replace("\x00", " ") or text
+    lines, line = [], ""
+    for word in glued.split():
+        for k, piece in enumerate(_BREAK.split(word)):
+            joined = line + ("" if k else " ") + piece if line else piece
+            if line and len(joined) > width:
+                lines.append(line)
+                line = piece
+            else:
+                line = joined
+    lines.append(line)
+    return "\n".join(lines).replace("\x00", " ")
 
 
 def fit(rows: list[dict], width: int | None) -> tuple[str, list[str]]:
