@@ -104,17 +104,6 @@ def _time(step, n_sets: int, samples: int) -> float:
     return statistics.median(sample()[0] for _ in range(samples))
 
 
-def _portable(argv: list[str] | None) -> list[str]:
-    """The command line as recorded: ``--out``'s file by its name alone (where a run wrote it is that machine's)."""
-    args = list(argv if argv is not None else sys.argv[1:])
-    for i, a in enumerate(args):
-        if a == "--out" and i + 1 < len(args):
-            args[i + 1] = Path(args[i + 1]).name
-        elif a.startswith("--out="):
-            args[i] = "--out=" + Path(a.removeprefix("--out=")).name
-    return args
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--concurrency", default=LEVELS)
@@ -154,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {
         "device": dev,
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "command": "python -m sparse_mla_tuner.kernels.bench_call " + shlex.join(_portable(argv)),
+        "command": "python -m sparse_mla_tuner.kernels.bench_call " + shlex.join(timing.portable_argv(argv)),
         "kernel_hash": kernel_source_hash(),
         "torch": torch.__version__,
         "triton": __import__("triton").__version__,

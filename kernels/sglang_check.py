@@ -11,9 +11,10 @@ stub that fails: every call must be served by the kernel.
 
 Checked against the fp32 reference (the project's gate, ``kernels.reference.compare``) and against FlashMLA
 (``flash_mla``, legacy sm_90 path, heads padded to 64, on the same tokens re-paged into contiguous 64-token pages, as
-``kernels.bench_call`` calls it): relative error at most twice the gate's, as both are held to it. Timed like
-``kernels.bench_call`` (CUDA-graph replays over 4 rotating input sets): the hook, and the layer-call benchmark's
-own call (``kernels.flashmla_compat`` on the contiguous caches) at the same C, in the same process; ``ratio`` is
+``kernels.bench_call`` calls it): relative error at most twice the gate's, as both are held to it. Timed as
+``kernels.bench_call`` times (cold L2: one pool of ``--pool`` requests, at least 4 C, built once; level C rotates
+over its ``pool // C`` disjoint request sets in one CUDA graph): the hook, and the layer-call benchmark's own call
+(``kernels.flashmla_compat`` on the contiguous caches) on the same sets, in the same process; ``ratio`` is
 hook / layer call. ``direct_us`` is the kernel call the hook makes (same engine tensors, same config) without the
 hook, so ``hook_vs_direct`` is what the wrapper costs; ``ratio`` also carries the engine's layout (256-token window
 pages, padded) against the benchmark's contiguous 64-token pages. The first eager call warms the shape up (every
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import time
@@ -40,7 +42,7 @@ from sparse_mla_tuner.kernels.reference import sparse_mla_decode_ref
 from sparse_mla_tuner.kernels.workload import Workload
 from sparse_mla_tuner.kernels.workload import make_batch
 
-HEADS, FLASHMLA_HEADS, SETS = 16, 64, 4
+HEADS, FLASHMLA_HEADS, MIN_SETS = 16, 64, 4
 WINDOW = Workload("fp8_model1", HEADS, 128, page_size=256, context=128)
 COMPRESSED = Workload("fp8_model1", HEADS, 512, page_size=64, context=8192)
 CAPTURE = ",".join(map(str, sglang_plugin.CAPTURE_SIZES))
@@ -56,29 +58,30 @@ def repage(pages: torch.Tensor, page_size: int = 64) -> torch.Tensor:
     return torch.cat([data, scales], dim=2).reshape(n * k, page_size, bpt).contiguous()
 
 
-def _engine_kwargs(bt) -> dict:
+def _engine_kwargs(bt, k_cache, extra_k_cache) -> dict:
+    """SGLang's keyword arguments for the requests of ``bt`` on the engine-layout caches of its pool."""
     return {
         "q": bt.q,
-        "k_cache": sglang_plugin.engine_cache(bt.kv_cache),
+        "k_cache": k_cache,
         "head_dim_v": 512,
         "softmax_scale": 512**-0.5,
         "indices": bt.indices,
         "topk_length": None,
         "attn_sink": bt.attn_sink,
-        "extra_k_cache": sglang_plugin.engine_cache(bt.extra_kv_cache),
+        "extra_k_cache": extra_k_cache,
         "extra_indices_in_kvcache": bt.extra_indices,
         "extra_topk_length": None,
     }
 
 
-def _flashmla_args(bt, heads: int) -> tuple[tuple, dict]:
-    """``kernels.bench_call``'s FlashMLA-style arguments: contiguous 64-token pages, q and sink padded."""
+def _flashmla_args(bt, heads: int, k_cache) -> tuple[tuple, dict]:
+    """``kernels.bench_call``'s FlashMLA-style arguments: contiguous 64-token pages (``k_cache``, the pool's
+    window re-paged once), q and sink padded."""
     q, sink = bt.q, bt.attn_sink
     if heads > q.shape[2]:
         pad = heads - q.shape[2]
         q = torch.cat([q, q.new_zeros(*q.shape[:2], pad, q.shape[3])], dim=2)
         sink = torch.cat([sink, sink.new_zeros(pad)])
-    k = repage(bt.kv_cache).unsqueeze(2).view(torch.float8_e4m3fn)
     ek = bt.extra_kv_cache.unsqueeze(2).view(torch.float8_e4m3fn)
     kw = {
         "softmax_scale": 512**-0.5,
@@ -88,7 +91,7 @@ def _flashmla_args(bt, heads: int) -> tuple[tuple, dict]:
         "extra_k_cache": ek,
         "extra_indices_in_kvcache": bt.extra_indices,
     }
-    return (q, k, None, None, 512), kw
+    return (q, k_cache, None, None, 512), kw
 
 
 def _left(**kwargs):
@@ -120,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--concurrency", default=CAPTURE)
     ap.add_argument("--samples", type=int, default=10)
+    ap.add_argument("--pool", type=int, default=384, help="requests built once; level C rotates pool // C sets")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -139,14 +143,16 @@ def main(argv: list[str] | None = None) -> int:
     compiles = _Compiles()
     rows = []
     warm_s = None
+    n_pool = max(args.pool, MIN_SETS * max(levels))  # at least MIN_SETS disjoint sets at every level
+    pool = make_batch(WINDOW, n_pool, device="cuda", seed=7, q_tokens=1, extra=COMPRESSED, with_sink=True)
+    k_engine, x_engine = sglang_plugin.engine_cache(pool.kv_cache), sglang_plugin.engine_cache(pool.extra_kv_cache)
+    k_64 = repage(pool.kv_cache).unsqueeze(2).view(torch.float8_e4m3fn)
     for C in levels:
-        sets = [
-            make_batch(WINDOW, C, device="cuda", seed=s, q_tokens=1, extra=COMPRESSED, with_sink=True)
-            for s in range(SETS)
-        ]
+        n_sets = n_pool // C
+        sets = [pool.rows(i * C, (i + 1) * C) for i in range(n_sets)]
         ref_out, ref_lse = sparse_mla_decode_ref(*sets[0].args(), **sets[0].kwargs(), sm_scale=512**-0.5)
-        engine = [_engine_kwargs(bt) for bt in sets]
-        row = {"C": C}
+        engine = [_engine_kwargs(bt, k_engine, x_engine) for bt in sets]
+        row = {"C": C, "sets": n_sets}
         if warm_s is None:  # the first call of the shape warms it up: every config its table can pick
             t0 = time.perf_counter()
             sglang_plugin.sglang_hook(_left, **engine[0])
@@ -163,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         ok, rel, _, why = compare(out, lse, ref_out, ref_lse)
         row["hook_ok"], row["hook_rel_err"] = ok, round(rel, 5)
         if flash_mla is not None:
-            a, kw = _flashmla_args(sets[0], FLASHMLA_HEADS)
+            a, kw = _flashmla_args(sets[0], FLASHMLA_HEADS, k_64)
             fout, _ = flash_mla.flash_mla_with_kvcache(
                 *a, flash_mla.get_mla_metadata()[0], **kw, use_legacy=True, kv_format="V4"
             )
@@ -172,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             row["vs_flashmla_rel_err"] = round(rel_f, 5)
             row["flashmla_ok"] = rel_f <= 2 * OUT_RTOL  # each within OUT_RTOL of the fp32 reference
         compiles.armed = True
-        sample = timing.sampler(timing.capture(step_hook, SETS), SETS, 5.0)
+        sample = timing.sampler(timing.capture(step_hook, n_sets), n_sets, 5.0)
         compiles.armed = False
         row["hook_us"] = statistics.median(sample()[0] for _ in range(args.samples))
         route = sglang_plugin._ROUTES.get(sglang_plugin._signature(engine[0]))
@@ -180,17 +186,17 @@ def main(argv: list[str] | None = None) -> int:
         def step_direct(i, engine=engine, route=route):  # the kernel call the hook makes, without the hook
             return sglang_plugin._serve(route, engine[i])
 
-        sample = timing.sampler(timing.capture(step_direct, SETS), SETS, 5.0)
+        sample = timing.sampler(timing.capture(step_direct, n_sets), n_sets, 5.0)
         row["direct_us"] = statistics.median(sample()[0] for _ in range(args.samples))
         row["hook_vs_direct"] = round(row["hook_us"] / row["direct_us"], 4)
-        layer = [_flashmla_args(bt, HEADS) for bt in sets]
+        layer = [_flashmla_args(bt, HEADS, k_64) for bt in sets]
         meta = flashmla_compat.get_mla_metadata()[0]
 
         def step_layer(i, layer=layer, meta=meta):
             a, kw = layer[i]
             return flashmla_compat.flash_mla_with_kvcache(*a, meta, **kw)
 
-        sample = timing.sampler(timing.capture(step_layer, SETS), SETS, 5.0)
+        sample = timing.sampler(timing.capture(step_layer, n_sets), n_sets, 5.0)
         row["layer_call_us"] = statistics.median(sample()[0] for _ in range(args.samples))
         row["ratio"] = round(row["hook_us"] / row["layer_call_us"], 4)
         if not ok:
@@ -204,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "triton": __import__("triton").__version__,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": "python -m sparse_mla_tuner.kernels.sglang_check " + shlex.join(timing.portable_argv(argv)),
+        "pool": n_pool,
         "flash_mla": flash_mla is not None,
         "warm_up_s": round(warm_s or 0.0, 2),
         "late_compiles": compiles.count if compiles.supported else None,

@@ -7,7 +7,9 @@ graph that holds one call per request set (sets rotate so that consecutive calls
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -48,3 +50,15 @@ def sampler(graph: torch.cuda.CUDAGraph, n_sets: int, target_ms: float) -> Calla
         return start.elapsed_time(end) * 1e3 / (reps * n_sets), reps * n_sets
 
     return sample
+
+
+def portable_argv(argv: list[str] | None) -> list[str]:
+    """A benchmark's command line as recorded: ``--out``'s file by its name alone (where a run wrote it is that
+    machine's)."""
+    args = list(argv if argv is not None else sys.argv[1:])
+    for i, a in enumerate(args):
+        if a == "--out" and i + 1 < len(args):
+            args[i + 1] = Path(args[i + 1]).name
+        elif a.startswith("--out="):
+            args[i] = "--out=" + Path(a.removeprefix("--out=")).name
+    return args
