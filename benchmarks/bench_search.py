@@ -334,7 +334,13 @@ def _run_quietly(job) -> dict:
 
 
 def overhead(
-    space_path: str, replay_db: str, levels: list[int], seed: int = 0, refit: str | None = None, options=None
+    space_path: str,
+    replay_db: str,
+    levels: list[int],
+    seed: int = 0,
+    refit: str | None = None,
+    options=None,
+    replay_kernel: str | None = None,
 ) -> dict:
     """One replay search (see the module's docstring) and where its time went."""
     from sparse_mla_tuner.db.store import Store
@@ -347,6 +353,7 @@ def overhead(
         backend="replay",
         quiet=True,
         replay_db=f"sqlite:///{replay_db}",
+        replay_kernel=replay_kernel,
         concurrency=levels,
         seed=seed,
         refit=refit,
@@ -362,6 +369,8 @@ def overhead(
         "space": space.name,
         "levels": levels,
         "strategy": st.name,
+        "replay_kernel": replay_kernel,
+        "refit": refit or "deterministic",
         "wall_s": wall,
         "model_s": getattr(st, "model_seconds", float("nan")),
         "waiting_s": refitter.wait_seconds if refitter else 0.0,
@@ -416,6 +425,11 @@ def main() -> None:
     ap.add_argument("--space", default="search_spaces/v4_flash_tp4.yaml", help="--overhead: the space")
     ap.add_argument("--levels", default="1,8,48,96", help="--overhead: the concurrency levels")
     ap.add_argument(
+        "--replay-kernel",
+        default=CASES["v4_216"][1],
+        help="--overhead: the kernel hash whose records are replayed (default: the full grids of v4_216's kernel)",
+    )
+    ap.add_argument(
         "--refit",
         choices=["deterministic", "background", "inline"],
         default=None,
@@ -432,7 +446,12 @@ def main() -> None:
     options = parse_options(args.option)
     if args.overhead:
         r = overhead(
-            args.space, args.replay_db, [int(c) for c in args.levels.split(",")], refit=args.refit, options=options
+            args.space,
+            args.replay_db,
+            [int(c) for c in args.levels.split(",")],
+            refit=args.refit,
+            options=options,
+            replay_kernel=args.replay_kernel or None,
         )
         print(
             f"{r['space']} C={args.levels} ({r['strategy']}, {args.refit or 'deterministic'}): "

@@ -119,6 +119,14 @@ def _environment_info(con, device: str) -> dict:
     }
 
 
+_IN_CHUNK = 900  # trial ids per ``IN (...)`` list: under SQLite's oldest bound of 999 variables
+
+
+def _key(r) -> tuple:
+    """A recorded trial's (workload shape, concurrency)."""
+    return (_shape(r["kv_format"], r["heads"], r["topk"], r["page_size"], r["context"]), r["concurrency"])
+
+
 class ReplaySource:
     """Every trial and sample of one device in another results database, in memory."""
 
@@ -162,12 +170,24 @@ class ReplaySource:
         newest: dict[tuple, int] = {}  # (shape, concurrency) -> the replayed kernel: given, else the latest
         for r in rows:  # ordered by id
             if kernel_id is None or r["kernel_id"] == kernel_id:
-                key = (_shape(r["kv_format"], r["heads"], r["topk"], r["page_size"], r["context"]), r["concurrency"])
-                newest[key] = r["kernel_id"]
+                newest[_key(r)] = r["kernel_id"]
+        # only what is replayed: the replayed kernel's trials at each (shape, concurrency), and the originals
+        # their duplicates take their samples and verdicts from (of any kernel)
+        dup_of = {r["id"]: r["duplicate_of"] for r in rows if r["duplicate_of"] is not None}
+        originals: set[int] = set()
+        for r in rows:
+            if r["kernel_id"] == newest.get(_key(r)):
+                d = r["duplicate_of"]
+                while d is not None and d not in originals:  # an original may be a duplicate itself
+                    originals.add(d)
+                    d = dup_of.get(d)
         by_id: dict[int, _Recorded] = {}
         trials: dict[tuple, _Recorded] = {}
         skipped: set[str] = set()
         for r in rows:
+            replayed = r["kernel_id"] == newest.get(_key(r))
+            if not replayed and r["id"] not in originals:
+                continue
             rec = _Recorded(
                 r["verdict"],
                 r["reason"] or "",
@@ -182,16 +202,25 @@ class ReplaySource:
                 r["id"],
             )
             by_id[r["id"]] = rec  # a duplicate's original may be of any kernel
-            key = (_shape(r["kv_format"], r["heads"], r["topk"], r["page_size"], r["context"]), r["concurrency"])
-            if r["kernel_id"] == newest.get(key):  # a config measured in several of its studies: the latest stands
+            if replayed:  # a config measured in several of its studies: the latest stands
                 try:
                     cfg = KernelConfig.parse(r["config_key"])
                 except ValueError:  # stored by another version of the declaration: data, not a config here
                     skipped.add(str(r["config_key"])[:80])
                     continue
-                trials[(*key, cfg)] = rec
-        for trial_id, c, b in con.execute(text("SELECT trial_id, candidate_us, baseline_us FROM tuner_samples")):
-            if trial_id in by_id:
+                trials[(*_key(r), cfg)] = rec
+        wanted = sorted(by_id)
+        for lo in range(0, len(wanted), _IN_CHUNK):  # the samples of those trials alone
+            chunk = wanted[lo : lo + _IN_CHUNK]
+            marks = ", ".join(f":t{i}" for i in range(len(chunk)))
+            got = con.execute(
+                text(
+                    "SELECT trial_id, candidate_us, baseline_us FROM tuner_samples "
+                    f"WHERE trial_id IN ({marks}) ORDER BY id"
+                ),
+                {f"t{i}": t for i, t in enumerate(chunk)},
+            )
+            for trial_id, c, b in got:
                 by_id[trial_id].samples.append((c, b))
         for rec in by_id.values():
             if rec.duplicate_of is not None and rec.duplicate_of in by_id:
