@@ -20,6 +20,12 @@ hook, so ``hook_vs_direct`` is what the wrapper costs; ``ratio`` also carries th
 pages, padded) against the benchmark's contiguous 64-token pages. The first eager call warms the shape up (every
 config the table can pick); the check also counts the Triton compilations that happen after it
 (``late_compiles``, which must be 0).
+
+``--also T32-w4-s1-c128-p3,...`` times each named config's kernel call (no hook) on the same request sets in four
+layouts: the engine's (``engine_us``: padded 256-token window pages, padded 64-token compressed pages), the same
+pages unpadded (``pages256_us``), both caches on 256-token pages (``both256_us``: one page layout) and the
+benchmark's (``bench_us``: both caches on contiguous 64-token pages), so that what a layout costs can be told from
+what a config costs (``also`` in each row).
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ import torch
 from sparse_mla_tuner.kernels import flashmla_compat
 from sparse_mla_tuner.kernels import sglang_plugin
 from sparse_mla_tuner.kernels import timing
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.decode import sparse_mla_decode
 from sparse_mla_tuner.kernels.reference import OUT_RTOL
 from sparse_mla_tuner.kernels.reference import compare
 from sparse_mla_tuner.kernels.reference import sparse_mla_decode_ref
@@ -56,6 +64,17 @@ def repage(pages: torch.Tensor, page_size: int = 64) -> torch.Tensor:
     data = flat[:, : big * 576].reshape(n, k, page_size * 576)
     scales = flat[:, big * 576 :].reshape(n, k, page_size * 8)
     return torch.cat([data, scales], dim=2).reshape(n * k, page_size, bpt).contiguous()
+
+
+def regroup(pages: torch.Tensor, factor: int = 4) -> torch.Tensor:
+    """A contiguous fp8_model1 cache of small pages as pages ``factor`` times larger (same token indices: each
+    ``factor`` consecutive pages become one; the inverse of :func:`repage`)."""
+    n, small, bpt = pages.shape
+    n -= n % factor
+    grouped = pages[:n].reshape(n // factor, factor, small * bpt)
+    data = grouped[:, :, : small * 576].reshape(n // factor, factor * small * 576)
+    scales = grouped[:, :, small * 576 :].reshape(n // factor, factor * small * 8)
+    return torch.cat([data, scales], dim=1).reshape(n // factor, factor * small, bpt).contiguous()
 
 
 def _engine_kwargs(bt, k_cache, extra_k_cache) -> dict:
@@ -124,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", default=CAPTURE)
     ap.add_argument("--samples", type=int, default=10)
     ap.add_argument("--pool", type=int, default=384, help="requests built once; level C rotates pool // C sets")
+    ap.add_argument("--also", default="", help="comma list of config keys to time in three layouts (see above)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -135,6 +155,11 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError
     except ValueError:
         print(f"--concurrency must be positive integers separated by commas, got {args.concurrency!r}", file=sys.stderr)
+        return 2
+    try:
+        also = [KernelConfig.parse(k.strip()) for k in args.also.split(",") if k.strip()]
+    except ValueError as e:
+        print(f"--also: {e}", file=sys.stderr)
         return 2
     try:
         import flash_mla
@@ -199,6 +224,37 @@ def main(argv: list[str] | None = None) -> int:
         sample = timing.sampler(timing.capture(step_layer, n_sets), n_sets, 5.0)
         row["layer_call_us"] = statistics.median(sample()[0] for _ in range(args.samples))
         row["ratio"] = round(row["hook_us"] / row["layer_call_us"], 4)
+        k_plain = pool.kv_cache  # the window's 256-token pages, unpadded
+        k_bench = k_64.view(torch.uint8).squeeze(2)
+        x_256 = regroup(pool.extra_kv_cache) if also else None
+        for cfg in also:
+            layouts = {
+                "engine_us": (sglang_plugin._pages(k_engine), sglang_plugin._pages(x_engine)),
+                "pages256_us": (k_plain, pool.extra_kv_cache),
+                "both256_us": (k_plain, x_256),
+                "bench_us": (k_bench, pool.extra_kv_cache),
+            }
+            got = {}
+            for name, (k, x) in layouts.items():
+
+                def step_also(i, k=k, x=x, cfg=cfg, sets=sets):
+                    bt = sets[i]
+                    return sparse_mla_decode(
+                        bt.q,
+                        k,
+                        bt.indices,
+                        kv_format="fp8_model1",
+                        sm_scale=512**-0.5,
+                        attn_sink=bt.attn_sink,
+                        extra_kv_cache=x,
+                        extra_indices=bt.extra_indices,
+                        extra_kv_format="fp8_model1",
+                        config=cfg,
+                    )
+
+                sample = timing.sampler(timing.capture(step_also, n_sets), n_sets, 5.0)
+                got[name] = round(statistics.median(sample()[0] for _ in range(args.samples)), 3)
+            row.setdefault("also", {})[str(cfg)] = got
         if not ok:
             row["why"] = why
         rows.append(row)
@@ -225,7 +281,10 @@ def main(argv: list[str] | None = None) -> int:
             json.dump({"env": summary, "rows": rows}, f, indent=1)
     from tabulate import tabulate
 
-    print(tabulate(rows, headers="keys", floatfmt=".3f"))
+    print(tabulate([{k: v for k, v in r.items() if k != "also"} for r in rows], headers="keys", floatfmt=".3f"))
+    for r in rows:
+        for key, got in r.get("also", {}).items():
+            print(f"C={r['C']} {key}: " + ", ".join(f"{k} {v:.2f}" for k, v in got.items()))
     print(json.dumps(summary))
     good = all(r["hook_ok"] and r.get("flashmla_ok", True) for r in rows) and not compiles.count
     return 0 if good else 1
