@@ -74,6 +74,8 @@ WORKLOAD_KEYS = ("name", "kv_format", "heads", "tp", "topk", "page_size", "conte
 EXTRA_KEYS = ("kv_format", "topk", "page_size", "context")  # the second cache of a whole V4 call
 MAX_Q_TOKENS = 16
 MODES = ("PREFETCH",)  # parameters whose values are modes, not a scale: any value is one step from any other
+MAX_POOL_REQUESTS = 512  # the most requests of one timing's input sets (cold L2 on a GPU)
+INVALID_FRACTION = 0.05  # the gate's share of invalid indices
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,7 @@ class SparseMlaAdapter(KernelAdapter):
     config_type = KernelConfig
     modes = MODES
     family = ("BLOCK_T", "num_warps")  # a tile shape
+    resource_kernels = ("split",)  # the combine kernel's registers never decide
 
     @property
     def params(self) -> tuple[Tunable, ...]:
@@ -224,6 +227,61 @@ class SparseMlaAdapter(KernelAdapter):
 
     def source_hash(self) -> str:
         return kernel_source_hash()
+
+    # --- the measurement and compile processes ----------------------------------------------------------------
+
+    def workload_from_dict(self, d) -> Workload:
+        return Workload(**d)
+
+    def compile_identity(self, config: KernelConfig, workload: Workload) -> list:
+        """The binary's compile key and the shape: TARGET_CTAS only sets the grid, so it is not part of it."""
+        shape = (workload.kv_format, workload.heads, workload.topk, workload.page_size)
+        if workload.call() is not None:  # the whole call compiles more variants (extra cache, sink)
+            shape = (*shape, json.dumps(workload.call(), sort_keys=True))
+        return [config.compile_key(), shape]
+
+    def estimate_shared(self, config: KernelConfig, workload: Workload) -> int:
+        from sparse_mla_tuner.tuner.feasibility import estimate_shared
+
+        return estimate_shared(config, workload)
+
+    def measure_inputs(self, workload: Workload, batch: int, device: str, l2_bytes: int, seed: int) -> list:
+        """Disjoint request sets of one shared cache: on a GPU the touched rows are at least 4x L2 and at least
+        2 sets (at most :data:`MAX_POOL_REQUESTS` requests), on the CPU one set."""
+        if device == "cuda":
+            want = max(2 * batch, -(-4 * l2_bytes // workload.kv_bytes_per_request()))
+            pool = min(max(want, batch), max(MAX_POOL_REQUESTS, batch))
+        else:
+            pool = batch
+        sets = max(1, pool // batch)
+        whole = make_batch(workload, sets * batch, device=device, seed=seed)
+        return [whole.rows(i * batch, (i + 1) * batch) for i in range(sets)]  # the whole call each
+
+    def prepare(self, config: KernelConfig, input_sets: list) -> list:
+        """``decode.prepare_decode`` of each set, planned once (one output and workspace for all of them)."""
+        first = decode.prepare_decode(*input_sets[0].args(), **input_sets[0].kwargs(), config=config)
+        return [first] + [
+            decode.prepare_decode(*p.args(), **p.kwargs(), config=config, buffers=first) for p in input_sets[1:]
+        ]
+
+    def gate(self, config: KernelConfig, workload: Workload, batch: int, device: str, seed: int) -> tuple[str, dict]:
+        """Fresh random inputs (invalid indices, no topk_length), NaN-poisoned outputs, vs the reference."""
+        # no topk_length here: the timed call runs without it, and one compiled variant serves both
+        # (the test suite covers topk_length on every format)
+        bt = make_batch(workload, batch, device=device, seed=seed, invalid_fraction=INVALID_FRACTION)
+        decode.POISON_OUTPUTS = True
+        try:
+            out, lse = decode.sparse_mla_decode(*bt.args(), **bt.kwargs(), config=config)
+        finally:
+            decode.POISON_OUTPUTS = False
+        ok, rel, lse_err, reason = compare(out, lse, *sparse_mla_decode_ref(*bt.args(), **bt.kwargs()))
+        return ("" if ok else reason or "wrong output"), {"out_rel_err": rel, "lse_abs_err": lse_err}
+
+    def launch_size(self, config: KernelConfig, workload: Workload, batch: int) -> int:
+        """The partials per row of the call's one split launch (both caches of a whole call): the grid's rows are
+        ``batch`` requests times ``q_tokens`` query tokens (as :meth:`launch_identity` counts them)."""
+        extra_topk = workload.extra.topk if workload.extra is not None else 0
+        return split_grid(config, batch * workload.q_tokens, workload.heads, workload.topk, extra_topk).slots
 
 
 _TUNABLES = tuple(
