@@ -58,6 +58,7 @@ __all__ = [
     "Workload",
     "WorkloadSpec",
     "block_h_for",
+    "estimate_shared",
     "device_slug",
     "get_format",
     "kernel_source_hash",
@@ -152,6 +153,41 @@ def _call(path, key, w, kv_format) -> dict:
     return out
 
 
+def estimate_shared(config: KernelConfig, workload: Workload) -> int:
+    """Shared bytes of the split kernel from the tiles it stages; explains the compiled number.
+
+    Fitted term by term to Triton 3.6's allocation for this kernel (sm_90/sm_120 cubins; the worst
+    error over the default space is asserted in tests/test_feasibility.py):
+
+    - ``q`` staged as an mma operand: ``BLOCK_H x D_qk`` bf16;
+    - the key tile's layout change before the dots: fp8_model1 reshapes the fp32
+      ``[BLOCK_T, 8, 64]`` tile (4 B per element, ``2048 * BLOCK_T``), fp8_v32 the byte tile
+      (``512 * BLOCK_T``);
+    - ``num_stages >= 2``: one more copy of the gathered bytes in flight (Triton 3.6 gives the
+      dependent gather a pipeline distance of 1 whatever ``num_stages`` > 2 says, so stages 3 and 4
+      cost next to nothing more): 512 e4m3 + 128 rope + 4 index bytes per token (fp8_model1), the
+      rope, scales and index only (180 B, fp8_v32: the e4m3 bytes land in the byte tile above);
+    - ``PREFETCH=1`` (or 3) instead: the pipeliner leaves the loop alone, and the dequantized fp16 key tile
+      is what changes layout: ``1024 * BLOCK_T`` plus the scales as fp32 (32 B per token,
+      fp8_model1) or the fp16 rope part (128 B per token, fp8_v32), whatever ``num_stages`` says;
+    - ``PREFETCH=2`` (the indices only, in registers) stages what ``PREFETCH=0`` stages;
+    - the epilogue converts the ``[BLOCK_H, 512]`` output through the same memory after the loop, in
+      bf16 since kernel v3 (both the final output and the partials are bf16), so the kernel needs the
+      larger of loop and epilogue.
+    """
+    fmt = get_format(workload.kv_format)
+    T, block_h = config.BLOCK_T, block_h_for(workload.heads)
+    q_tile = block_h * fmt.d_qk * 2
+    if config.PREFETCH in (1, 3):
+        loop = q_tile + T * (1024 + (32 if fmt.name == "fp8_model1" else 128))
+    elif fmt.name == "fp8_model1":
+        loop = q_tile + T * 512 * 4 + (T * (512 + 128 + 4) if config.num_stages >= 2 else 0)
+    else:
+        loop = q_tile + T * 512 + (T * 180 if config.num_stages >= 2 else 0)
+    epilogue = block_h * 512 * 2
+    return max(loop, epilogue)
+
+
 class SparseMlaAdapter(KernelAdapter):
     """The sparse-MLA decode call: one split launch over the caches, then one combine (``kernels/decode.py``)."""
 
@@ -241,8 +277,6 @@ class SparseMlaAdapter(KernelAdapter):
         return [config.compile_key(), shape]
 
     def estimate_shared(self, config: KernelConfig, workload: Workload) -> int:
-        from sparse_mla_tuner.tuner.feasibility import estimate_shared
-
         return estimate_shared(config, workload)
 
     def measure_inputs(self, workload: Workload, batch: int, device: str, l2_bytes: int, seed: int) -> list:
