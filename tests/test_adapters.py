@@ -175,6 +175,11 @@ def test_tuner_search_tunes_the_example_adapter_through_the_results_database(tmp
     show = tuner_in_process("show", str(b["trial"]), "--db", f"sqlite:///{db}", "-f", "json")
     shown = json.loads(show.stdout)
     assert shown["BLOCK_N"] == b["BLOCK_N"] and "BLOCK_T" not in shown and shown["adapter"].endswith("Adapter")
+    check = tuner_in_process("check", EXAMPLE, "--db", f"sqlite:///{db}", "-f", "json", "-q")
+    assert check.returncode == 0, check.stderr
+    assert [(r["BLOCK_N"], r["num_warps"], r["feasible"]) for r in json.loads(check.stdout)] == [
+        (c.BLOCK_N, c.num_warps, True) for c in load_space(ROOT / EXAMPLE).configs()
+    ]  # the search's compiles, cached
     export = tuner_in_process("export", "--db", f"sqlite:///{db}", "--out", str(tmp_path / "tables"))
     assert export.returncode == 2 and "\n" not in export.stderr.strip() and "export_table" in export.stderr
 

@@ -27,7 +27,7 @@ from sparse_mla_tuner.tuner.output import pct
 from sparse_mla_tuner.tuner.output import render
 from sparse_mla_tuner.tuner.output import varying
 
-CHECK_FIELDS = (
+VERDICT_FIELDS = (  # a check row's fields after the config's parameters
     "shared_bytes",
     "limit_bytes",
     "registers",
@@ -36,6 +36,7 @@ CHECK_FIELDS = (
     "feasible",
     "reason",
 )
+CHECK_FIELDS = PARAM_NAMES + VERDICT_FIELDS  # our kernel's check rows
 
 
 INT64_MAX = 2**63 - 1  # SQLite's INTEGER and PostgreSQL's BIGINT: the largest integer the database stores
@@ -367,7 +368,7 @@ def check(
         )
     configs = space.configs()
     launch_only = [p.name for p in adapter.params if not p.compiled]
-    fields = (("workload",) if len(workloads) > 1 else ()) + adapter.param_names + CHECK_FIELDS
+    fields = (("workload",) if len(workloads) > 1 else ()) + adapter.param_names + VERDICT_FIELDS
     rows, n_ok = [], 0
     progress = Progress(quiet)
     registers = registers or space.max_spill_bytes is not None
