@@ -4,11 +4,16 @@ Every table is prefixed ``tuner_`` because Optuna's own tables (``studies``, ``t
 in the same database. One class per table, uniqueness in ``__table_args__`` (Optuna's
 ``_rdb/models.py`` style); reads are in :mod:`db.queries` and writes in :mod:`db.record`, as
 functions that take a session. The config columns come from the kernel's parameter declaration.
+
+Those columns (and the workload's shape columns) are the built-in kernel's, :data:`COLUMNS_ADAPTER`. A kernel of
+another adapter records its trial's parameters in ``tuner_trials.params`` and its workload's description in
+``tuner_workloads.fields``, as JSON, and names its adapter in ``adapter`` (kernels, spaces and workloads).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 from sqlalchemy import Boolean
 from sqlalchemy import DateTime
@@ -31,6 +36,10 @@ from sqlalchemy.orm import relationship
 from sparse_mla_tuner.db.verdicts import Phase
 from sparse_mla_tuner.kernels.config import PARAMS
 from sparse_mla_tuner.kernels.config import KernelConfig
+
+# the adapter whose parameters and workload shape are this schema's columns (tuner/adapter.py: DEFAULT)
+COLUMNS_ADAPTER = "sparse_mla"
+PARAM_COLUMNS = tuple(p.name for p in PARAMS)
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -87,13 +96,17 @@ class KernelModel(Base):
     __table_args__ = (UniqueConstraint("source_hash"),)
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     source_hash: Mapped[str] = mapped_column(String(64))
+    adapter: Mapped[str] = mapped_column(String(200), default=COLUMNS_ADAPTER, server_default=COLUMNS_ADAPTER)
 
 
 class WorkloadModel(Base):
-    """One attention shape on one GPU (``heads`` = local heads after TP)."""
+    """One attention shape on one GPU (``heads`` = local heads after TP); another adapter's workload is its
+    ``name`` and ``fields`` (the JSON of its ``fields()``), the shape columns left empty."""
 
     __tablename__ = "tuner_workloads"
-    __table_args__ = (UniqueConstraint("name", "kv_format", "heads", "tp", "topk", "page_size", "context"),)
+    __table_args__ = (
+        UniqueConstraint("name", "kv_format", "heads", "tp", "topk", "page_size", "context", "adapter", "fields"),
+    )
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(64))
     kv_format: Mapped[str] = mapped_column(String(32))
@@ -105,14 +118,20 @@ class WorkloadModel(Base):
     d_qk: Mapped[int] = mapped_column(Integer)
     d_v: Mapped[int] = mapped_column(Integer)
     call: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON: extra cache, sink, q_tokens (whole call)
+    adapter: Mapped[str] = mapped_column(String(200), default=COLUMNS_ADAPTER, server_default=COLUMNS_ADAPTER)
+    fields: Mapped[str] = mapped_column(Text, default="", server_default="")  # another adapter's: JSON
+
+    def description(self) -> dict:
+        """What the workload's ``fields()`` gave when it was recorded: the columns, or another adapter's JSON."""
+        if self.adapter != COLUMNS_ADAPTER:
+            return {"name": self.name, **json.loads(self.fields or "{}")}
+        return {c.name: getattr(self, c.name) for c in self.__table__.columns if c.name not in ("adapter", "fields")}
 
     def workload(self):
         """The whole :class:`kernels.workload.Workload` this row stands for, the call's extra cache, sink
         and query tokens (``call``) included, so bytes moved and table keys are those of the call measured.
         (Imported here: the kernels' workload module imports torch, which the rest of ``db`` does not need.)
         """
-        import json
-
         from sparse_mla_tuner.kernels.workload import Workload
 
         call = json.loads(self.call) if self.call else {}
@@ -137,6 +156,7 @@ class SpaceModel(Base):
     text_hash: Mapped[str] = mapped_column(String(64))
     text: Mapped[str] = mapped_column(Text)
     path: Mapped[str] = mapped_column(Text)
+    adapter: Mapped[str] = mapped_column(String(200), default=COLUMNS_ADAPTER, server_default=COLUMNS_ADAPTER)
 
 
 class StudyModel(Base):
@@ -211,6 +231,7 @@ class TrialModel(_ConfigColumns, Base):
     optuna_trial_number: Mapped[int | None] = mapped_column(Integer, nullable=True)
     wall_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    params: Mapped[str | None] = mapped_column(Text, nullable=True)  # another adapter's parameters: JSON
 
     study: Mapped[StudyModel] = relationship()
     workload: Mapped[WorkloadModel] = relationship()
@@ -222,7 +243,14 @@ class TrialModel(_ConfigColumns, Base):
     )
 
     def config(self) -> KernelConfig:
+        """The built-in kernel's config (see :meth:`param_values` for any adapter's)."""
         return KernelConfig(**{p.name: getattr(self, p.name) for p in PARAMS})
+
+    def param_values(self) -> dict:
+        """The config's parameters by name: another adapter's ``params``, else the built-in kernel's columns."""
+        if self.params is not None:
+            return json.loads(self.params)
+        return {name: getattr(self, name) for name in PARAM_COLUMNS}
 
     def evidence(self) -> TrialModel:
         """The trial whose measurement stands for this one: its original when it is a duplicate."""
@@ -232,6 +260,14 @@ class TrialModel(_ConfigColumns, Base):
         """The finalist statistic when there is one (more rounds), else the screening one."""
         by = {s.phase: s for s in self.statistics}
         return by.get(phase) if phase else by.get(Phase.FINALIST) or by.get(Phase.SCREEN)
+
+
+def config_fields(adapter: str, params: dict) -> dict:
+    """A config's parameters as a ``tuner_trials`` row holds them: the built-in kernel's in their columns,
+    another adapter's as the JSON ``params``."""
+    if adapter == COLUMNS_ADAPTER:
+        return dict(params)
+    return {"params": json.dumps(params, sort_keys=True)}
 
 
 class SampleModel(Base):

@@ -12,6 +12,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from sqlalchemy.orm import selectinload
 
+from sparse_mla_tuner.db.errors import DatabaseError
+from sparse_mla_tuner.db.models import COLUMNS_ADAPTER
 from sparse_mla_tuner.db.models import CalibrationModel
 from sparse_mla_tuner.db.models import EnvironmentModel
 from sparse_mla_tuner.db.models import FeasibilityModel
@@ -40,18 +42,37 @@ def ensure_environment(session: Session, info: dict) -> EnvironmentModel:
     return row
 
 
-def ensure_kernel(session: Session, source_hash: str) -> KernelModel:
-    return get_or_create(session, KernelModel, source_hash=source_hash)
+def ensure_kernel(session: Session, source_hash: str, adapter: str = COLUMNS_ADAPTER) -> KernelModel:
+    """The kernel row of a source hash, made with its ``adapter`` (the name a space gives it) if new."""
+    row = session.scalar(select(KernelModel).filter_by(source_hash=source_hash))
+    if row is None:
+        row = get_or_create(session, KernelModel, source_hash=source_hash, adapter=adapter)
+    if row is None or row.adapter != adapter:
+        held = "another process's row" if row is None else f"the adapter {row.adapter!r}"
+        raise DatabaseError(
+            f"the kernel hash {source_hash!r} is recorded for {held}, not for {adapter!r}; give the adapter its own "
+            "source_hash()"
+        )
+    return row
 
 
-def ensure_workload(session: Session, **fields) -> WorkloadModel:
-    """``name, kv_format, heads, tp, topk, page_size, context, d_qk, d_v``."""
-    return get_or_create(session, WorkloadModel, **fields)
+def ensure_workload(session: Session, adapter: str = COLUMNS_ADAPTER, **fields) -> WorkloadModel:
+    """The built-in kernel's ``name, kv_format, heads, tp, topk, page_size, context, d_qk, d_v, call``; another
+    adapter's ``name`` and its other fields, kept as JSON (``fields``) with the shape columns empty."""
+    if adapter == COLUMNS_ADAPTER:
+        return get_or_create(session, WorkloadModel, **fields)
+    rest = json.dumps({k: v for k, v in fields.items() if k != "name"}, sort_keys=True)
+    empty = dict(kv_format="", heads=0, tp=0, topk=0, page_size=0, context=0, d_qk=0, d_v=0, call=None)
+    return get_or_create(session, WorkloadModel, adapter=adapter, name=str(fields["name"]), fields=rest, **empty)
 
 
-def ensure_space(session: Session, name: str, text_hash: str, text: str, path: str) -> SpaceModel:
+def ensure_space(
+    session: Session, name: str, text_hash: str, text: str, path: str, adapter: str = COLUMNS_ADAPTER
+) -> SpaceModel:
     row = session.scalar(select(SpaceModel).filter_by(name=name, text_hash=text_hash))
-    return row or get_or_create(session, SpaceModel, name=name, text_hash=text_hash, text=text, path=path)
+    return row or get_or_create(
+        session, SpaceModel, name=name, text_hash=text_hash, text=text, path=path, adapter=adapter
+    )
 
 
 def done_configs(session: Session, study_id: int) -> dict[str, TrialModel]:
@@ -113,7 +134,7 @@ def done_verdicts(session: Session, study_id: int) -> dict[str, Verdict]:
     return {k: Verdict(v) for k, v in rows}
 
 
-def _trial_query(concurrency=None, space=None, workload=None, device=None, backend=None, verdict=None):
+def _trial_query(concurrency=None, space=None, workload=None, device=None, backend=None, verdict=None, adapter=None):
     q = (
         select(TrialModel)
         .join(StudyModel, TrialModel.study_id == StudyModel.id)
@@ -134,6 +155,8 @@ def _trial_query(concurrency=None, space=None, workload=None, device=None, backe
         q = q.where(TrialModel.backend == backend)
     if verdict and verdict != "all":
         q = q.where(TrialModel.verdict == verdict)
+    if adapter:
+        q = q.where(WorkloadModel.adapter == adapter)
     return q
 
 
@@ -151,7 +174,7 @@ class HistoryRow:
     gpu_name: str
     verdict: str
     ratio: float | None  # the finalist statistic's when there is one, else the screening one's
-    params: dict  # the config's parameter columns
+    params: dict  # the config's parameters (the built-in kernel's columns, or another adapter's JSON)
     trial_id: int = 0
     stat_id: int = 0  # the newest of its statistics' ids (0: none)
 
@@ -179,6 +202,7 @@ def history(
             TrialModel.id,
             fin.id,
             scr.id,
+            TrialModel.params,
             *(getattr(TrialModel, n) for n in names),
         )
         .join(StudyModel, TrialModel.study_id == StudyModel.id)
@@ -194,9 +218,25 @@ def history(
         newer_stat = select(StatisticModel.trial_id).where(StatisticModel.id > stat_id)
         q = q.where((TrialModel.id > trial_id) | TrialModel.id.in_(newer_stat))
     return [
-        HistoryRow(*r[:6], dict(zip(names, r[9:], strict=True)), r[6], max(r[7] or 0, r[8] or 0))
+        HistoryRow(
+            *r[:6],
+            dict(zip(names, r[10:], strict=True)) if r[9] is None else json.loads(r[9]),
+            r[6],
+            max(r[7] or 0, r[8] or 0),
+        )
         for r in session.execute(q)
     ]
+
+
+def other_adapters(session: Session) -> list[str]:
+    """The adapters other than the built-in kernel's (:data:`db.models.COLUMNS_ADAPTER`) with trials here, sorted."""
+    q = (
+        select(WorkloadModel.adapter)
+        .join(TrialModel, TrialModel.workload_id == WorkloadModel.id)
+        .where(WorkloadModel.adapter != COLUMNS_ADAPTER)
+        .distinct()
+    )
+    return sorted(session.scalars(q))
 
 
 def ok_levels(session: Session, **filters) -> list[int]:

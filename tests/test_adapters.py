@@ -140,12 +140,86 @@ def test_a_bad_kernel_is_one_sentence_and_exit_2(tmp_path, kernel, says):
     assert f"{path}: `kernel`: " in message and says in message
 
 
-def test_tuner_search_refuses_another_adapters_space_in_one_sentence(tmp_path):
-    proc = tuner_in_process("search", EXAMPLE, "--db", f"sqlite:///{tmp_path / 's.db'}")
+def test_tuner_search_tunes_the_example_adapter_through_the_results_database(tmp_path):
+    """`tuner search` of the example's space under the interpreter, recorded in the results database: `tuner best`
+    names its pick, `tuner show` its parameters, and a second search measures nothing at the finished level."""
+    import sqlite3
+
+    from tests.conftest import tuner_processes
+
+    db = tmp_path / "s.db"
+    search = ["search", EXAMPLE, "--backend", "interpreter", "--concurrency", "2", "--db", f"sqlite:///{db}", "-q"]
+    first, again = tuner_processes([[*search, "-f", "json"], [*search, "-f", "json"]])
+    assert first.returncode == 0, first.stderr[-2000:]
+    [row] = json.loads(first.stdout)
+    assert (row["workload"], row["C"], row["ok"], row["duplicate"]) == ("row_500", 2, 6, 2)
+    assert row["stopped"] == "every one of the 6 distinct feasible launches measured" and row["gpu_s"] > 0
+    con = sqlite3.connect(db)
+    samples = con.execute("SELECT COUNT(*) FROM tuner_samples").fetchone()[0]
+    assert samples > 0
+    (kernel,) = con.execute("SELECT DISTINCT adapter FROM tuner_kernels").fetchone()
+    assert kernel == "examples.row_softmax.adapter:RowSoftmaxAdapter"
+    assert all(json.loads(p) in [c.as_dict() for c in load_space(ROOT / EXAMPLE).configs()]
+               for p, in con.execute("SELECT params FROM tuner_trials"))  # fmt: skip
+
+    assert again.returncode == 0, again.stderr[-2000:]
+    [row2] = json.loads(again.stdout)
+    assert row2["stopped"] == row["stopped"] and row2["best"] == row["best"] and row2["gpu_s"] == 0
+    assert con.execute("SELECT COUNT(*) FROM tuner_samples").fetchone()[0] == samples  # nothing measured again
+
+    best = tuner_in_process("best", "--concurrency", "2", "--db", f"sqlite:///{db}", "-f", "json")
+    assert best.returncode == 0, best.stderr
+    [b] = json.loads(best.stdout)
+    assert (b["space"], b["workload"], b["config"]) == ("row_softmax_example", "row_500", row["best"])
+    assert f"N{b['BLOCK_N']}-w{b['num_warps']}" == b["config"]  # the adapter's parameters, not the built-in's
+    show = tuner_in_process("show", str(b["trial"]), "--db", f"sqlite:///{db}", "-f", "json")
+    shown = json.loads(show.stdout)
+    assert shown["BLOCK_N"] == b["BLOCK_N"] and "BLOCK_T" not in shown and shown["adapter"].endswith("Adapter")
+    check = tuner_in_process("check", EXAMPLE, "--db", f"sqlite:///{db}", "-f", "json", "-q")
+    assert check.returncode == 0, check.stderr
+    assert [(r["BLOCK_N"], r["num_warps"], r["feasible"]) for r in json.loads(check.stdout)] == [
+        (c.BLOCK_N, c.num_warps, True) for c in load_space(ROOT / EXAMPLE).configs()
+    ]  # the search's compiles, cached
+    export = tuner_in_process("export", "--db", f"sqlite:///{db}", "--out", str(tmp_path / "tables"))
+    assert export.returncode == 2 and "\n" not in export.stderr.strip() and "export_table" in export.stderr
+
+
+@pytest.mark.parametrize("command", ["search", "calibrate"])
+def test_a_bad_adapter_stops_search_and_calibrate_in_one_sentence(tmp_path, command):
+    text = (ROOT / EXAMPLE).read_text().replace("examples.row_softmax.adapter:RowSoftmaxAdapter", "no.such:Adapter")
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    proc = tuner_in_process(command, str(path), "--backend", "interpreter", "--db", f"sqlite:///{tmp_path / 's.db'}")
     assert proc.returncode == 2
     message = proc.stderr.strip()
-    assert "\n" not in message and "run_local_study" in message and "sparse_mla" in message
+    assert "\n" not in message and "Traceback" not in message
+    assert (
+        message
+        == f"error: {path}: `kernel`: module 'no.such' does not import (ModuleNotFoundError: No module named 'no')"
+    )
     assert not (tmp_path / "s.db").exists()  # refused before anything was created
+
+
+def test_the_replay_backend_refuses_another_adapters_space_in_one_sentence(tmp_path):
+    proc = tuner_in_process("search", EXAMPLE, "--backend", "replay", "--db", f"sqlite:///{tmp_path / 's.db'}")
+    assert proc.returncode == 2
+    message = proc.stderr.strip()
+    assert "\n" not in message and "--backend replay replays the sparse_mla kernel's" in message
+
+
+def test_a_request_of_the_example_crosses_the_protocol_as_its_adapter_says(example):
+    from sparse_mla_tuner.tuner.protocol import CalibrateRequest
+    from sparse_mla_tuner.tuner.protocol import MeasureRequest
+    from sparse_mla_tuner.tuner.protocol import decode
+    from sparse_mla_tuner.tuner.protocol import encode
+
+    spec, cfg = example.workloads[0], example.configs()[-1]
+    for req in (
+        MeasureRequest(spec.workload(), 2, cfg, example.baseline, 3, 7, True, example.adapter.spec),
+        CalibrateRequest(spec.workload(), 2, cfg, 3, 0, example.adapter.spec),
+    ):
+        assert decode(encode(req)) == req
+    assert example.adapter.spec == example.kernel
 
 
 def test_a_bad_example_workload_names_its_place(tmp_path):

@@ -231,6 +231,46 @@ def test_fixture_of_schema_0004_upgrades_to_the_declared_parameters(tmp_path):
         assert {str(t.config()) for t in trials} == {t.config_key for t in trials}  # old keys parse unchanged
 
 
+def test_fixture_of_schema_0009_upgrades_to_adapter_records(tmp_path):
+    """0010 names the adapter of kernels, spaces and workloads (every older row is the built-in kernel's) and gives
+    a trial of another adapter its parameters as JSON: the old rows read as before, and a workload of another
+    adapter may share a name with one of the built-in kernel's."""
+    import json
+
+    from sparse_mla_tuner.db import queries
+    from sparse_mla_tuner.db.models import COLUMNS_ADAPTER
+    from sparse_mla_tuner.db.models import KernelModel
+    from sparse_mla_tuner.db.models import SpaceModel
+    from sparse_mla_tuner.db.models import WorkloadModel
+    from sparse_mla_tuner.db.models import config_fields
+
+    path = tmp_path / "old9.db"
+    shutil.copy("tests/fixtures/schema_0009.db", path)
+    url = f"sqlite:///{path}"
+    with pytest.raises(DatabaseError, match="older schema 0009"):
+        Store(url, readonly=True)
+    proc = tuner_in_process("db", "upgrade", "--db", url)
+    assert proc.returncode == 0, proc.stderr
+    store = Store(url)
+    assert store.revision() == head_revision()
+    with store.session() as s:
+        trials = s.scalars(select(TrialModel)).all()
+        assert trials and all(t.params is None and t.param_values() == t.config().as_dict() for t in trials)
+        assert {str(t.config()) for t in trials} == {t.config_key for t in trials}
+        for model in (KernelModel, SpaceModel, WorkloadModel):
+            assert {r.adapter for r in s.scalars(select(model))} == {COLUMNS_ADAPTER}
+        old = s.scalars(select(WorkloadModel)).first()
+        assert old.fields == "" and old.description()["kv_format"] == old.kv_format
+        other = queries.ensure_workload(s, "my.module:Adapter", name=old.name, cols=500)
+        assert other.id != old.id and other.description() == {"name": old.name, "cols": 500}
+        assert queries.ensure_workload(s, "my.module:Adapter", name=old.name, cols=500).id == other.id
+        assert queries.ensure_workload(s, "my.module:Adapter", name=old.name, cols=600).id != other.id
+        assert config_fields("my.module:Adapter", {"B": 1}) == {"params": json.dumps({"B": 1})}
+        assert config_fields(COLUMNS_ADAPTER, {"BLOCK_T": 32}) == {"BLOCK_T": 32}
+        with pytest.raises(DatabaseError, match="give the adapter its own source_hash"):
+            queries.ensure_kernel(s, s.scalars(select(KernelModel)).first().source_hash, "my.module:Adapter")
+
+
 def test_opening_retries_while_sqlite_says_locked_without_waiting(tmp_path, monkeypatch):
     """SQLite can answer "database is locked" without honouring the busy timeout (WAL switches and
     checkpoints of other starters); opening retries that, and only that."""

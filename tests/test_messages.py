@@ -28,7 +28,9 @@ class _Proc:
 
 
 MEASUREMENT = {"finalists": 3, "finalist_rounds": 7}
-SPACE = SimpleNamespace(measurement={"trial_timeout_s": 1, "rounds": 5, "finalist_rounds": 5})
+SPACE = SimpleNamespace(
+    measurement={"trial_timeout_s": 1, "rounds": 5, "finalist_rounds": 5}, adapter=SimpleNamespace(spec="sparse_mla")
+)
 
 
 def test_a_warning_turned_error_is_reported_as_the_warning_not_a_crash():

@@ -17,14 +17,23 @@ What an adapter gives (units in the method docs):
 - the feasibility compile for a target (:meth:`KernelAdapter.compile_specs`);
 - the table to export (:meth:`KernelAdapter.export_table`).
 
+What the measurement process does with it has defaults built from the above, which an adapter may replace:
+the input sets a timing rotates through (:meth:`KernelAdapter.measure_inputs`), a launch made ready before it is
+timed (:meth:`KernelAdapter.prepare`), the gate (:meth:`KernelAdapter.gate`). A workload crosses to the
+measurement and compile processes as :meth:`KernelAdapter.workload_dict`, and an adapter is named there by
+:attr:`KernelAdapter.spec`.
+
 This module names no kernel; it imports nothing of the kernels' layer.
 """
 
 from __future__ import annotations
 
 import abc
+import dataclasses
 import functools
+import hashlib
 import importlib
+import inspect
 import json
 import math
 import re
@@ -75,6 +84,16 @@ class CompileSpec:
     attrs: dict
     options: dict
 
+    def key(self) -> tuple:
+        """Identifies the binary (two launches with one key run the same code): compiled once."""
+        return (
+            self.name,
+            tuple(sorted(self.signature.items())),
+            tuple(sorted(self.constexprs.items())),
+            tuple(sorted((k, str(v)) for k, v in self.attrs.items())),
+            tuple(sorted(self.options.items())),
+        )
+
 
 class KernelAdapter(abc.ABC):
     """One kernel, as the tuner sees it. Subclass it and implement the abstract methods.
@@ -90,6 +109,9 @@ class KernelAdapter(abc.ABC):
     # Neighbours: a config's neighbours move one parameter one step along the space's choices; a launch-only
     # parameter, or one named here (its values are modes, not a scale), moves to any of its values.
     modes: tuple[str, ...] = ()
+    # the kernels of a launch (CompileSpec names) whose registers and stack frame a feasibility check reports
+    # and ``max_spill_bytes`` judges; None: every kernel
+    resource_kernels: tuple[str, ...] | None = None
 
     @property
     @abc.abstractmethod
@@ -152,12 +174,83 @@ class KernelAdapter(abc.ABC):
         return []
 
     def source_hash(self) -> str:
-        """A short hash of the kernel's sources: results of another hash are another kernel's."""
-        return ""
+        """A short hash of the kernel's sources: results of another hash are another kernel's. By default the
+        adapter's own module file; an adapter whose kernel lives in other files should hash them too."""
+        return source_files_hash(inspect.getsourcefile(type(self)))
 
     def export_table(self, picks: Mapping[int, Any]) -> dict:
         """The table an engine reads: the picked config per level (batch size -> config)."""
         return {str(batch): cfg.as_dict() for batch, cfg in sorted(picks.items())}
+
+    # --- how the tuner's processes and records reach it (defaults from the members above) -------------------
+
+    @property
+    def spec(self) -> str:
+        """The adapter as a space, a process and the results database name it: its built-in name (``sparse_mla``)
+        or ``module:Class``."""
+        target = f"{type(self).__module__}:{type(self).__qualname__}"
+        return next((name for name, t in BUILTIN.items() if t == target), target)
+
+    def workload_dict(self, workload) -> dict:
+        """A workload as JSON-able values, which :meth:`workload_from_dict` turns back into it (what the
+        measurement and compile processes receive): the dataclass's fields by default."""
+        return dataclasses.asdict(workload)
+
+    def workload_from_dict(self, d: Mapping) -> Any:
+        """The inverse of :meth:`workload_dict`; by default the dict read as a space's workload entry (a workload
+        that is its own entry, as the example's)."""
+        return self.parse_workload("<message>", "workload", dict(d)).workload()
+
+    def compile_identity(self, config, workload) -> list:
+        """What the feasibility cache keys a compile by (with the source hash, Triton's version and the target):
+        the adapter, the compiled parameters and the workload by default."""
+        compiled = [[p.name, getattr(config, p.name)] for p in self.params if p.compiled]
+        return [self.spec, compiled, self.workload_dict(workload)]
+
+    def estimate_shared(self, config, workload) -> int:
+        """An analytic estimate of a launch's shared memory in bytes, shown beside the compiled number (0: none)."""
+        return 0
+
+    def measure_inputs(self, workload, batch: int, device: str, l2_bytes: int, seed: int) -> list:
+        """The input sets a timing rotates through, one call each: on a GPU enough independent sets that together
+        they move four times the L2 cache (so every call starts cold), on the CPU one."""
+        sets = 1
+        if device == "cuda" and l2_bytes:
+            sets = max(2, min(64, -(-4 * l2_bytes // max(1, self.bytes_moved(workload, batch)))))
+        return [self.inputs(workload, batch, device, seed + i) for i in range(sets)]
+
+    def prepare(self, config, input_sets: list) -> list[Callable[[], Any]]:
+        """One call per input set, ready to run (a CUDA graph captures them): :meth:`launch` by default; an adapter
+        whose launch plans on the host can plan once here."""
+        return [functools.partial(self.launch, config, x) for x in input_sets]
+
+    def gate(self, config, workload, batch: int, device: str, seed: int) -> tuple[str, dict]:
+        """The correctness gate of one config: ``("", numbers)`` when it passes, ``(why not, numbers)`` else;
+        the numbers are recorded with the trial (``out_rel_err``, ``lse_abs_err``: none by default). By default
+        fresh inputs, :meth:`launch` against :meth:`reference`, judged by :meth:`check`."""
+        x = self.inputs(workload, batch, device, seed)
+        return self.check(self.launch(config, x), self.reference(x)), {}
+
+    def launch_size(self, config, workload, batch: int) -> int:
+        """A number recorded with each trial to describe its grid (the sparse-MLA adapter: the split's partials
+        per row; 0 by default)."""
+        return 0
+
+
+@functools.cache
+def source_files_hash(*paths) -> str:
+    """A short hash (12 hex digits) of the bytes of these files."""
+    h = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()[:12]
+
+
+@functools.cache
+def adapter_named(spec: str) -> KernelAdapter:
+    """The adapter a process is told of by :attr:`KernelAdapter.spec`, made once per process."""
+    return load_adapter(spec)
 
 
 def stored_launch(identity: Hashable) -> str:

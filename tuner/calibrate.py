@@ -13,11 +13,11 @@ from sparse_mla_tuner.db import queries
 from sparse_mla_tuner.db import record
 from sparse_mla_tuner.db.verdicts import Verdict
 from sparse_mla_tuner.tuner import stats
-from sparse_mla_tuner.tuner.adapters.sparse_mla import KernelConfig
-from sparse_mla_tuner.tuner.adapters.sparse_mla import kernel_source_hash
 from sparse_mla_tuner.tuner.errors import TunerError
 from sparse_mla_tuner.tuner.protocol import WARNING_AS_ERROR
 from sparse_mla_tuner.tuner.protocol import CalibrateRequest
+
+KernelConfig = object  # annotations: the adapter's config type
 
 
 def study_pairs(rounds: int) -> int:
@@ -67,7 +67,7 @@ def where_measured(proc) -> str:
 
 def measure(proc, space, workload, concurrency: int, config: KernelConfig, pairs: int, seed: int = 0) -> Calibration:
     """Run an A/A of ``config`` on ``proc``; the baseline gets a longer timeout and one retry."""
-    req = CalibrateRequest(workload, concurrency, config, pairs, seed)
+    req = CalibrateRequest(workload, concurrency, config, pairs, seed, space.adapter.spec)
     timeout = max(3 * space.measurement["trial_timeout_s"], 120)
     reply = proc.measure(req, timeout_s=timeout)
     if reply.verdict in (Verdict.CRASHED, Verdict.TIMEOUT):
@@ -89,12 +89,25 @@ def measure(proc, space, workload, concurrency: int, config: KernelConfig, pairs
 
 
 def store_calibration(
-    session, cal: Calibration, info: dict, spec, concurrency: int, backend: str, config, kernel_hash: str | None = None
+    session,
+    cal: Calibration,
+    info: dict,
+    spec,
+    concurrency: int,
+    backend: str,
+    config,
+    kernel_hash: str | None = None,
+    adapter=None,
 ) -> int:
-    """Records ``cal`` under ``kernel_hash`` (default: this code's :func:`kernel_source_hash`)."""
+    """Records ``cal`` under ``kernel_hash`` (default: ``adapter``'s source hash, the built-in kernel's when
+    ``adapter`` is None)."""
+    if adapter is None:
+        from sparse_mla_tuner.tuner.adapter import default_adapter
+
+        adapter = default_adapter()
     env = queries.ensure_environment(session, info)
-    wrow = queries.ensure_workload(session, **spec.fields())
-    kernel = queries.ensure_kernel(session, kernel_hash or kernel_source_hash())
+    wrow = queries.ensure_workload(session, adapter.spec, **spec.fields())
+    kernel = queries.ensure_kernel(session, kernel_hash or adapter.source_hash(), adapter.spec)
     row = record.add_calibration(
         session,
         cal.samples,
@@ -124,7 +137,7 @@ def run(space, store, backend: str, workloads, levels: list[int], pairs: int, pr
         for conc in levels:
             cal = measure(proc, space, spec.workload(), conc, space.baseline, pairs)
             with store.session() as s:
-                store_calibration(s, cal, proc.info, spec, conc, backend, space.baseline)
+                store_calibration(s, cal, proc.info, spec, conc, backend, space.baseline, adapter=space.adapter)
             rows.append(
                 {
                     "workload": spec.name,

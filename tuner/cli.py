@@ -27,7 +27,7 @@ from sparse_mla_tuner.tuner.output import pct
 from sparse_mla_tuner.tuner.output import render
 from sparse_mla_tuner.tuner.output import varying
 
-CHECK_FIELDS = PARAM_NAMES + (
+VERDICT_FIELDS = (  # a check row's fields after the config's parameters
     "shared_bytes",
     "limit_bytes",
     "registers",
@@ -36,6 +36,7 @@ CHECK_FIELDS = PARAM_NAMES + (
     "feasible",
     "reason",
 )
+CHECK_FIELDS = PARAM_NAMES + VERDICT_FIELDS  # our kernel's check rows
 
 
 INT64_MAX = 2**63 - 1  # SQLite's INTEGER and PostgreSQL's BIGINT: the largest integer the database stores
@@ -182,13 +183,16 @@ def _values_text(v) -> str:
     return ",".join(map(str, values)) if len(values) <= 3 else f"{min(values)}..{max(values)} ({len(values)})"
 
 
-def _check_brief(rows: list[dict]) -> list[dict]:
-    from sparse_mla_tuner.tuner.adapters.sparse_mla import PARAMS
-
+def _check_brief(rows: list[dict], adapter=None) -> list[dict]:
+    params = (adapter or SparseMlaAdapter()).params
     out = []
     for r in rows:
-        compiled = KernelConfig(**{p.name: r[p.name] for p in PARAMS if p.compiled}).compile_label()
-        launch = {p.name: r[p.name] for p in PARAMS if not p.compiled}
+        compiled_values = {p.name: r[p.name] for p in params if p.compiled}
+        if adapter is None or adapter.config_type is KernelConfig:
+            compiled = KernelConfig(**compiled_values).compile_label()
+        else:
+            compiled = " ".join(f"{k}={v}" for k, v in compiled_values.items())
+        launch = {p.name: r[p.name] for p in params if not p.compiled}
         out.append(
             {
                 **({"workload": r["workload"]} if "workload" in r else {}),
@@ -346,14 +350,13 @@ def check(
     target, and registers and spills stay empty; --registers compiles through ptxas for them.
     """
     from sparse_mla_tuner.db.store import Store
-    from sparse_mla_tuner.tuner.adapters.sparse_mla import PARAMS
     from sparse_mla_tuner.tuner.feasibility import check_many
     from sparse_mla_tuner.tuner.progress import Progress
     from sparse_mla_tuner.tuner.space import TARGETS
     from sparse_mla_tuner.tuner.space import load_space
 
     space = load_space(space_file)
-    _database_kernel(space, "check")
+    adapter = space.adapter
     store = Store(db_url)
     target = target or space.target
     if target not in TARGETS:
@@ -364,8 +367,8 @@ def check(
             f"--workload {workload_name!r} is not in {space.path}; it has {[w.name for w in space.workloads]}"
         )
     configs = space.configs()
-    launch_only = [p.name for p in PARAMS if not p.compiled]
-    fields = (("workload",) if len(workloads) > 1 else ()) + CHECK_FIELDS
+    launch_only = [p.name for p in adapter.params if not p.compiled]
+    fields = (("workload",) if len(workloads) > 1 else ()) + adapter.param_names + VERDICT_FIELDS
     rows, n_ok = [], 0
     progress = Progress(quiet)
     registers = registers or space.max_spill_bytes is not None
@@ -382,10 +385,12 @@ def check(
                 store=store,
                 on_progress=task,
                 registers=registers,
+                adapter=adapter,
             )
-        groups: dict[tuple, list] = {}  # compile key -> [(config, verdict)]; one config each with --all
+        groups: dict = {}  # compiled binary -> [(config, verdict)]; one config each with --all
         for cfg, v in zip(configs, verdicts, strict=True):
-            groups.setdefault(cfg if show_all else cfg.compile_key(), []).append((cfg, v))
+            binary = tuple((p.name, getattr(cfg, p.name)) for p in adapter.params if p.compiled)
+            groups.setdefault(cfg if show_all else binary, []).append((cfg, v))
             n_ok += v.feasible
         for members in groups.values():
             cfg, v = members[0]  # one binary: the same numbers for every member
@@ -400,7 +405,7 @@ def check(
             f"{len(configs) * len(workloads)} configs in {len(rows)} rows, one per compiled binary "
             f"(launch only: {', '.join(launch_only)}); --all lists every config"
         )
-    click.echo(render(rows, fmt, _check_brief))
+    click.echo(render(rows, fmt, functools.partial(_check_brief, adapter=adapter)))
     summary = f"{n_ok} feasible / {len(configs) * len(workloads) - n_ok} infeasible for {target}"
     click.echo(summary, err=fmt != "table")
 
@@ -536,7 +541,7 @@ def search(
     from sparse_mla_tuner.tuner.summary import time_lines
 
     space = load_space(space_file)
-    _database_kernel(space, "search")
+    _replay_kernel(space, backend)
     levels = _levels(concurrency)
     first_configs = _first_configs(first, space)
     if (replay_db or replay_kernel or replay_queue != "memory") and backend != "replay":
@@ -580,8 +585,6 @@ def search(
 
 def _first_configs(text: str | None, space) -> list:
     """``--first``: config keys of the space, in the order given."""
-    from sparse_mla_tuner.tuner.adapters.sparse_mla import KernelConfig
-
     if not text:
         return []
     configs, allowed = [], set(space.configs())
@@ -590,7 +593,7 @@ def _first_configs(text: str | None, space) -> list:
         if len(key) > 100:  # no config key is this long; the message quotes only its start
             raise TunerError(f"--first: {quote(key, 60)} is not a config key of the form {space.baseline}")
         try:
-            cfg = KernelConfig.parse(key)
+            cfg = space.adapter.config_type.parse(key)
         except ValueError as e:
             raise TunerError(f"--first: {e}") from None
         if cfg not in allowed:
@@ -602,16 +605,15 @@ def _first_configs(text: str | None, space) -> list:
     return configs
 
 
-def _database_kernel(space, command: str) -> None:
-    """The results database's columns are the built-in kernel's parameters and workload shape: a space of
-    another adapter cannot be recorded there yet, and says so before anything starts."""
+def _replay_kernel(space, backend: str | None) -> None:
+    """The replay backend draws from the built-in kernel's recorded samples: a space of another adapter is
+    measured on a GPU or the interpreter, and says so before anything starts."""
     from sparse_mla_tuner.tuner.adapter import DEFAULT
 
-    if space.kernel != DEFAULT:
+    if backend == "replay" and space.adapter.spec != DEFAULT:
         raise TunerError(
-            f"{space.path}: `kernel`: tuner {command} works on the results database, whose columns hold the "
-            f"{DEFAULT} kernel's parameters only, not those of {space.kernel!r}; run that space's study with "
-            "tuner.local_study.run_local_study (docs/adapters.md)"
+            f"{space.path}: `kernel`: --backend replay replays the {DEFAULT} kernel's recorded samples only, not "
+            f"those of {space.kernel!r}; use --backend cuda or interpreter"
         )
 
 
@@ -681,7 +683,6 @@ def calibrate(space_file, workload_name, concurrency, pairs, backend, quiet, fmt
     from sparse_mla_tuner.tuner.space import load_space
 
     space = load_space(space_file)
-    _database_kernel(space, "calibrate")
     workloads = [w for w in space.workloads if workload_name in (None, w.name)]
     if not workloads:
         raise TunerError(
@@ -689,7 +690,7 @@ def calibrate(space_file, workload_name, concurrency, pairs, backend, quiet, fmt
         )
     levels = _levels(concurrency) or space.concurrency
     store = Store(db_url)
-    processes = start_processes(Options(backend=_backend(backend)))
+    processes = start_processes(Options(backend=_backend(backend)), kernel=space.adapter.spec)
     progress = Progress(quiet)
     task = progress.task(f"calibrate {space.name}", len(workloads) * len(levels))
     progress.message(
@@ -730,7 +731,7 @@ def _best_row(t) -> dict:
     row = {
         "trial": t.id,
         "config": t.config_key,
-        **t.config().as_dict(),
+        **t.param_values(),
         "median_us": round(st.median_us, 3),
         "ci_low_us": round(st.ci_low_us, 3),
         "ci_high_us": round(st.ci_high_us, 3),
@@ -743,10 +744,10 @@ def _best_row(t) -> dict:
         "phase": st.phase,
     }
     wl = t.workload
-    nbytes = SparseMlaAdapter().bytes_moved(wl.workload(), t.concurrency)  # the whole call: both caches, every token
-    gbps = nbytes / (st.median_us * 1e-6) / 1e9
-    row["GBps"] = round(gbps, 1) if t.backend == "cuda" else None
-    row["pct_copy_bw"] = round(100 * gbps / env.copy_gbps, 1) if (env.copy_gbps and t.backend == "cuda") else None
+    nbytes = _bytes_moved(wl, t.concurrency) if t.backend == "cuda" else None
+    gbps = nbytes / (st.median_us * 1e-6) / 1e9 if nbytes else 0.0
+    row["GBps"] = round(gbps, 1) if t.backend == "cuda" and nbytes else None
+    row["pct_copy_bw"] = round(100 * gbps / env.copy_gbps, 1) if (env.copy_gbps and row["GBps"] is not None) else None
     row.update(
         space=t.study.space.name,
         workload=wl.name,
@@ -757,6 +758,23 @@ def _best_row(t) -> dict:
         date=t.created_at.strftime("%Y-%m-%d %H:%M"),
     )
     return row
+
+
+def _bytes_moved(wl, concurrency: int) -> int | None:
+    """The least bytes a call of a recorded workload moves: the built-in kernel's whole call (both caches, every
+    token), or another adapter's :meth:`~tuner.adapter.KernelAdapter.bytes_moved` (None when it cannot be
+    made here)."""
+    from sparse_mla_tuner.db.models import COLUMNS_ADAPTER
+
+    if wl.adapter == COLUMNS_ADAPTER:
+        return SparseMlaAdapter().bytes_moved(wl.workload(), concurrency)
+    from sparse_mla_tuner.tuner.adapter import adapter_named
+
+    try:
+        adapter = adapter_named(wl.adapter)
+        return adapter.bytes_moved(adapter.workload_from_dict(wl.description()), concurrency)
+    except Exception:  # noqa: BLE001 - an adapter this environment cannot import: the row goes without it
+        return None
 
 
 @cli.command(short_help="The best ok config at a concurrency, with its CI, ratio to baseline, verdict and ties.")
@@ -848,7 +866,7 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
                     "space": t.study.space.name,
                     "C": t.concurrency,
                     "config": t.config_key,
-                    **t.config().as_dict(),
+                    **t.param_values(),
                     "verdict": t.verdict,
                     "duplicate_of": t.duplicate_of,
                     "median_us": round(st.median_us, 3) if st else None,
@@ -861,7 +879,7 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
             )
     key = {
         "id": lambda r: r["trial"],
-        "config": lambda r: tuple(r[p] for p in PARAM_NAMES),
+        "config": lambda r: tuple(r.get(p, 0) for p in PARAM_NAMES) + (r["config"],),
         "median_us": lambda r: (r["median_us"] is None, r["median_us"] or 0),
     }[sort]
     rows.sort(key=key)
@@ -1005,6 +1023,12 @@ def show(trial_id, fmt, db_url):
         if t is None:
             raise TunerError(f"no trial {trial_id} in {store.shown_url} (see `tuner trials`)")
         info = {c.name: getattr(t, c.name) for c in TrialModel.__table__.columns}
+        info.pop("params")
+        if t.params is not None:  # another adapter's trial: its own parameters, not the built-in kernel's columns
+            info = {k: v for k, v in info.items() if k not in PARAM_NAMES}
+            at = list(info).index("config_key") + 1
+            items = list(info.items())
+            info = dict(items[:at] + list(t.param_values().items()) + items[at:])
         info["created_at"] = str(info["created_at"])
         info.update(
             space=t.study.space.name,
@@ -1013,6 +1037,8 @@ def show(trial_id, fmt, db_url):
             noise_band=t.study.noise_band,
             kernel_hash=t.study.kernel.source_hash,
         )
+        if t.params is not None:
+            info["adapter"] = t.study.kernel.adapter
         stats_rows = [{c.name: getattr(st, c.name) for c in st.__table__.columns} for st in t.statistics]
         samples = [
             {

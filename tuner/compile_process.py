@@ -38,9 +38,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from sparse_mla_tuner.tuner.adapters.sparse_mla import KernelConfig
-from sparse_mla_tuner.tuner.adapters.sparse_mla import SparseMlaAdapter
-from sparse_mla_tuner.tuner.adapters.sparse_mla import Workload
+from sparse_mla_tuner.tuner.adapter import DEFAULT
+from sparse_mla_tuner.tuner.adapter import adapter_named
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 # one stderr line per finished job; tuner.feasibility.PROGRESS_LINE parses it (kept apart: importing this
@@ -124,13 +123,25 @@ def _stop_after_shared_allocation():
         passes.add_to_llvmir, knobs.runtime.add_stages_inspection_hook = real, before
 
 
+def _adapter(job: dict):
+    """The adapter a job names (``kernel``: :attr:`tuner.adapter.KernelAdapter.spec`; the built-in one if none)."""
+    return adapter_named(job.get("kernel") or DEFAULT)
+
+
 def specs_of(job: dict) -> list:
-    cfg, wl, cc = KernelConfig.from_dict(job["config"]), Workload(**job["workload"]), job["cc"]
-    return SparseMlaAdapter().compile_specs(cfg, wl, cc)
+    adapter = _adapter(job)
+    cfg, wl = adapter.config_type.from_dict(job["config"]), adapter.workload_from_dict(job["workload"])
+    return adapter.compile_specs(cfg, wl, job["cc"])
 
 
-def compile_kernel(spec, cc: int, depth: str = "cubin") -> dict:
-    """One kernel: ``{shared}`` (and ``{registers, stack}`` at depth cubin), or ``{error}``."""
+def counts_resources(job: dict, spec) -> bool:
+    """Whether a kernel's registers and stack frame are a job's (the adapter's ``resource_kernels``, else all)."""
+    names = _adapter(job).resource_kernels
+    return names is None or spec.name in names
+
+
+def compile_kernel(spec, cc: int, depth: str = "cubin", resources_too: bool = True) -> dict:
+    """One kernel: ``{shared}`` (and ``{registers, stack}`` at depth cubin when ``resources_too``), or ``{error}``."""
     truncated = depth == "shared"
     with _stop_after_shared_allocation() if truncated else contextlib.nullcontext(False) as stops:
         try:
@@ -142,12 +153,12 @@ def compile_kernel(spec, cc: int, depth: str = "cubin") -> dict:
         except _SharedKnown as known:
             return {"shared": known.shared}
         except _Truncate:  # this Triton adds the conversion outside its LLIR stage: compile in full instead
-            return compile_kernel(spec, cc, "cubin") | {"registers": None, "stack": None}
+            return compile_kernel(spec, cc, "cubin", resources_too) | {"registers": None, "stack": None}
         except Exception as e:  # a config the compiler rejects is a verdict, not a crash
             text = str(e).strip()
             return {"error": f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"}
     out = {"shared": k.metadata.shared}  # a cache hit, or a Triton without the hook point: compiled in full
-    if spec.name == "split" and not (truncated and stops):
+    if resources_too and not (truncated and stops):
         out["registers"], out["stack"] = resources(k.asm["cubin"])
     return out
 
@@ -172,7 +183,7 @@ def compile_one(job: dict) -> dict:
     depth = job.get("depth", "cubin")
     results = []
     for spec in specs_of(job):
-        results.append(compile_kernel(spec, job["cc"], depth))
+        results.append(compile_kernel(spec, job["cc"], depth, counts_resources(job, spec)))
         if "error" in results[-1]:
             break
     return combine(results, depth)
@@ -180,11 +191,13 @@ def compile_one(job: dict) -> dict:
 
 def _compile_indexed(job: dict, i: int) -> dict:
     """Kernel ``i`` of ``job`` (the pool gets indices: kernels are not picklable, their lists are cheap)."""
-    return compile_kernel(specs_of(job)[i], job["cc"], job.get("depth", "cubin"))
+    spec = specs_of(job)[i]
+    return compile_kernel(spec, job["cc"], job.get("depth", "cubin"), counts_resources(job, spec))
 
 
 def _report(done: int, total: int, job: dict) -> None:
-    label = KernelConfig.from_dict(job["config"]).compile_label()
+    cfg = _adapter(job).config_type.from_dict(job["config"])
+    label = cfg.compile_label() if hasattr(cfg, "compile_label") else str(cfg)
     print(PROGRESS_FORMAT.format(done=done, total=total, label=label), file=sys.stderr, flush=True)
 
 

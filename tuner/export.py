@@ -36,6 +36,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from sparse_mla_tuner.db import queries
+from sparse_mla_tuner.db.models import COLUMNS_ADAPTER
 from sparse_mla_tuner.db.models import ExportModel
 from sparse_mla_tuner.db.models import TrialModel
 from sparse_mla_tuner.db.paths import PathError
@@ -95,7 +96,7 @@ def winners(s: Session, backend: str | None = None) -> dict[tuple, dict[int, Tri
     """
     out: dict[tuple, dict[int, TrialModel]] = defaultdict(dict)
     groups: dict[tuple, list[TrialModel]] = defaultdict(list)
-    for t in queries.trials(s, verdict=Verdict.OK, backend=backend):
+    for t in queries.trials(s, verdict=Verdict.OK, backend=backend, adapter=COLUMNS_ADAPTER):
         if not _within_bounds(t):
             continue  # a row another tool wrote outside the declaration's bounds: never deployed
         env = t.environment
@@ -121,6 +122,14 @@ def _within_bounds(t: TrialModel) -> bool:
 
 
 def _nothing(store: Store) -> TunerError:
+    with store.session() as s:
+        others = queries.other_adapters(s)
+    if others:
+        return TunerError(
+            f"nothing to export: {redact_url(store.url)} holds results of {others} only, and tuner export writes the "
+            f"{COLUMNS_ADAPTER} kernel's engine tables only (another adapter's table: its export_table(), "
+            "docs/adapters.md)"
+        )
     return TunerError(f"nothing to export: {redact_url(store.url)} has no ok trial (run `tuner search` first)")
 
 

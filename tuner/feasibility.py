@@ -35,11 +35,10 @@ from dataclasses import dataclass
 import triton
 
 from sparse_mla_tuner.db import queries
+from sparse_mla_tuner.tuner.adapter import default_adapter
 from sparse_mla_tuner.tuner.adapters.sparse_mla import KernelConfig
 from sparse_mla_tuner.tuner.adapters.sparse_mla import Workload
-from sparse_mla_tuner.tuner.adapters.sparse_mla import block_h_for
-from sparse_mla_tuner.tuner.adapters.sparse_mla import get_format
-from sparse_mla_tuner.tuner.adapters.sparse_mla import kernel_source_hash
+from sparse_mla_tuner.tuner.adapters.sparse_mla import estimate_shared  # noqa: F401 - the built-in kernel's estimate
 from sparse_mla_tuner.tuner.errors import FeasibilityError
 from sparse_mla_tuner.tuner.space import TARGETS
 
@@ -70,48 +69,13 @@ def target_cc(target: str) -> int:
     return int(target.removeprefix("sm_"))
 
 
-def estimate_shared(config: KernelConfig, workload: Workload) -> int:
-    """Shared bytes of the split kernel from the tiles it stages; explains the compiled number.
-
-    Fitted term by term to Triton 3.6's allocation for this kernel (sm_90/sm_120 cubins; the worst
-    error over the default space is asserted in tests/test_feasibility.py):
-
-    - ``q`` staged as an mma operand: ``BLOCK_H x D_qk`` bf16;
-    - the key tile's layout change before the dots: fp8_model1 reshapes the fp32
-      ``[BLOCK_T, 8, 64]`` tile (4 B per element, ``2048 * BLOCK_T``), fp8_v32 the byte tile
-      (``512 * BLOCK_T``);
-    - ``num_stages >= 2``: one more copy of the gathered bytes in flight (Triton 3.6 gives the
-      dependent gather a pipeline distance of 1 whatever ``num_stages`` > 2 says, so stages 3 and 4
-      cost next to nothing more): 512 e4m3 + 128 rope + 4 index bytes per token (fp8_model1), the
-      rope, scales and index only (180 B, fp8_v32: the e4m3 bytes land in the byte tile above);
-    - ``PREFETCH=1`` (or 3) instead: the pipeliner leaves the loop alone, and the dequantized fp16 key tile
-      is what changes layout: ``1024 * BLOCK_T`` plus the scales as fp32 (32 B per token,
-      fp8_model1) or the fp16 rope part (128 B per token, fp8_v32), whatever ``num_stages`` says;
-    - ``PREFETCH=2`` (the indices only, in registers) stages what ``PREFETCH=0`` stages;
-    - the epilogue converts the ``[BLOCK_H, 512]`` output through the same memory after the loop, in
-      bf16 since kernel v3 (both the final output and the partials are bf16), so the kernel needs the
-      larger of loop and epilogue.
-    """
-    fmt = get_format(workload.kv_format)
-    T, block_h = config.BLOCK_T, block_h_for(workload.heads)
-    q_tile = block_h * fmt.d_qk * 2
-    if config.PREFETCH in (1, 3):
-        loop = q_tile + T * (1024 + (32 if fmt.name == "fp8_model1" else 128))
-    elif fmt.name == "fp8_model1":
-        loop = q_tile + T * 512 * 4 + (T * (512 + 128 + 4) if config.num_stages >= 2 else 0)
-    else:
-        loop = q_tile + T * 512 + (T * 180 if config.num_stages >= 2 else 0)
-    epilogue = block_h * 512 * 2
-    return max(loop, epilogue)
-
-
-def cache_key(config: KernelConfig, workload: Workload, target: str, depth: str = "cubin") -> str:
-    """The compiled binary's identity: TARGET_CTAS only sets the grid, so it is not part of the key.
-    ``depth="shared"`` names the shared-memory-only numbers (no registers), kept apart from full ones."""
-    shape = (workload.kv_format, workload.heads, workload.topk, workload.page_size)
-    if workload.call() is not None:  # the whole call compiles more variants (extra cache, sink)
-        shape = (*shape, json.dumps(workload.call(), sort_keys=True))
-    raw = json.dumps([kernel_source_hash(), triton.__version__, target, config.compile_key(), shape])
+def cache_key(config: KernelConfig, workload: Workload, target: str, depth: str = "cubin", adapter=None) -> str:
+    """The compiled binary's identity: the kernel's source hash, Triton's version, the target and the adapter's
+    :meth:`~tuner.adapter.KernelAdapter.compile_identity` (the built-in kernel's: its compile key, without
+    TARGET_CTAS, which only sets the grid, and the shape). ``depth="shared"`` names the shared-memory-only
+    numbers (no registers), kept apart from full ones."""
+    adapter = adapter or default_adapter()
+    raw = json.dumps([adapter.source_hash(), triton.__version__, target, *adapter.compile_identity(config, workload)])
     if depth != "cubin":
         raw += f"|{depth}"
     return hashlib.sha256(raw.encode()).hexdigest()
@@ -128,6 +92,7 @@ def compile_numbers(
     depth: str = "cubin",
     on_start: Callable[[subprocess.Popen], None] | None = None,
     jobs_env: dict[str, str] | None = None,
+    adapter=None,
 ) -> list[dict]:
     """Compile each config's kernels for ``sm_<cc>`` in the compile process: ``{shared, registers, stack}``
     or ``{error}`` per config (``depth="shared"``: registers and stack None, see the module docstring).
@@ -138,7 +103,9 @@ def compile_numbers(
     ``jobs_env`` adds environment variables (``TUNER_COMPILE_JOBS``: how many cores it uses).
     """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | (jobs_env or {})
-    jobs = [{"config": c.as_dict(), "workload": asdict(workload), "cc": cc, "depth": depth} for c in configs]
+    adapter = adapter or default_adapter()
+    wl, kernel = adapter.workload_dict(workload), adapter.spec
+    jobs = [{"config": c.as_dict(), "workload": wl, "cc": cc, "depth": depth, "kernel": kernel} for c in configs]
     if on_progress is not None:
         on_progress(0, len(jobs))
     proc = subprocess.Popen(
@@ -179,13 +146,14 @@ def compile_numbers(
     return json.loads(out[0])
 
 
-def warm(configs: list[KernelConfig], workload: Workload, cc: int, **kw) -> list[str]:
+def warm(configs: list[KernelConfig], workload: Workload, cc: int, adapter=None, **kw) -> list[str]:
     """Compile ``configs`` for the GPU's own arch before a search (fills Triton's on-disk cache, which
     the measurement process then hits); returns the compile errors, which the trials will meet again."""
-    unique = list({c.compile_key(): c for c in configs}.values())
+    adapter = adapter or default_adapter()
+    unique = list({json.dumps(adapter.compile_identity(c, workload)): c for c in configs}.values())
     return [
         f"{c}: {n['error']}"
-        for c, n in zip(unique, compile_numbers(unique, workload, cc, **kw), strict=True)
+        for c, n in zip(unique, compile_numbers(unique, workload, cc, adapter=adapter, **kw), strict=True)
         if "error" in n
     ]
 
@@ -196,7 +164,7 @@ class BackgroundWarm:
     as this fills it. It leaves ``spare`` cores to the measurement process and the model's worker.
     ``wait()`` returns the seconds it took; ``close()`` stops it (its compiles are not needed any more)."""
 
-    def __init__(self, configs: list[KernelConfig], workload: Workload, cc: int, spare: int = 2) -> None:
+    def __init__(self, configs: list[KernelConfig], workload: Workload, cc: int, spare: int = 2, adapter=None) -> None:
         from sparse_mla_tuner.tuner.compile_process import usable_cores
 
         self.proc: subprocess.Popen | None = None
@@ -208,7 +176,9 @@ class BackgroundWarm:
 
         def run() -> None:
             try:
-                self.errors = warm(configs, workload, cc, on_start=self._started, jobs_env={"TUNER_COMPILE_JOBS": jobs})
+                self.errors = warm(
+                    configs, workload, cc, adapter, on_start=self._started, jobs_env={"TUNER_COMPILE_JOBS": jobs}
+                )
             except Exception as e:  # noqa: BLE001 - the trials compile (and fail) on their own
                 self.errors = [f"background compile: {e}"]
             self.seconds = time.monotonic() - t0
@@ -232,9 +202,15 @@ class BackgroundWarm:
 
 
 def _verdict(
-    numbers: dict, config: KernelConfig, workload: Workload, target: str, limit: int, max_spill_bytes: int | None
+    numbers: dict,
+    config: KernelConfig,
+    workload: Workload,
+    target: str,
+    limit: int,
+    max_spill_bytes: int | None,
+    adapter=None,
 ) -> Feasibility:
-    est = estimate_shared(config, workload)
+    est = (adapter or default_adapter()).estimate_shared(config, workload)
     if "error" in numbers:
         return Feasibility(False, 0, limit, 0, 0, est, f"does not compile for {target}: {numbers['error']}")
     shared, regs, spill = numbers["shared"], numbers.get("registers"), numbers.get("stack")
@@ -271,6 +247,7 @@ def check_many(
     store=None,
     on_progress: Callable[[int, int], None] | None = None,
     registers: bool = True,
+    adapter=None,
 ) -> list[Feasibility]:
     """Verdicts for many configs of one workload; uncached ones compile in one compile process.
 
@@ -279,14 +256,16 @@ def check_many(
     :func:`compile_numbers`); it is not called when everything is cached. ``registers=False`` (allowed
     only without ``max_spill_bytes``: spills would decide) stops each compile after shared-memory
     allocation; the verdicts' registers and spill bytes are then None unless full numbers are cached.
+    ``adapter``: the kernel's (default: the built-in one).
     """
+    adapter = adapter or default_adapter()
     cc = target_cc(target)
     limit = TARGETS[target]
     if enforce_device and (dev := device_limit()) is not None:
         limit = min(limit, dev)
     depth = "cubin" if registers or max_spill_bytes is not None else "shared"
-    full = [cache_key(c, workload, target) for c in configs]
-    keys = full if depth == "cubin" else [cache_key(c, workload, target, depth) for c in configs]
+    full = [cache_key(c, workload, target, adapter=adapter) for c in configs]
+    keys = full if depth == "cubin" else [cache_key(c, workload, target, depth, adapter) for c in configs]
     known: dict[str, dict] = {}
     if store is not None:
         with store.session() as s:
@@ -295,13 +274,16 @@ def check_many(
         known.update({k: known[f] for f, k in zip(full, keys, strict=True) if f in known})
     todo = list({k: i for i, k in enumerate(keys) if k not in known}.values())  # one compile per key
     if todo:
-        numbers = compile_numbers([configs[i] for i in todo], workload, cc, on_progress, depth)
+        numbers = compile_numbers([configs[i] for i in todo], workload, cc, on_progress, depth, adapter=adapter)
         fresh = dict(zip([keys[i] for i in todo], numbers, strict=True))
         if store is not None:
             with store.session() as s:
                 queries.feasibility_put(s, fresh)
         known.update(fresh)
-    return [_verdict(known[k], c, workload, target, limit, max_spill_bytes) for k, c in zip(keys, configs, strict=True)]
+    return [
+        _verdict(known[k], c, workload, target, limit, max_spill_bytes, adapter)
+        for k, c in zip(keys, configs, strict=True)
+    ]
 
 
 def check(config: KernelConfig, workload: Workload, target: str = "sm_120", **kw) -> Feasibility:

@@ -31,9 +31,15 @@ class MeasurementProcess:
     ``timeout`` reply when the child died or hung (it is restarted at the next request)."""
 
     def __init__(
-        self, backend: str, env: dict | None = None, start_timeout_s: float = 300.0, gpu_index: int = 0
+        self,
+        backend: str,
+        env: dict | None = None,
+        start_timeout_s: float = 300.0,
+        gpu_index: int = 0,
+        kernel: str | None = None,
     ) -> None:
         self.backend = backend
+        self.kernel = kernel  # the adapter the process imports before it answers (default: the built-in one)
         self.gpu_index = gpu_index  # recorded with every sample (CPU workers are numbered the same way)
         self.extra_env = env or {}
         self.start_timeout_s = start_timeout_s
@@ -43,6 +49,8 @@ class MeasurementProcess:
 
     def start(self) -> dict:
         env = {**os.environ, **self.extra_env, "TUNER_BACKEND": self.backend, "PYTHONUNBUFFERED": "1"}
+        if self.kernel:
+            env["TUNER_KERNEL"] = self.kernel
         if self.backend != "interpreter":
             env.pop("TRITON_INTERPRET", None)
         self._stderr = tempfile.TemporaryFile()

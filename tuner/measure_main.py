@@ -8,6 +8,9 @@ so that importing torch, building inputs and compiling do not dominate. Protocol
 
 Backends: ``cuda`` (CUDA graphs, event timing, cold L2 by rotating request sets) and
 ``interpreter`` (``TRITON_INTERPRET=1``, wall-clock timing of one call; not GPU timings).
+
+Each request names its kernel's adapter (:attr:`tuner.adapter.KernelAdapter.spec`); the process makes it once
+and runs the request through it: its input sets, prepared launches, gate and launch size.
 """
 
 from __future__ import annotations
@@ -26,15 +29,10 @@ if BACKEND == "interpreter":
 
 import torch  # noqa: E402
 
-import sparse_mla_tuner.kernels.decode as decode  # noqa: E402
 from sparse_mla_tuner.db.verdicts import Verdict  # noqa: E402
 from sparse_mla_tuner.kernels import timing  # noqa: E402
-from sparse_mla_tuner.kernels.config import KernelConfig  # noqa: E402
-from sparse_mla_tuner.kernels.config import split_grid  # noqa: E402
-from sparse_mla_tuner.kernels.reference import compare  # noqa: E402
-from sparse_mla_tuner.kernels.reference import sparse_mla_decode_ref  # noqa: E402
-from sparse_mla_tuner.kernels.workload import Workload  # noqa: E402
-from sparse_mla_tuner.kernels.workload import make_batch  # noqa: E402
+from sparse_mla_tuner.tuner.adapter import DEFAULT  # noqa: E402
+from sparse_mla_tuner.tuner.adapter import adapter_named  # noqa: E402
 from sparse_mla_tuner.tuner.protocol import WARNING_AS_ERROR  # noqa: E402
 from sparse_mla_tuner.tuner.protocol import CalibrateRequest  # noqa: E402
 from sparse_mla_tuner.tuner.protocol import Exit  # noqa: E402
@@ -45,7 +43,6 @@ from sparse_mla_tuner.tuner.protocol import decode as decode_message  # noqa: E4
 from sparse_mla_tuner.tuner.protocol import encode  # noqa: E402
 
 SAMPLE_MS = 2.0  # GPU: replays per sample are chosen so that one sample lasts at least this long
-MAX_POOL_REQUESTS = 512
 PREPARED_CONFIGS = 3  # configs whose prepared calls are kept (the candidate, the baseline, one more)
 
 
@@ -109,18 +106,12 @@ def _driver() -> str:
 
 
 class Inputs:
-    """Request sets for one (workload, batch): ``sets`` disjoint slices of one shared cache."""
+    """The input sets of one (adapter, workload, batch) a timing rotates through
+    (:meth:`~tuner.adapter.KernelAdapter.measure_inputs`: on a GPU enough of them for a cold L2)."""
 
-    def __init__(self, wl: Workload, batch: int, l2_bytes: int, device: str, seed: int = 12345) -> None:
-        per_request = wl.kv_bytes_per_request()
-        if device == "cuda":
-            want = max(2 * batch, -(-4 * l2_bytes // per_request))  # touched rows >= 4x L2, >= 2 sets
-            pool = min(max(want, batch), max(MAX_POOL_REQUESTS, batch))
-        else:
-            pool = batch
-        self.sets = max(1, pool // batch)
-        self.batch = make_batch(wl, self.sets * batch, device=device, seed=seed)
-        self.parts = [self.batch.rows(i * batch, (i + 1) * batch) for i in range(self.sets)]  # the whole call
+    def __init__(self, adapter, wl, batch: int, l2_bytes: int, device: str, seed: int = 12345) -> None:
+        self.parts = adapter.measure_inputs(wl, batch, device, l2_bytes, seed)
+        self.sets = len(self.parts)
 
 
 class Runner:
@@ -131,57 +122,40 @@ class Runner:
         self.warmed: set = set()
         self.prepared: dict = {}  # (config, id(inputs)) -> its prepared calls, see _calls
 
-    def _inputs(self, wl: Workload, batch: int, seed: int = 12345) -> Inputs:
+    def _inputs(self, adapter, wl, batch: int, seed: int = 12345) -> Inputs:
         """The input pool of (workload, batch); ``seed`` builds an independent one (the A/A)."""
-        key = (wl, batch, seed)
+        key = (adapter.spec, wl, batch, seed)
         if key not in self.inputs:
-            if not any(k[:2] == (wl, batch) for k in self.inputs):
+            if not any(k[:3] == key[:3] for k in self.inputs):
                 self.inputs.clear()
                 self.prepared.clear()
                 if self.device == "cuda":
                     torch.cuda.empty_cache()
-            self.inputs[key] = Inputs(wl, batch, self.env["l2_bytes"], self.device, seed)
+            self.inputs[key] = Inputs(adapter, wl, batch, self.env["l2_bytes"], self.device, seed)
         return self.inputs[key]
 
-    def gate(self, wl: Workload, batch: int, cfg: KernelConfig, seed: int) -> dict:
-        """Fresh random inputs (invalid indices, topk_length), NaN-poisoned outputs, vs the reference."""
-        # no topk_length here: the timed call runs without it, and one compiled variant serves both
-        # (the test suite covers topk_length on every format)
-        bt = make_batch(wl, batch, device=self.device, seed=seed, invalid_fraction=0.05)
-        decode.POISON_OUTPUTS = True
-        try:
-            out, lse = decode.sparse_mla_decode(*bt.args(), **bt.kwargs(), config=cfg)
-        finally:
-            decode.POISON_OUTPUTS = False
-        ok, rel, lse_err, reason = compare(out, lse, *sparse_mla_decode_ref(*bt.args(), **bt.kwargs()))
-        return {"ok": ok, "out_rel_err": rel, "lse_abs_err": lse_err, "reason": reason}
-
-    def _calls(self, inp: Inputs, cfg: KernelConfig) -> tuple[list, bool]:
-        """``cfg``'s prepared call on each request set of ``inp`` (one output and workspace for all of
-        them), and whether they are new (not yet run). Kept for the last few configs: a round captures
-        the candidate and the baseline afresh, and planning 512 calls each time would cost more than
-        the GPU time measured at a small batch."""
+    def _calls(self, adapter, inp: Inputs, cfg) -> tuple[list, bool]:
+        """``cfg``'s prepared call on each request set of ``inp`` (:meth:`~tuner.adapter.KernelAdapter.prepare`),
+        and whether they are new (not yet run). Kept for the last few configs: a round captures the candidate
+        and the baseline afresh, and planning 512 calls each time would cost more than the GPU time measured at
+        a small batch."""
         key = (cfg, id(inp))
         calls = self.prepared.pop(key, None)
         fresh = calls is None
         if fresh:
-            first = decode.prepare_decode(*inp.parts[0].args(), **inp.parts[0].kwargs(), config=cfg)
-            calls = [first] + [
-                decode.prepare_decode(*p.args(), **p.kwargs(), config=cfg, buffers=first) for p in inp.parts[1:]
-            ]
+            calls = adapter.prepare(cfg, inp.parts)
         self.prepared[key] = calls  # most recently used last
         while len(self.prepared) > PREPARED_CONFIGS:
             del self.prepared[next(iter(self.prepared))]
         return calls, fresh
 
-    def _capture(self, inp: Inputs, wl: Workload, cfg: KernelConfig):
+    def _capture(self, adapter, inp: Inputs, wl, cfg):
         """A fresh capture of ``cfg`` on ``inp``: a function returning one sample (µs per call, calls)."""
 
         if self.device != "cuda":
 
             def step(i):
-                part = inp.parts[i]
-                return decode.sparse_mla_decode(*part.args(), **part.kwargs(), config=cfg)
+                return adapter.launch(cfg, inp.parts[i])
 
             def wall() -> tuple[float, int]:
                 t0 = time.perf_counter()
@@ -193,7 +167,7 @@ class Runner:
                 step(0)
                 self.warmed.add(key)
             return wall
-        calls, fresh = self._calls(inp, cfg)
+        calls, fresh = self._calls(adapter, inp, cfg)
         # the warm-up pass (compile, first touch) runs once per config and inputs, not before every capture
         graph = timing.capture(lambda i: calls[i](), inp.sets, warm=fresh)
         return timing.sampler(graph, inp.sets, SAMPLE_MS)
@@ -214,42 +188,37 @@ class Runner:
         return samples, reps
 
     def measure(self, req: MeasureRequest) -> MeasureReply:
+        adapter = adapter_named(req.kernel)
         wl, batch, cand, base = req.workload, req.batch, req.candidate, req.baseline
         _inject_fault(cand)
-        num_splits = splits_of(cand, wl, batch)
+        num_splits = adapter.launch_size(cand, wl, batch)
         errs = {}
         if req.check:
-            g = self.gate(wl, batch, cand, req.seed)
-            errs = {"out_rel_err": g["out_rel_err"], "lse_abs_err": g["lse_abs_err"]}
-            if not g["ok"]:
-                return MeasureReply(Verdict.WRONG, g["reason"], num_splits=num_splits, **errs)
-        inp = self._inputs(wl, batch)
+            why, errs = adapter.gate(cand, wl, batch, self.device, req.seed)
+            if why:
+                return MeasureReply(Verdict.WRONG, why, num_splits=num_splits, **errs)
+        inp = self._inputs(adapter, wl, batch)
         samples, reps = self._pairs(
-            lambda: self._capture(inp, wl, cand), lambda: self._capture(inp, wl, base), req.rounds
+            lambda: self._capture(adapter, inp, wl, cand), lambda: self._capture(adapter, inp, wl, base), req.rounds
         )
         return MeasureReply(Verdict.OK, "", samples, reps, num_splits, **errs)
 
     def calibrate(self, req: CalibrateRequest) -> MeasureReply:
         """A/A: ``pairs`` independent captures of one config on two independently built input pools."""
+        adapter = adapter_named(req.kernel)
         wl, batch, cfg = req.workload, req.batch, req.config
-        pools = [self._inputs(wl, batch, seed) for seed in (12345, 54321)]
+        pools = [self._inputs(adapter, wl, batch, seed) for seed in (12345, 54321)]
         for inp in pools:  # warm-up: compile, allocate, settle clocks
-            self._capture(inp, wl, cfg)()
+            self._capture(adapter, inp, wl, cfg)()
         samples, reps = self._pairs(
-            lambda: self._capture(pools[0], wl, cfg), lambda: self._capture(pools[1], wl, cfg), req.pairs
+            lambda: self._capture(adapter, pools[0], wl, cfg),
+            lambda: self._capture(adapter, pools[1], wl, cfg),
+            req.pairs,
         )
-        return MeasureReply(Verdict.OK, "", samples, reps, splits_of(cfg, wl, batch))
+        return MeasureReply(Verdict.OK, "", samples, reps, adapter.launch_size(cfg, wl, batch))
 
 
-def splits_of(cfg: KernelConfig, wl: Workload, batch: int) -> int:
-    """The partials per row of the call's one split launch (both caches of a whole call), as recorded with a
-    trial: the grid's rows are ``batch`` requests times ``wl.q_tokens`` query tokens (as
-    ``tuner.study.launch_key`` counts them)."""
-    extra_topk = wl.extra.topk if wl.extra is not None else 0
-    return split_grid(cfg, batch * wl.q_tokens, wl.heads, wl.topk, extra_topk).slots
-
-
-def _inject_fault(cfg: KernelConfig) -> None:
+def _inject_fault(cfg) -> None:
     """Test hook: TUNER_FAULT=crash@T32-w4-s1-c4 (or hang@..., oor@...) makes this config crash, hang or
     fail its launch with OutOfResources."""
     fault = os.environ.get("TUNER_FAULT", "")
@@ -284,6 +253,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # so too a SIGTERM to the group (the parent kills with SIGKILL)
     proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # stray prints must not corrupt the protocol
+    adapter_named(os.environ.get("TUNER_KERNEL") or DEFAULT)  # imported before the first request's clock starts
     runner = Runner()
     proto.write(encode(Hello(runner.env)) + "\n")
     for line in sys.stdin:

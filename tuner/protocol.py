@@ -1,7 +1,9 @@
 """Typed messages between the search and a measurement process (one JSON object per line).
 
 The parent sends :class:`MeasureRequest`, :class:`CalibrateRequest` or :class:`Exit`; the child
-answers :class:`Hello` once at start and one :class:`MeasureReply` per request.
+answers :class:`Hello` once at start and one :class:`MeasureReply` per request. A request names its kernel's
+adapter (``kernel``: :attr:`tuner.adapter.KernelAdapter.spec`), whose config type and workload dict
+(:meth:`~tuner.adapter.KernelAdapter.workload_dict`) carry its config and workload on the line.
 """
 
 from __future__ import annotations
@@ -10,10 +12,13 @@ import json
 from dataclasses import asdict
 from dataclasses import dataclass
 from dataclasses import field
+from dataclasses import fields
 
 from sparse_mla_tuner.db.verdicts import Verdict
-from sparse_mla_tuner.tuner.adapters.sparse_mla import KernelConfig
-from sparse_mla_tuner.tuner.adapters.sparse_mla import Workload
+from sparse_mla_tuner.tuner.adapter import DEFAULT
+from sparse_mla_tuner.tuner.adapter import adapter_named
+
+KernelConfig = Workload = object  # annotations: the adapter's config and workload types
 
 # a reply's reason starts so when the config raised no error of its own, but Python's warnings filter
 # (PYTHONWARNINGS=error..., -W error) turned a warning into one: the environment's failure, not the config's
@@ -31,6 +36,7 @@ class MeasureRequest:
     rounds: int
     seed: int = 0
     check: bool = True
+    kernel: str = DEFAULT  # the adapter (tuner.adapter.KernelAdapter.spec)
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,7 @@ class CalibrateRequest:
     config: KernelConfig
     pairs: int
     seed: int = 0  # the replay backend's draws; a GPU measures afresh whatever it is
+    kernel: str = DEFAULT  # the adapter (tuner.adapter.KernelAdapter.spec)
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,14 @@ _TYPES = {cls.__name__: cls for cls in (MeasureRequest, CalibrateRequest, Exit, 
 
 
 def encode(msg) -> str:
+    if isinstance(msg, (MeasureRequest, CalibrateRequest)):  # the adapter's config and workload, as it says
+        adapter = adapter_named(msg.kernel)
+        d = {f.name: getattr(msg, f.name) for f in fields(msg)}
+        d["workload"] = adapter.workload_dict(msg.workload)
+        for k in ("candidate", "baseline", "config"):
+            if k in d:
+                d[k] = d[k].as_dict()
+        return json.dumps({"type": type(msg).__name__, **d})
     return json.dumps({"type": type(msg).__name__, **asdict(msg)})
 
 
@@ -81,14 +96,12 @@ def decode(line: str):
         cls = _TYPES[d.pop("type")]
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"not a protocol message: {line[:200]!r}") from e
-    if cls is MeasureRequest:
-        d.update(
-            workload=Workload(**d["workload"]),
-            candidate=KernelConfig.from_dict(d["candidate"]),
-            baseline=KernelConfig.from_dict(d["baseline"]),
-        )
-    elif cls is CalibrateRequest:
-        d.update(workload=Workload(**d["workload"]), config=KernelConfig.from_dict(d["config"]))
+    if cls in (MeasureRequest, CalibrateRequest):
+        adapter = adapter_named(d.get("kernel", DEFAULT))
+        d["workload"] = adapter.workload_from_dict(d["workload"])
+        for k in ("candidate", "baseline", "config"):
+            if k in d:
+                d[k] = adapter.config_type.from_dict(d[k])
     elif cls is MeasureReply:
         d.update(verdict=Verdict(d["verdict"]), samples=[tuple(s) for s in d["samples"]])
     return cls(**d)

@@ -22,6 +22,7 @@ from sparse_mla_tuner.db.errors import DatabaseError
 from sparse_mla_tuner.db.errors import DatabaseGoneError
 from sparse_mla_tuner.db.models import StudyModel
 from sparse_mla_tuner.db.models import TrialModel
+from sparse_mla_tuner.db.models import config_fields
 from sparse_mla_tuner.db.models import get_or_create
 from sparse_mla_tuner.db.verdicts import Effect
 from sparse_mla_tuner.db.verdicts import Phase
@@ -73,9 +74,11 @@ class StudyRecorder:
         plan, base = self.plan, self.name
         with self.store.session() as s:
             env = queries.ensure_environment(s, self.info)
-            kernel = queries.ensure_kernel(s, self.kernel_hash)
-            wrow = queries.ensure_workload(s, **plan.spec.fields())
-            srow = queries.ensure_space(s, plan.space.name, plan.space.text_hash, plan.space.text, plan.space.path)
+            adapter = plan.space.adapter.spec
+            kernel = queries.ensure_kernel(s, self.kernel_hash, adapter)
+            wrow = queries.ensure_workload(s, adapter, **plan.spec.fields())
+            space = plan.space
+            srow = queries.ensure_space(s, space.name, space.text_hash, space.text, space.path, adapter)
             if self.opts.remeasure:
                 n_old = s.query(StudyModel).filter(StudyModel.name.like(base + "%")).count()
                 self.name = f"{base}#r{n_old + 1}" if n_old else base
@@ -92,7 +95,7 @@ class StudyRecorder:
             )
             row = row or s.query(StudyModel).filter_by(name=self.name).one()  # another process made it meanwhile
             if row.space_id != srow.id or row.workload_id != wrow.id:  # the space file changed: go on unless it may not
-                old_wl = {c.name: getattr(row.workload, c.name) for c in row.workload.__table__.columns}
+                old_wl = row.workload.description()
                 problem = plan.space.resume_problem(row.space.text, self.name, old_wl, plan.spec)
                 if problem:
                     raise SpaceError(problem)
@@ -206,7 +209,7 @@ class StudyRecorder:
             concurrency=self.plan.concurrency,
             backend=self.opts.backend,
             config_key=str(cfg),
-            **cfg.as_dict(),
+            **config_fields(self.plan.space.adapter.spec, cfg.as_dict()),
             num_splits=reply.num_splits,
             launch_key=key,
             duplicate_of=original,
@@ -281,7 +284,12 @@ class StudyRecorder:
                 if t.verdict == Verdict.OK and t.statistic(Phase.SCREEN)
             ]
             ok.sort(key=lambda t: t.statistic(Phase.SCREEN).ratio)  # the estimator that ranks and judges
-            todo = [(t.id, t.config(), t.statistic(Phase.SCREEN)) for t in ok[:k] if not t.statistic(Phase.FINALIST)]
+            config_type = self.plan.space.adapter.config_type
+            todo = [
+                (t.id, config_type.from_dict(t.param_values()), t.statistic(Phase.SCREEN))
+                for t in ok[:k]
+                if not t.statistic(Phase.FINALIST)
+            ]
             known = record.noise_band(s, self.study_id, proc.info["host"], proc.gpu_index)
             band = known[0] if known else (s.get(StudyModel, self.study_id).noise_band or 0.0)
         return todo, band
@@ -340,7 +348,15 @@ class NoiseRecords:
         r, plan = self.records, self.records.plan
         with r.store.session() as s:
             calibrate.store_calibration(
-                s, c, proc.info, plan.spec, plan.concurrency, r.opts.backend, plan.space.baseline, r.kernel_hash
+                s,
+                c,
+                proc.info,
+                plan.spec,
+                plan.concurrency,
+                r.opts.backend,
+                plan.space.baseline,
+                r.kernel_hash,
+                plan.space.adapter,
             )
 
     def band(self, proc, band: float, spread: float, min_effect: float, multimodal: bool, samples) -> None:

@@ -161,7 +161,7 @@ def run_search(space: SearchSpace, store, opts: Options, strategy: strategies.St
     if unknown:
         raise TunerError(f"--concurrency {unknown} not in {space.path}'s concurrency list {space.concurrency}")
     source, storage = _source_and_storage(opts, store)
-    processes = start_processes(opts, source)
+    processes = start_processes(opts, source, space.adapter.spec)
     if opts.backend == "interpreter":
         click.echo(
             "no CUDA GPU: using the interpreter backend (kernel under TRITON_INTERPRET=1, wall-clock "
@@ -182,7 +182,9 @@ def run_search(space: SearchSpace, store, opts: Options, strategy: strategies.St
                 level_strategy = strategy if strategy is not None else make_strategy(space, opts)
                 if opts.backend == "cuda":  # the first level measures meanwhile (see BackgroundWarm)
                     cc = int(processes[0].info["compute_capability"].replace(".", ""))
-                    background.append((spec.name, len(feasible), BackgroundWarm(feasible, wl, cc)))
+                    background.append(
+                        (spec.name, len(feasible), BackgroundWarm(feasible, wl, cc, adapter=space.adapter))
+                    )
                     progress.message(f"{spec.name}: compiling {len(feasible)} feasible configs in the background")
                 compile_s = time.perf_counter() - t0  # counted in this workload's first level's row
                 shares: list[float] = []  # the share of launches each finished level measured (the ETA's guess)
@@ -262,13 +264,14 @@ def _feasibility(space: SearchSpace, name: str, wl, levels, source, store, opts:
                 store=store,
                 on_progress=task,
                 registers=space.max_spill_bytes is not None,
+                adapter=space.adapter,
             )
     return dict(zip(configs, checked, strict=True))
 
 
-def start_processes(opts: Options, source=None) -> list:
+def start_processes(opts: Options, source=None, kernel: str | None = None) -> list:
     """One measurement process per GPU (pinned with CUDA_VISIBLE_DEVICES), N interpreter processes, or
-    the replay backend's stand-in."""
+    the replay backend's stand-in; ``kernel``: the adapter they measure (:attr:`KernelAdapter.spec`)."""
     n = opts.workers
     if source is not None:
         from sparse_mla_tuner.tuner.replay import ReplayProcess
@@ -282,10 +285,11 @@ def start_processes(opts: Options, source=None) -> list:
         if n > visible:
             raise TunerError(f"--workers {n} needs {n} GPUs; {visible} are visible")
         processes = [
-            MeasurementProcess("cuda", {"CUDA_VISIBLE_DEVICES": _visible_device(i)}, gpu_index=i) for i in range(n)
+            MeasurementProcess("cuda", {"CUDA_VISIBLE_DEVICES": _visible_device(i)}, gpu_index=i, kernel=kernel)
+            for i in range(n)
         ]
     else:
-        processes = [MeasurementProcess("interpreter", gpu_index=i) for i in range(n or 1)]
+        processes = [MeasurementProcess("interpreter", gpu_index=i, kernel=kernel) for i in range(n or 1)]
     for p in processes:
         p.start()
     return processes

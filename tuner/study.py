@@ -102,7 +102,8 @@ class StudyPlan:
         return self._representatives
 
     def request(self, cfg: KernelConfig, seed: int, rounds: int, check: bool) -> MeasureRequest:
-        return MeasureRequest(self.workload, self.concurrency, cfg, self.space.baseline, rounds, seed, check)
+        adapter = self.space.adapter.spec
+        return MeasureRequest(self.workload, self.concurrency, cfg, self.space.baseline, rounds, seed, check, adapter)
 
 
 @dataclass

@@ -8,6 +8,7 @@ option); a workload is a row length and a dtype, and a level's concurrency is th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -18,6 +19,9 @@ from examples.row_softmax.kernel import row_softmax_ref
 from sparse_mla_tuner.tuner.adapter import CompileSpec
 from sparse_mla_tuner.tuner.adapter import KernelAdapter
 from sparse_mla_tuner.tuner.adapter import Tunable
+from sparse_mla_tuner.tuner.adapter import source_files_hash
+
+HERE = Path(__file__).resolve().parent
 
 DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
 TOLERANCE = {"fp16": 2e-3, "fp32": 1e-5}  # the largest |kernel - reference| of one probability
@@ -127,6 +131,10 @@ class RowSoftmaxAdapter(KernelAdapter):
     def launch_identity(self, config: SoftmaxConfig, workload: Rows, batch: int):
         # one program per row: the grid is the batch; the binary is the clamped block and the warps
         return (block_for(config.BLOCK_N, workload.cols), config.num_warps)
+
+    def source_hash(self) -> str:
+        """The kernel and this adapter: a change to either makes its results another kernel's."""
+        return source_files_hash(HERE / "kernel.py", HERE / "adapter.py")
 
     def bytes_moved(self, workload: Rows, batch: int) -> int:
         return 2 * batch * workload.cols * DTYPES[workload.dtype].itemsize  # read once, written once

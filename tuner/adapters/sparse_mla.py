@@ -58,6 +58,7 @@ __all__ = [
     "Workload",
     "WorkloadSpec",
     "block_h_for",
+    "estimate_shared",
     "device_slug",
     "get_format",
     "kernel_source_hash",
@@ -74,6 +75,8 @@ WORKLOAD_KEYS = ("name", "kv_format", "heads", "tp", "topk", "page_size", "conte
 EXTRA_KEYS = ("kv_format", "topk", "page_size", "context")  # the second cache of a whole V4 call
 MAX_Q_TOKENS = 16
 MODES = ("PREFETCH",)  # parameters whose values are modes, not a scale: any value is one step from any other
+MAX_POOL_REQUESTS = 512  # the most requests of one timing's input sets (cold L2 on a GPU)
+INVALID_FRACTION = 0.05  # the gate's share of invalid indices
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,41 @@ def _call(path, key, w, kv_format) -> dict:
     return out
 
 
+def estimate_shared(config: KernelConfig, workload: Workload) -> int:
+    """Shared bytes of the split kernel from the tiles it stages; explains the compiled number.
+
+    Fitted term by term to Triton 3.6's allocation for this kernel (sm_90/sm_120 cubins; the worst
+    error over the default space is asserted in tests/test_feasibility.py):
+
+    - ``q`` staged as an mma operand: ``BLOCK_H x D_qk`` bf16;
+    - the key tile's layout change before the dots: fp8_model1 reshapes the fp32
+      ``[BLOCK_T, 8, 64]`` tile (4 B per element, ``2048 * BLOCK_T``), fp8_v32 the byte tile
+      (``512 * BLOCK_T``);
+    - ``num_stages >= 2``: one more copy of the gathered bytes in flight (Triton 3.6 gives the
+      dependent gather a pipeline distance of 1 whatever ``num_stages`` > 2 says, so stages 3 and 4
+      cost next to nothing more): 512 e4m3 + 128 rope + 4 index bytes per token (fp8_model1), the
+      rope, scales and index only (180 B, fp8_v32: the e4m3 bytes land in the byte tile above);
+    - ``PREFETCH=1`` (or 3) instead: the pipeliner leaves the loop alone, and the dequantized fp16 key tile
+      is what changes layout: ``1024 * BLOCK_T`` plus the scales as fp32 (32 B per token,
+      fp8_model1) or the fp16 rope part (128 B per token, fp8_v32), whatever ``num_stages`` says;
+    - ``PREFETCH=2`` (the indices only, in registers) stages what ``PREFETCH=0`` stages;
+    - the epilogue converts the ``[BLOCK_H, 512]`` output through the same memory after the loop, in
+      bf16 since kernel v3 (both the final output and the partials are bf16), so the kernel needs the
+      larger of loop and epilogue.
+    """
+    fmt = get_format(workload.kv_format)
+    T, block_h = config.BLOCK_T, block_h_for(workload.heads)
+    q_tile = block_h * fmt.d_qk * 2
+    if config.PREFETCH in (1, 3):
+        loop = q_tile + T * (1024 + (32 if fmt.name == "fp8_model1" else 128))
+    elif fmt.name == "fp8_model1":
+        loop = q_tile + T * 512 * 4 + (T * (512 + 128 + 4) if config.num_stages >= 2 else 0)
+    else:
+        loop = q_tile + T * 512 + (T * 180 if config.num_stages >= 2 else 0)
+    epilogue = block_h * 512 * 2
+    return max(loop, epilogue)
+
+
 class SparseMlaAdapter(KernelAdapter):
     """The sparse-MLA decode call: one split launch over the caches, then one combine (``kernels/decode.py``)."""
 
@@ -157,6 +195,7 @@ class SparseMlaAdapter(KernelAdapter):
     config_type = KernelConfig
     modes = MODES
     family = ("BLOCK_T", "num_warps")  # a tile shape
+    resource_kernels = ("split",)  # the combine kernel's registers never decide
 
     @property
     def params(self) -> tuple[Tunable, ...]:
@@ -224,6 +263,59 @@ class SparseMlaAdapter(KernelAdapter):
 
     def source_hash(self) -> str:
         return kernel_source_hash()
+
+    # --- the measurement and compile processes ----------------------------------------------------------------
+
+    def workload_from_dict(self, d) -> Workload:
+        return Workload(**d)
+
+    def compile_identity(self, config: KernelConfig, workload: Workload) -> list:
+        """The binary's compile key and the shape: TARGET_CTAS only sets the grid, so it is not part of it."""
+        shape = (workload.kv_format, workload.heads, workload.topk, workload.page_size)
+        if workload.call() is not None:  # the whole call compiles more variants (extra cache, sink)
+            shape = (*shape, json.dumps(workload.call(), sort_keys=True))
+        return [config.compile_key(), shape]
+
+    def estimate_shared(self, config: KernelConfig, workload: Workload) -> int:
+        return estimate_shared(config, workload)
+
+    def measure_inputs(self, workload: Workload, batch: int, device: str, l2_bytes: int, seed: int) -> list:
+        """Disjoint request sets of one shared cache: on a GPU the touched rows are at least 4x L2 and at least
+        2 sets (at most :data:`MAX_POOL_REQUESTS` requests), on the CPU one set."""
+        if device == "cuda":
+            want = max(2 * batch, -(-4 * l2_bytes // workload.kv_bytes_per_request()))
+            pool = min(max(want, batch), max(MAX_POOL_REQUESTS, batch))
+        else:
+            pool = batch
+        sets = max(1, pool // batch)
+        whole = make_batch(workload, sets * batch, device=device, seed=seed)
+        return [whole.rows(i * batch, (i + 1) * batch) for i in range(sets)]  # the whole call each
+
+    def prepare(self, config: KernelConfig, input_sets: list) -> list:
+        """``decode.prepare_decode`` of each set, planned once (one output and workspace for all of them)."""
+        first = decode.prepare_decode(*input_sets[0].args(), **input_sets[0].kwargs(), config=config)
+        return [first] + [
+            decode.prepare_decode(*p.args(), **p.kwargs(), config=config, buffers=first) for p in input_sets[1:]
+        ]
+
+    def gate(self, config: KernelConfig, workload: Workload, batch: int, device: str, seed: int) -> tuple[str, dict]:
+        """Fresh random inputs (invalid indices, no topk_length), NaN-poisoned outputs, vs the reference."""
+        # no topk_length here: the timed call runs without it, and one compiled variant serves both
+        # (the test suite covers topk_length on every format)
+        bt = make_batch(workload, batch, device=device, seed=seed, invalid_fraction=INVALID_FRACTION)
+        decode.POISON_OUTPUTS = True
+        try:
+            out, lse = decode.sparse_mla_decode(*bt.args(), **bt.kwargs(), config=config)
+        finally:
+            decode.POISON_OUTPUTS = False
+        ok, rel, lse_err, reason = compare(out, lse, *sparse_mla_decode_ref(*bt.args(), **bt.kwargs()))
+        return ("" if ok else reason or "wrong output"), {"out_rel_err": rel, "lse_abs_err": lse_err}
+
+    def launch_size(self, config: KernelConfig, workload: Workload, batch: int) -> int:
+        """The partials per row of the call's one split launch (both caches of a whole call): the grid's rows are
+        ``batch`` requests times ``q_tokens`` query tokens (as :meth:`launch_identity` counts them)."""
+        extra_topk = workload.extra.topk if workload.extra is not None else 0
+        return split_grid(config, batch * workload.q_tokens, workload.heads, workload.topk, extra_topk).slots
 
 
 _TUNABLES = tuple(
