@@ -85,9 +85,14 @@ import json, sys
 from sparse_mla_tuner.kernels.config import KernelConfig
 from sparse_mla_tuner.kernels.decode import compile_spec
 from sparse_mla_tuner.kernels.workload import Workload
-cfg, wl, batch = KernelConfig.parse(sys.argv[1]), Workload(**json.loads(sys.argv[2])), int(sys.argv[3])
-print(json.dumps([{"name": s.name, "signature": s.signature, "constexprs": s.constexprs, "options": s.options}
-                  for s in compile_spec(cfg, wl, 120, batch)]))
+out = {}
+for key, wl, batch in json.loads(sys.argv[1]):
+    cfg, wl = KernelConfig.parse(key), Workload(**wl)
+    out[f"{key} {wl.kv_format} {batch}"] = [
+        {"name": s.name, "signature": s.signature, "constexprs": s.constexprs, "options": s.options}
+        for s in compile_spec(cfg, wl, 120, batch)
+    ]
+print(json.dumps(out))
 """
 
 
@@ -104,18 +109,29 @@ def _compiler_process(program: str, *args: str):
 TYPES = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.uint8: "*u8", torch.int32: "*i32"}
 
 
-@pytest.mark.parametrize(
-    "key, fmt, batch",
-    [
-        ("T16-w4-s2-c256", "fp8_model1", 3),
-        ("T32-w8-s1-c1", "fp8_v32", 2),
-        ("T16-w4-s1-c2", "fp8_model1", 1),
-        ("T16-w4-s1-c2-p1", "fp8_v32", 1),
-        ("T16-w4-s1-c2-p2", "fp8_model1", 2),
-    ],
-)
-def test_compile_spec_matches_what_the_launcher_runs(key, fmt, batch, monkeypatch):
-    wl = Workload(fmt, 16, 64, 64, 128)
+SPEC_CASES = [
+    ("T16-w4-s2-c256", "fp8_model1", 3),
+    ("T32-w8-s1-c1", "fp8_v32", 2),
+    ("T16-w4-s1-c2", "fp8_model1", 1),
+    ("T16-w4-s1-c2-p1", "fp8_v32", 1),
+    ("T16-w4-s1-c2-p2", "fp8_model1", 2),
+]
+
+
+def _spec_workload(fmt):
+    return Workload(fmt, 16, 64, 64, 128)
+
+
+@pytest.fixture(scope="module")
+def compiled_specs():
+    """compile_spec of every case of SPEC_CASES, from one process where Triton compiles (one interpreter start)."""
+    cases = [(key, _spec_workload(fmt).__dict__, batch) for key, fmt, batch in SPEC_CASES]
+    return _compiler_process(SPEC_PROGRAM, json.dumps(cases))
+
+
+@pytest.mark.parametrize("key, fmt, batch", SPEC_CASES)
+def test_compile_spec_matches_what_the_launcher_runs(key, fmt, batch, monkeypatch, compiled_specs):
+    wl = _spec_workload(fmt)
     cfg = KernelConfig.parse(key)
     seen = []
 
@@ -130,7 +146,7 @@ def test_compile_spec_matches_what_the_launcher_runs(key, fmt, batch, monkeypatc
     monkeypatch.setattr(decode, "_combine_kernel", Recorder("combine"))
     bt = make_batch(wl, batch, device="cpu")
     sparse_mla_decode(*bt.args(), kv_format=fmt, config=cfg)
-    specs = _compiler_process(SPEC_PROGRAM, key, json.dumps(wl.__dict__), str(batch))
+    specs = compiled_specs[f"{key} {fmt} {batch}"]
     assert [s["name"] for s in specs] == [name for name, _ in seen]
     for spec, (_, kw) in zip(specs, seen, strict=True):
         # the interpreter's fp32 dots; sm_120's fp8 conversion; programmatic dependent launch (sm_90+)

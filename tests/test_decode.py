@@ -91,8 +91,28 @@ def _batch(fmt, B, H, topk, device, seed=0):
     return bt
 
 
-@pytest.mark.parametrize("fmt, B, H, topk, cfg", CASES)
-@pytest.mark.parametrize("seed", [0, 1], ids=["full", "topk_length"])
+def _seeded(cases):
+    """Each case with the seeds it runs: 0 (every row's full topk) and 1 (a ragged topk_length per row, other data).
+
+    The prefetch and balanced variants at B=3, H=16, topk 100 (a -1 row, splits of several tiles, uneven last
+    splits) run both, as they did. The one-split and split configs run their six shapes once each, the seeds
+    alternating so that B 1 and 3, H 16 and 32 and topk 64 and 100 each get both; the variants' other shapes
+    (B=1, two head blocks) run one seed each, alternating per variant."""
+    out = []
+    for i, case in enumerate(cases):
+        fmt, B, H, topk, cfg = case.values
+        name = case.id.split("-", 4)[-1]
+        if (B, H, topk) == (3, 16, 100) and name not in ("1split", "splits"):
+            seeds = (0, 1)
+        elif name in ("1split", "splits"):
+            seeds = (int((B == 3) ^ (topk == 100) ^ (H == 32)),)
+        else:
+            seeds = (i % 2,)
+        out += [pytest.param(*case.values, seed, id=f"{('full', 'topk_length')[seed]}-{case.id}") for seed in seeds]
+    return out
+
+
+@pytest.mark.parametrize("fmt, B, H, topk, cfg, seed", _seeded(CASES))
 def test_kernel_matches_reference(fmt, B, H, topk, cfg, seed, device, nan_outputs):
     bt = _batch(fmt, B, H, topk, device, seed)
     out, lse = sparse_mla_decode(*bt.args(), **bt.kwargs(), config=cfg)

@@ -56,9 +56,18 @@ def _check(bt, cfg, **overrides):
     return out, lse
 
 
-@pytest.mark.parametrize("cfg_name", list(CONFIGS))
-@pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("fmt", ["fp8_model1", "fp8_v32"])
+@pytest.mark.parametrize(
+    "fmt, variant, cfg_name",
+    [
+        # each variant in both formats and under both configs, each format under both configs (pairwise: the
+        # variants' code paths do not depend on the format and the config together; the sink, the extra cache and
+        # s_q 2 together in both formats under both configs: test_invalid_and_out_of_range_indices_in_either_cache)
+        pytest.param(fmt, variant, cfg_name, id=f"{fmt}-{variant}-{cfg_name}")
+        for i, variant in enumerate(VARIANTS)
+        for j, fmt in enumerate(["fp8_model1", "fp8_v32"])
+        for cfg_name in [list(CONFIGS)[(i + j) % 2]]
+    ],
+)
 def test_new_arguments_match_reference(fmt, variant, cfg_name, device):
     bt = _batch(fmt, 3, device, **VARIANTS[variant])
     out, lse = _check(bt, CONFIGS[cfg_name])
@@ -205,18 +214,46 @@ json.dump({"rows": rows, "sq_same_binaries": [s.key() for s in plain] == [s.key(
 """
 
 
-def _compile_only(script: str) -> dict:
-    """``script``'s JSON output, run in a process without TRITON_INTERPRET (so that @triton.jit compiles)."""
+_COMPILE_RUNNER = """
+import contextlib, io, json, sys, traceback
+out = {}
+for name, script in json.load(sys.stdin).items():
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            exec(compile(script, name, "exec"), {"__name__": "__main__"})
+        out[name] = {"ok": json.loads(buf.getvalue())}
+    except BaseException:
+        out[name] = {"error": traceback.format_exc()}
+json.dump(out, sys.stdout)
+"""
+
+
+@pytest.fixture(scope="module")
+def compile_only():
+    """Each compile-only script's JSON output (below: the variants, the registers, the arches), all run in one
+    process without TRITON_INTERPRET (so that @triton.jit compiles): one interpreter start for the three, each
+    script in its own namespace, its error reported to its own test."""
+    scripts = {"variants": _COMPILE_SCRIPT, "registers": _REGISTERS_SCRIPT, "arch": _ARCH_SCRIPT}
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parents[1]
-    res = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-c", _COMPILE_RUNNER], input=json.dumps(scripts), cwd=root, env=env, capture_output=True,
+        text=True, timeout=600,
+    )  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
-    return json.loads(res.stdout)
+    done = json.loads(res.stdout)
+
+    def get(name: str) -> dict:
+        assert "error" not in done[name], done[name]["error"][-2000:]
+        return done[name]["ok"]
+
+    return get
 
 
-def test_compile_spec_lists_the_new_variants_and_they_compile_for_sm120():
+def test_compile_spec_lists_the_new_variants_and_they_compile_for_sm120(compile_only):
     """compile_spec on meta tensors for a call with an extra cache, a sink and s_q = 2 (compiled, not run)."""
-    got = _compile_only(_COMPILE_SCRIPT)
+    got = compile_only("variants")
     variants = {tuple(r[:4]) for r in got["rows"]}
     # one split launch walks both caches, each with its own page size; with one split per row it writes the
     # output and applies the sink itself, else the combine applies the sink
@@ -255,12 +292,12 @@ json.dump(out, sys.stdout)
 """
 
 
-def test_fp8_model1_dots_in_chunks_keep_the_split_kernel_lean_for_sm120():
+def test_fp8_model1_dots_in_chunks_keep_the_split_kernel_lean_for_sm120(compile_only):
     """fp8_model1's dots over four chunks of 128 dims, not one over 512, so no warp holds the whole q operand.
 
     With one dot, T16-w4-s1-p2's split kernel took 254 registers per thread and T32-w4-s1-p1's 255 with a 64 B
     stack (spills); in chunks they take 168 and 255 without a stack (compiled for sm_120 on Triton 3.6)."""
-    got = _compile_only(_REGISTERS_SCRIPT)
+    got = compile_only("registers")
     regs, stack = got["T16-w4-s1-c512-p2"]
     if triton.__version__.startswith("3.6."):
         assert regs <= 200 and stack == 0, got
@@ -292,10 +329,10 @@ json.dump(out, sys.stdout)
 """
 
 
-def test_every_kernel_variant_compiles_for_sm90_and_sm120():
+def test_every_kernel_variant_compiles_for_sm90_and_sm120(compile_only):
     """The split and combine kernels of both formats (every variant a call can launch) compile for sm_90 and
     sm_120 with the installed Triton (3.6.0 and 3.9.0 in .ci/run), without a GPU."""
-    got = _compile_only(_ARCH_SCRIPT)
+    got = compile_only("arch")
     assert {(r[0], r[1]) for r in got} == {
         (k, cc) for k in ("T32-w4-s1-c512-p1", "T16-w4-s2-c256-b1") for cc in (90, 120)
     }
@@ -336,22 +373,34 @@ def test_both_caches_are_one_split_launch_and_one_combine(target, monkeypatch, d
     assert splits == {1: 1, 2: 2, 3: 3, 6: 6, 64: 6}[target]  # the row's 6 tiles, both caches, dealt together
 
 
-@pytest.mark.parametrize("x_page", [16, 64])
-@pytest.mark.parametrize("q_tokens", [None, 2])
-@pytest.mark.parametrize(
-    "cfg",
-    [
-        "T16-w4-s1-c2",  # 2 splits of 3 tiles: one per cache
-        "T16-w4-s1-c4",  # 3 splits of 2 tiles: the middle one ends the main cache and starts the extra one
-        "T16-w4-s1-c5-p1",
-        "T16-w4-s1-c5-p2",
-        "T16-w4-s1-c5-p3",
-        "T32-w4-s1-c1",  # one split: the sink applied by the split kernel, no combine
-        "T16-w4-s2-c7-b1",  # balanced: runs cross rows and caches
-        "T16-w4-s1-c16-p1-b1",
-    ],
-)
-@pytest.mark.parametrize("fmt", ["fp8_model1", "fp8_v32"])
+ONE_LAUNCH_CONFIGS = [
+    "T16-w4-s1-c2",  # 2 splits of 3 tiles: one per cache
+    "T16-w4-s1-c4",  # 3 splits of 2 tiles: the middle one ends the main cache and starts the extra one
+    "T16-w4-s1-c5-p1",
+    "T16-w4-s1-c5-p2",
+    "T16-w4-s1-c5-p3",
+    "T32-w4-s1-c1",  # one split: the sink applied by the split kernel, no combine
+    "T16-w4-s2-c7-b1",  # balanced: runs cross rows and caches
+    "T16-w4-s1-c16-p1-b1",
+]
+
+
+def _one_launch_cases():
+    """Every config with both formats and s_q 1 and 2, fp8_model1's extra cache on both page layouts.
+
+    fp8_model1 walks two page layouts in one loop (x_page 16) or one (x_page 64): every config on both layouts,
+    s_q 1 on one and 2 on the other (so each config and each layout sees both s_q). fp8_v32 addresses its rows by
+    token, not by page: the extra cache's page size never enters its loop (x_page 16 ran the same code as 64), so
+    its configs run on one layout, each with both s_q."""
+    for i, cfg in enumerate(ONE_LAUNCH_CONFIGS):
+        for x_page in (16, 64):
+            q_tokens = 2 if (i + (x_page == 64)) % 2 else None
+            yield pytest.param("fp8_model1", cfg, q_tokens, x_page, id=f"fp8_model1-{cfg}-{q_tokens}-{x_page}")
+        for q_tokens in (None, 2):
+            yield pytest.param("fp8_v32", cfg, q_tokens, 64, id=f"fp8_v32-{cfg}-{q_tokens}-64")
+
+
+@pytest.mark.parametrize("fmt, cfg, q_tokens, x_page", list(_one_launch_cases()))
 def test_one_launch_matches_the_reference(fmt, cfg, q_tokens, x_page, device):
     """Splits that straddle the two caches, ragged topk_length on each cache, -1 rows, the sink, s_q 1 and 2."""
     kw = {"q_tokens": q_tokens, "with_sink": True, "with_topk_length": True}

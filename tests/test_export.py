@@ -107,11 +107,21 @@ def _digest(path) -> str:
     return h.hexdigest()
 
 
-def test_engine_export_is_what_an_engine_loader_and_the_kernel_read(h200, tmp_path):
-    out = tmp_path / "configs"
+@pytest.fixture(scope="module")
+def engine_tables(h200, tmp_path_factory):
+    """``tuner export`` of the H200 results as engine tables, once for the tests that read them: the folder, and
+    the database's digest before and after the export (a read must change neither the file nor its WAL)."""
+    out = tmp_path_factory.mktemp("engine") / "configs"
     before = _digest(h200["path"])
     proc = tuner("export", "--db", h200["url"], "--out", str(out))
     assert proc.returncode == 0, proc.stderr
+    return {"out": out, "before": before, "after": _digest(h200["path"])}
+
+
+def test_engine_export_is_what_an_engine_loader_and_the_kernel_read(h200, engine_tables, tmp_path):
+    out = engine_tables["out"]
+    assert engine_tables["after"] == engine_tables["before"], "tuner export wrote to the database it read"
+    before = _digest(h200["path"])
     name = "kv_format=fp8_model1,heads=16,topk=512,device_name=NVIDIA_H200"
     assert (out / f"{name}.json").is_file() and (out / f"{name}.provenance.json").is_file()
     assert len(list(out.glob("*.json"))) == 6  # three workloads, each a table and its sidecar
@@ -178,7 +188,7 @@ def _import(path, name="sparse_mla_configs"):
     return mod
 
 
-def test_triton_module_picks_the_tuned_config_per_batch_without_timing(h200, tmp_path):
+def test_triton_module_picks_the_tuned_config_per_batch_without_timing(h200, engine_tables, tmp_path):
     """What the module's docstring documents: config_for / target_ctas by nearest batch, and
     triton.autotune(**autotune_kwargs(NAME, batch_arg)) running the tuned config per batch without timing."""
     path = tmp_path / "sparse_mla_configs.py"
@@ -192,8 +202,7 @@ def test_triton_module_picks_the_tuned_config_per_batch_without_timing(h200, tmp
     assert all(isinstance(c, triton.Config) and set(c.kwargs) == {"BLOCK_T", "PREFETCH", "BALANCED"} for c in configs)
     index, ctas = mod.CONFIG_INDEX[name], mod.TARGET_CTAS[name]
     assert set(index) == set(ctas) == {1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96}
-    engine = tmp_path / "engine"
-    assert tuner("export", "--db", h200["url"], "--out", str(engine)).returncode == 0
+    engine = engine_tables["out"]
     for batch in (1, 3, 20, 70, 200):  # the same pick as the engine table's nearest key
         want = kt.lookup_config("NVIDIA H200", "fp8_v32", 16, 2048, batch, config_dir=engine)
         cfg = mod.config_for(name, batch)
