@@ -71,13 +71,17 @@ def test_two_workers_share_each_study(shared_url, cheap):
 
 def test_host_killed_mid_trial_is_detected_and_its_trial_retried(db_url, cheap):
     """Two 'hosts' join the same studies; one is killed with SIGKILL while measuring. The other
-    fails its trial once the heartbeat is stale, re-queues it and finishes the grid."""
+    fails its trial once the heartbeat is stale, re-queues it and finishes the grid. Both run with a grace of 4 s
+    (``$TUNER_HEARTBEAT_GRACE_S``, 10 by default): what is tested is that the stale trial is failed, retried and
+    recorded once, not how long the grace is."""
+    env = {**os.environ, "TUNER_HEARTBEAT_GRACE_S": "4"}
     a = subprocess.Popen(
         _cmd("search", cheap, "--db", db_url, "-q", "--concurrency", "1"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        env=env,
     )
     time.sleep(2)
     b = subprocess.Popen(
@@ -86,6 +90,7 @@ def test_host_killed_mid_trial_is_detected_and_its_trial_retried(db_url, cheap):
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        env=env,
     )
     eng = create_engine(db_url)
     deadline = time.monotonic() + 300
@@ -169,3 +174,29 @@ def test_a_verdict_cached_by_two_processes_at_once_is_written_once(db_url):
     assert not t.is_alive() and not errors, errors
     with store.session() as s:
         assert queries.feasibility_get(s, ["k"]) == {"k": first}
+
+
+@pytest.mark.parametrize("value", ["0", "2", "1.5", "ten", "-3"])
+def test_a_bad_heartbeat_grace_is_one_sentence(value, tmp_path, monkeypatch):
+    """``$TUNER_HEARTBEAT_GRACE_S`` (the multi-host tests above shorten the grace with it) is whole seconds, more
+    than the heartbeat interval; anything else is one sentence and exit status 2 before a database is made."""
+    from tests.conftest import tuner_in_process
+
+    monkeypatch.setenv("TUNER_HEARTBEAT_GRACE_S", value)
+    path = tmp_path / "g.db"
+    proc = tuner_in_process("search", cheap_smoke(tmp_path), "--db", f"sqlite:///{path}", "-q")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "TUNER_HEARTBEAT_GRACE_S" in proc.stderr, proc.stderr
+    assert repr(value) in proc.stderr and not path.exists()
+
+
+def test_the_heartbeat_grace_is_the_storages(tmp_path, monkeypatch):
+    """The grace a search's Optuna storage fails silent trials after: 10 s, or ``$TUNER_HEARTBEAT_GRACE_S``."""
+    from sparse_mla_tuner.tuner.heartbeat import GRACE_S
+    from sparse_mla_tuner.tuner.search import _storage
+
+    url = f"sqlite:///{tmp_path / 'g.db'}"
+    monkeypatch.delenv("TUNER_HEARTBEAT_GRACE_S", raising=False)
+    assert _storage(url).grace_period == GRACE_S == 10
+    monkeypatch.setenv("TUNER_HEARTBEAT_GRACE_S", " 4 ")
+    assert _storage(url).grace_period == 4
