@@ -103,7 +103,8 @@ def test_rerun_resumes_without_remeasuring(smoke_db, tmp_path):
 def test_kill_9_loses_at_most_the_running_trial_and_resume_completes(tmp_path, smoke_db):
     """Killed mid-trial, and once more between Optuna's ask and the next trial's first heartbeat (a trial
     Optuna never fails as stale by itself: it fails only silent heartbeats). The resume gives every running
-    trial a beat, so both go stale after the grace period, are re-queued and measured."""
+    trial a beat, so both go stale after the grace period (4 s here, ``$TUNER_HEARTBEAT_GRACE_S``, instead of 10),
+    are re-queued and measured."""
     import optuna
 
     from sparse_mla_tuner.kernels.config import KernelConfig
@@ -142,7 +143,10 @@ def test_kill_9_loses_at_most_the_running_trial_and_resume_completes(tmp_path, s
     orphan = study.ask(fixed_distributions=dists)
     assert "fixed_params" in next(t for t in study.get_trials() if t.number == orphan.number).system_attrs
     # a whole smoke search (two levels) five times over, plus the grace period: waiting forever fails here
-    done = tuner("search", space, "--db", url, "-q", "--concurrency", "1", timeout=5 * smoke_db["wall_s"] + 60)
+    done = tuner(
+        "search", space, "--db", url, "-q", "--concurrency", "1", timeout=5 * smoke_db["wall_s"] + 60,
+        env={"TUNER_HEARTBEAT_GRACE_S": "4"},
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     rows = _rows(path, "SELECT config_key, COUNT(*) FROM tuner_trials GROUP BY config_key")
     assert sorted(rows) == sorted((k, 1) for k in ("T16-w4-s1-c4", "T16-w4-s2-c4", "T32-w4-s1-c4", "T32-w4-s2-c4"))

@@ -532,9 +532,11 @@ def search(
 
     Re-running resumes: configs already measured for this kernel and environment are skipped, and a level
     an earlier run finished measures nothing (--redo searches it again; a larger --n-trials continues it).
-    Ctrl-C stops after the running trial.
+    Ctrl-C stops after the running trial. A trial whose heartbeat (every 2 s) is silent for 10 s belongs to a
+    dead host and is retried; $TUNER_HEARTBEAT_GRACE_S sets those 10 s (whole seconds, more than 2).
     """
     from sparse_mla_tuner.db.store import Store
+    from sparse_mla_tuner.tuner.heartbeat import grace_s
     from sparse_mla_tuner.tuner.search import Options
     from sparse_mla_tuner.tuner.search import run_search
     from sparse_mla_tuner.tuner.space import load_space
@@ -551,6 +553,7 @@ def search(
 
         check_url(replay_db, create=False, option="--replay-db")
     _check_workers(workers, _backend(backend))
+    grace_s()  # $TUNER_HEARTBEAT_GRACE_S, checked before anything is created
     store = Store(db_url)
     opts = Options(
         backend=_backend(backend),

@@ -8,12 +8,31 @@ resumed search knows at once which running trials nobody runs any more (:func:`o
 from __future__ import annotations
 
 import os
+import re
 import socket
 import threading
 
+from sparse_mla_tuner.tuner.errors import TunerError
+
 HEARTBEAT_S = 2.0  # a running trial beats every 2 s
 GRACE_S = 10  # a trial silent for this long belongs to a dead host: Optuna fails it and it is retried
+GRACE_ENV = "TUNER_HEARTBEAT_GRACE_S"  # sets GRACE_S for one search (whole seconds, more than HEARTBEAT_S)
 OWNER_ATTR = "tuner_owner"  # a running trial's system attribute: the process measuring it (see owner())
+
+
+def grace_s() -> int:
+    """The grace period of this search: ``$TUNER_HEARTBEAT_GRACE_S`` when set, else :data:`GRACE_S`. Whole seconds
+    (Optuna's ``grace_period``), more than the heartbeat interval: a shorter grace would fail live trials."""
+    text = os.environ.get(GRACE_ENV, "")
+    if not text.strip():
+        return GRACE_S
+    if not re.fullmatch(r"\s*[0-9]{1,9}\s*", text) or int(text) <= HEARTBEAT_S:
+        shown = repr(text) if len(text) <= 40 else repr(text[:40]) + f"... ({len(text)} characters)"
+        raise TunerError(
+            f"${GRACE_ENV} must be a whole number of seconds greater than the {HEARTBEAT_S:g} s heartbeat interval "
+            f"(default {GRACE_S}), got {shown}"
+        )
+    return int(text)
 
 
 class Heartbeat:

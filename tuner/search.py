@@ -27,8 +27,8 @@ from sparse_mla_tuner.tuner import strategies
 from sparse_mla_tuner.tuner.errors import TunerError
 from sparse_mla_tuner.tuner.feasibility import BackgroundWarm
 from sparse_mla_tuner.tuner.feasibility import check_many
-from sparse_mla_tuner.tuner.heartbeat import GRACE_S
 from sparse_mla_tuner.tuner.heartbeat import HEARTBEAT_S
+from sparse_mla_tuner.tuner.heartbeat import grace_s
 from sparse_mla_tuner.tuner.measure import MeasurementProcess
 from sparse_mla_tuner.tuner.progress import Progress
 from sparse_mla_tuner.tuner.recorder import SpaceHistory
@@ -111,7 +111,7 @@ def _storage(url: str) -> optuna.storages.RDBStorage:
                 url,
                 engine_kwargs=kwargs,
                 heartbeat_interval=HEARTBEAT_S,
-                grace_period=GRACE_S,
+                grace_period=grace_s(),
                 heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3),
             )
             break
