@@ -3,7 +3,10 @@
     python benchmarks/ptx_stats.py T32-w4-s2-c512 T32-w4-s1-c512-p1 ...   # fp8_v32, sm_120, one JSON line each
     python benchmarks/ptx_stats.py --format fp8_model1 --arch 90 --batch 96 T32-w4-s1-c256-p1-b1
     python benchmarks/ptx_stats.py --format fp8_model1 --arch 90 --batch 96 --sass T16-w4-s1-c512-p2   # + SASS counts
+    python benchmarks/ptx_stats.py --layer 256,64 --arch 90 --batch 16 --sass T32-w4-s1-c128-p3   # the V4 layer call
 
+``--layer PAGE,XPAGE`` compiles the V4 layer call instead (fp8_model1: the window, top-k 128 on pages of PAGE
+tokens, and the compressed cache, top-k 512 on pages of XPAGE tokens, with the sink; SGLang's layout is 256,64).
 ``--batch`` compiles exactly the launch of a call at that batch (a ``BALANCED=1`` config's balanced
 kernel needs one: without it the first variant is the one-split kernel, which runs the per-row code).
 
@@ -49,7 +52,8 @@ def sass_counts(cubin: bytes) -> dict:
 
 
 def stats(key: str, wl: Workload, arch: int = 120, batch: int | None = None, sass: bool = False) -> dict:
-    spec = next(s for s in compile_spec(KernelConfig.parse(key), wl, arch, batch) if s.name == "split")
+    call = {"extra": wl.extra, "attn_sink": wl.attn_sink} if wl.extra is not None else {}
+    spec = next(s for s in compile_spec(KernelConfig.parse(key), wl, arch, batch, **call) if s.name == "split")
     k = triton.compile(
         ASTSource(spec.kernel, spec.signature, spec.constexprs, spec.attrs),
         target=GPUTarget("cuda", arch, 32),
@@ -70,7 +74,15 @@ if __name__ == "__main__":
     ap.add_argument("--arch", type=int, default=120, help="compute capability, e.g. 120 or 90")
     ap.add_argument("--batch", type=int, default=None, help="the launch of a call at this batch size")
     ap.add_argument("--sass", action="store_true", help="also count the cubin's SASS instructions")
+    ap.add_argument("--layer", metavar="PAGE,XPAGE", help="the V4 layer call, its caches on these page sizes")
     args = ap.parse_args()
     workload = Workload(args.format, 16, {"fp8_model1": 512, "fp8_v32": 2048}[args.format], 64, 8192)
+    if args.layer:
+        try:
+            page, xpage = (int(v) for v in args.layer.split(","))
+            extra = Workload("fp8_model1", 16, 512, xpage, 8192)
+            workload = Workload("fp8_model1", 16, 128, page, 128, extra=extra, attn_sink=True)
+        except ValueError as e:
+            ap.error(f"--layer takes two positive page sizes, PAGE,XPAGE (e.g. 256,64), got {args.layer!r} ({e})")
     for key in args.configs:
         print(json.dumps(stats(key, workload, args.arch, args.batch, args.sass)), flush=True)

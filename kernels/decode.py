@@ -156,14 +156,18 @@ def _gather_kv_tile(
     ``X_PAGE_SIZE`` tokens ``X_PAGE_BYTES`` apart (fp8_model1; the same as the main cache's when one loop
     walks one cache or two caches of one page layout).
     """
-    b_idx = b_idx.to(tl.int64)
     o_rope = tl.arange(0, 64)
     if FORMAT == 0:
         o_g = tl.arange(0, 8)
         o_j = tl.arange(0, 64)
         if X_PAGE_SIZE == PAGE_SIZE and X_PAGE_BYTES == PAGE_BYTES:
-            b_page = b_idx // PAGE_SIZE
-            b_tok = b_idx % PAGE_SIZE
+            if (PAGE_SIZE & (PAGE_SIZE - 1)) == 0:  # int32 shift and mask (the indices are >= 0 here)
+                b_page = (b_idx >> (PAGE_SIZE.bit_length() - 1)).to(tl.int64)
+                b_tok = (b_idx & (PAGE_SIZE - 1)).to(tl.int64)
+            else:
+                b_idx = b_idx.to(tl.int64)
+                b_page = b_idx // PAGE_SIZE
+                b_tok = b_idx % PAGE_SIZE
             o_data = b_page * PAGE_BYTES + b_tok * 576  # [T] bytes
             o_scale = b_page * PAGE_BYTES + PAGE_SIZE * 576 + b_tok * 8
             o_rope16 = b_page * (PAGE_BYTES // 2) + b_tok * 288 + 224  # bf16 elements
@@ -171,8 +175,18 @@ def _gather_kv_tile(
             # two page layouts in one loop (the host checks both strides are whole 16-byte units): the
             # tile's cache selects its page size and stride; offsets are built in 16- and 8-byte units and
             # then scaled by constants, so that Triton still proves the alignment that vectorizes the loads
-            b_page = tl.where(in_x, b_idx // X_PAGE_SIZE, b_idx // PAGE_SIZE)
-            b_tok = tl.where(in_x, b_idx % X_PAGE_SIZE, b_idx % PAGE_SIZE)
+            if (PAGE_SIZE & (PAGE_SIZE - 1)) == 0 and (X_PAGE_SIZE & (X_PAGE_SIZE - 1)) == 0:
+                # page sizes of powers of two: one shift and one mask per token, chosen once per tile
+                # (the indices are >= 0 here: _tile_indices replaced the masked ones by 0)
+                LOG: tl.constexpr = PAGE_SIZE.bit_length() - 1
+                X_LOG: tl.constexpr = X_PAGE_SIZE.bit_length() - 1
+                sh = tl.where(in_x, X_LOG, LOG)
+                b_page = (b_idx >> sh).to(tl.int64)
+                b_tok = (b_idx & ((1 << sh) - 1)).to(tl.int64)
+            else:
+                b_idx = b_idx.to(tl.int64)
+                b_page = tl.where(in_x, b_idx // X_PAGE_SIZE, b_idx // PAGE_SIZE)
+                b_tok = tl.where(in_x, b_idx % X_PAGE_SIZE, b_idx % PAGE_SIZE)
             b_row16 = b_page * tl.where(in_x, X_PAGE_BYTES // 16, PAGE_BYTES // 16) + b_tok * 36
             o_data = b_row16 * 16
             o_scale = (b_page * tl.where(in_x, X_PAGE_BYTES // 8, PAGE_BYTES // 8) + b_tok) * 8 + tl.where(
@@ -186,6 +200,7 @@ def _gather_kv_tile(
         b_sc = tl.load(KV8 + o_scale[:, None] + o_g[None, :], mask=m_scale, other=127)
         b_rope = tl.load(KV16 + o_rope16[:, None] + o_rope[None, :], mask=m_tok[:, None], other=0.0)
     else:
+        b_idx = b_idx.to(tl.int64)
         o_g = tl.arange(0, 4)
         if WORDS:
             o_w = tl.arange(0, 128)

@@ -427,6 +427,20 @@ def test_one_launch_over_unaligned_pages_walks_a_loop_per_cache_and_matches_the_
     assert torch.isfinite(lse).all()
 
 
+@pytest.mark.parametrize("cfg", ["T16-w4-s1-c4", "T16-w4-s1-c5-p3"])
+def test_one_launch_over_two_layouts_of_any_page_size_matches_the_reference(cfg, device):
+    """Pages of 24 tokens (a 14016-byte stride, whole 16-byte units, not a power of two) beside the main cache's
+    64: one loop over both layouts, dividing by each page size (powers of two shift instead), same contract."""
+    kw = {"q_tokens": 2, "with_sink": True, "with_topk_length": True}
+    bt = _one_launch_batch("fp8_model1", 3, device, seed=4, x_page=24, **kw)
+    assert bt.extra_kv_cache.stride(0) % 16 == 0 and bt.extra_kv_cache.shape[1] == 24
+    bt.topk_length[:] = torch.tensor([40, 17, 0], dtype=torch.int32)
+    bt.extra_topk_length[:] = torch.tensor([5, 40, 33], dtype=torch.int32)
+    bt.extra_indices.view(3, -1, 40)[0, 0] = -1
+    out, lse = _check(bt, KernelConfig.parse(cfg))
+    assert torch.isfinite(lse).all()
+
+
 @pytest.mark.parametrize("x_page", [16, 64])
 @pytest.mark.parametrize("cfg", ["T16-w4-s1-c1", "T16-w4-s1-c4", "T16-w4-s1-c7-b1"])
 def test_rows_empty_in_both_caches_are_zero_with_the_sink(cfg, x_page, device):
