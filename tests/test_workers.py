@@ -7,7 +7,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -117,16 +116,25 @@ def test_host_killed_mid_trial_is_detected_and_its_trial_retried(db_url, cheap):
     _check_exactly_once(db_url, [1])
 
 
-def test_four_first_starts_on_a_new_postgresql_database(db_url):
+def test_four_first_starts_on_a_new_postgresql_database(db_url, tmp_path):
     """Creating and stamping the schema is one step under PostgreSQL's advisory lock (SQLite's exclusive
     lock is tested in test_db.py): four `tuner search` started at once on an empty database all succeed. The four
-    are forked from one process after the imports (tests/many_searches.py): four processes, one import."""
+    are forked from one process after the imports (tests/many_searches.py): four processes, one import. What is
+    tested is the start, so they replay a small recording (tests/recorded.py) with Optuna's queue in the results
+    database, as a GPU search keeps it: no kernel runs, no measurement or compile process starts."""
     import json
 
+    from tests.recorded import SMALL_SPACE
+    from tests.recorded import make_recorded
+
     if db_url.startswith("sqlite"):
-        pytest.skip("the SQLite case is tests/test_db.py::test_four_searches_start_at_once_on_a_new_file")
-    space = cheap_smoke(Path(tempfile.mkdtemp()))  # what is tested is the start: the fewest rounds allowed
-    args = ["search", str(space), "--concurrency", "1", "--n-trials", "1", "-q", "--db", db_url]
+        pytest.skip("the SQLite case is tests/test_db.py::test_eight_searches_start_at_once_on_a_new_file")
+    recorded, space = make_recorded(tmp_path / "recorded.db"), tmp_path / "small.yaml"
+    space.write_text(SMALL_SPACE)
+    args = [
+        "search", str(space), "--concurrency", "1", "--n-trials", "1", "-q", "--backend", "replay",
+        "--replay-db", f"sqlite:///{recorded}", "--replay-queue", "database", "--db", db_url,
+    ]  # fmt: skip
     t0 = time.monotonic()
     root = Path(__file__).resolve().parent.parent
     proc = subprocess.run(
