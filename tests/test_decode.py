@@ -95,7 +95,7 @@ def _seeded(cases):
     """Each case with the seeds it runs: 0 (every row's full topk) and 1 (a ragged topk_length per row, other data).
 
     The prefetch and balanced variants at B=3, H=16, topk 100 (a -1 row, splits of several tiles, uneven last
-    splits) run both, as they did. The one-split and split configs run their six shapes once each, the seeds
+    splits) run both seeds. The one-split and split configs run their six shapes once each, the seeds
     alternating so that B 1 and 3, H 16 and 32 and topk 64 and 100 each get both; the variants' other shapes
     (B=1, two head blocks) run one seed each, alternating per variant."""
     out = []

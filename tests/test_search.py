@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -183,22 +184,34 @@ def _count(path):
         return 0
 
 
-def test_injected_crash_and_hang_are_recorded_and_the_study_goes_on(tmp_path, smoke_db):
-    # the timeout must exceed a normal trial on this machine now: 5x the slowest trial of the smoke search
+FAULTS = {"T16-w4-s1-c4": "crash", "T32-w4-s1-c4": "hang", "T16-w8-s1-c4": "oor"}
+
+
+@pytest.fixture(scope="module")
+def faulted(smoke_db, tmp_path_factory):
+    """One search at one level in which every launch but the baseline's fails: one crashes its measurement process,
+    one hangs it, one runs out of shared memory at launch (``$TUNER_FAULT``). The smoke space with the fewest rounds
+    and one more config, T16-w8-s1-c4, for the third fault. The trial timeout must exceed a normal trial on this
+    machine now: 5x the slowest trial of the smoke search. Its database's path, the timeout and the process."""
     (slowest,) = _rows(smoke_db["path"], "SELECT MAX(wall_s) FROM tuner_trials")[0]
     limit = max(8, int(5 * slowest) + 1)
-    space = cheap_smoke(tmp_path, trial_timeout_s=limit)
-    path = tmp_path / "f.db"
+    folder = tmp_path_factory.mktemp("faulted")
+    text = Path(cheap_smoke(folder, trial_timeout_s=limit)).read_text()
+    assert "num_warps: [4]" in text and "constraints: []" in text
+    text = text.replace("num_warps: [4]", "num_warps: [4, 8]")
+    space = folder / "faulted.yaml"  # the smoke space's four configs, and the third fault's
+    third = 'constraints: ["num_warps == 4 or (BLOCK_T == 16 and num_stages == 1)"]'
+    space.write_text(text.replace("constraints: []", third))
+    path = folder / "f.db"
     proc = tuner(
-        "search",
-        space,
-        "--db",
-        f"sqlite:///{path}",
-        "-q",
-        "--concurrency",
-        "1",
-        env={"TUNER_FAULT": "crash@T16-w4-s1-c4,hang@T32-w4-s1-c4"},
-    )
+        "search", str(space), "--db", f"sqlite:///{path}", "-q", "--concurrency", "1",
+        env={"TUNER_FAULT": ",".join(f"{kind}@{key}" for key, kind in FAULTS.items())},
+    )  # fmt: skip
+    return {"path": path, "limit": limit, "proc": proc}
+
+
+def test_injected_crash_and_hang_are_recorded_and_the_study_goes_on(faulted):
+    path, limit, proc = faulted["path"], faulted["limit"], faulted["proc"]
     assert proc.returncode == 0, proc.stderr
     verdicts = dict(_rows(path, "SELECT config_key, verdict FROM tuner_trials"))
     assert verdicts == {
@@ -206,6 +219,7 @@ def test_injected_crash_and_hang_are_recorded_and_the_study_goes_on(tmp_path, sm
         "T16-w4-s1-c4": "crashed",
         "T32-w4-s1-c4": "timeout",
         "T32-w4-s2-c4": "infeasible",
+        "T16-w8-s1-c4": "infeasible",  # test_out_of_resources_at_launch_is_recorded_as_infeasible's
     }
     reasons = dict(_rows(path, "SELECT config_key, reason FROM tuner_trials"))
     assert "status 17" in reasons["T16-w4-s1-c4"] and f"no answer within {limit} s" in reasons["T32-w4-s1-c4"]
@@ -245,24 +259,12 @@ def test_best_with_no_data_is_one_sentence(smoke_db):
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "no ok result" in proc.stderr
 
 
-def test_out_of_resources_at_launch_is_recorded_as_infeasible(tmp_path):
-    path = tmp_path / "o.db"
-    proc = tuner(
-        "search",
-        cheap_smoke(tmp_path),
-        "--db",
-        f"sqlite:///{path}",
-        "-q",
-        "--concurrency",
-        "1",
-        "--n-trials",
-        "2",
-        "--sampler",
-        "grid",  # the grid's order: the baseline, then T16-w4-s1-c4
-        env={"TUNER_FAULT": "oor@T16-w4-s1-c4"},
-    )
+def test_out_of_resources_at_launch_is_recorded_as_infeasible(faulted):
+    """A launch that needs more shared memory than the GPU has (Triton's OutOfResources) is an infeasible trial
+    with its reason, and the search goes on (the faulted search's third fault)."""
+    proc, path = faulted["proc"], faulted["path"]
     assert proc.returncode == 0, proc.stderr
-    verdict, reason = _rows(path, "SELECT verdict, reason FROM tuner_trials WHERE config_key = 'T16-w4-s1-c4'")[0]
+    verdict, reason = _rows(path, "SELECT verdict, reason FROM tuner_trials WHERE config_key = 'T16-w8-s1-c4'")[0]
     assert verdict == "infeasible" and reason.startswith("OutOfResources at launch") and "120000" in reason
 
 

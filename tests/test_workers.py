@@ -1,13 +1,13 @@
 """Many workers on one study: several interpreter workers in one process, and several hosts (here:
-processes) sharing one database, one of them killed mid-trial. Against SQLite and, when
-``TUNER_TEST_PG`` names a server (CI starts one), PostgreSQL."""
+processes) sharing one database, one of them killed mid-trial. The workers' and hosts' database is PostgreSQL
+when ``TUNER_TEST_PG`` names a server (CI starts one), else SQLite; the first starts are PostgreSQL's (SQLite's
+are tests/test_db.py's), and the verdict cache's race runs against both."""
 
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -73,14 +73,15 @@ def test_two_workers_share_a_study(shared_url, cheap):
         assert sorted(g for _, g in bands) == [0, 1] and len({s for s, _ in bands}) == 1
 
 
-def test_host_killed_mid_trial_is_detected_and_its_trial_retried(db_url, cheap):
+def test_host_killed_mid_trial_is_detected_and_its_trial_retried(shared_url, cheap):
     """Two 'hosts' join the same studies; one is killed with SIGKILL while measuring. The other
     fails its trial once the heartbeat is stale, re-queues it and finishes the grid. Both run with a grace of 4 s
     (``$TUNER_HEARTBEAT_GRACE_S``, 10 by default): what is tested is that the stale trial is failed, retried and
-    recorded once, not how long the grace is."""
+    recorded once, not how long the grace is. Several hosts share a PostgreSQL database (docs/workers.md), so that
+    is the database here when the test run has a server; SQLite stands in without one."""
     env = {**os.environ, "TUNER_HEARTBEAT_GRACE_S": "4"}
     a = subprocess.Popen(
-        _cmd("search", cheap, "--db", db_url, "-q", "--concurrency", "1"),
+        _cmd("search", cheap, "--db", shared_url, "-q", "--concurrency", "1"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -89,14 +90,14 @@ def test_host_killed_mid_trial_is_detected_and_its_trial_retried(db_url, cheap):
     )
     time.sleep(2)
     b = subprocess.Popen(
-        _cmd("search", cheap, "--db", db_url, "-q", "--concurrency", "1"),
+        _cmd("search", cheap, "--db", shared_url, "-q", "--concurrency", "1"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
         env=env,
     )
-    eng = create_engine(db_url)
+    eng = create_engine(shared_url)
     deadline = time.monotonic() + 300
     killed = False
     while time.monotonic() < deadline and not killed:
@@ -114,19 +115,28 @@ def test_host_killed_mid_trial_is_detected_and_its_trial_retried(db_url, cheap):
     assert killed, "never saw a running trial to kill"
     out, err = a.communicate(timeout=600)
     assert a.returncode == 0, err
-    _check_exactly_once(db_url, [1])
+    _check_exactly_once(shared_url, [1])
 
 
-def test_four_first_starts_on_a_new_postgresql_database(db_url):
+def test_four_first_starts_on_a_new_postgresql_database(db_url, tmp_path):
     """Creating and stamping the schema is one step under PostgreSQL's advisory lock (SQLite's exclusive
     lock is tested in test_db.py): four `tuner search` started at once on an empty database all succeed. The four
-    are forked from one process after the imports (tests/many_searches.py): four processes, one import."""
+    are forked from one process after the imports (tests/many_searches.py): four processes, one import. What is
+    tested is the start, so they replay a small recording (tests/recorded.py) with Optuna's queue in the results
+    database, as a GPU search keeps it: no kernel runs, no measurement or compile process starts."""
     import json
 
+    from tests.recorded import SMALL_SPACE
+    from tests.recorded import make_recorded
+
     if db_url.startswith("sqlite"):
-        pytest.skip("the SQLite case is tests/test_db.py::test_four_searches_start_at_once_on_a_new_file")
-    space = cheap_smoke(Path(tempfile.mkdtemp()))  # what is tested is the start: the fewest rounds allowed
-    args = ["search", str(space), "--concurrency", "1", "--n-trials", "1", "-q", "--db", db_url]
+        pytest.skip("the SQLite case is tests/test_db.py::test_eight_searches_start_at_once_on_a_new_file")
+    recorded, space = make_recorded(tmp_path / "recorded.db"), tmp_path / "small.yaml"
+    space.write_text(SMALL_SPACE)
+    args = [
+        "search", str(space), "--concurrency", "1", "--n-trials", "1", "-q", "--backend", "replay",
+        "--replay-db", f"sqlite:///{recorded}", "--replay-queue", "database", "--db", db_url,
+    ]  # fmt: skip
     t0 = time.monotonic()
     root = Path(__file__).resolve().parent.parent
     proc = subprocess.run(
