@@ -14,7 +14,8 @@
 #   OUT=out PHASE=ab OLD=path/decode.py bash results/h200.sh   # a kernel change against the kernel before it
 #                                               # (OLD: that kernel's kernels/decode.py), same configs (the shipped
 #                                               # tables), same run, in the order new, old, new: the single-cache
-#                                               # bench of both formats at AB_LEVELS (default 16,48,96); JSON and logs in
+#                                               # bench of both formats and the V4 layer call at AB_LEVELS (default
+#                                               # 16,48,96); JSON and logs in
 #                                               # $OUT/$AB (default ab_h200; name it for the change: AB=ab_qk_dots_h200)
 #   OUT=out PHASE=call bash results/h200.sh     # the V4 layer call (window + compressed cache + sink, one
 #                                               # split launch) against FlashMLA: its GPU tests, kernels.bench_call at
@@ -85,13 +86,21 @@ con.execute('INSERT OR IGNORE INTO tuner_feasibility SELECT * FROM src.tuner_fea
       else cp "$new" kernels/decode.py; fi
       step "$ab/ab_$v" 150 python3 -m sparse_mla_tuner.kernels.bench --formats fp8_model1,fp8_v32 --configs table \
         --concurrency "${AB_LEVELS:-16,48,96}" --no-ref --no-flashmla --samples 5 --out "$OUT/$ab/ab_$v.json"
+      step "$ab/ab_call_$v" 150 python3 -m sparse_mla_tuner.kernels.bench_call --concurrency "${AB_LEVELS:-16,48,96}" \
+        --samples 5 --no-flashmla --out "$OUT/$ab/ab_call_$v.json"
     done
     cp "$new" kernels/decode.py
     python3 - "$OUT/$ab" <<'PY'
 import json, math, pathlib, sys
 out = pathlib.Path(sys.argv[1])
-runs = {v: {(r["format"], r["C"]): r["us"] for r in json.loads((out / f"ab_{v}.json").read_text())["rows"]}
-        for v in ("new", "old", "new2")}
+def rows(v):
+    single = {(r["format"], r["C"]): r["us"] for r in json.loads((out / f"ab_{v}.json").read_text())["rows"]}
+    try:
+        call = json.loads((out / f"ab_call_{v}.json").read_text())["rows"]
+    except OSError:
+        call = []
+    return single | {("layer call", r["C"]): r["ours_us"] for r in call}
+runs = {v: rows(v) for v in ("new", "old", "new2")}
 print(f"{'format':<12} {'C':>4} {'new us':>8} {'old us':>8} {'new2 us':>8} {'new/old':>8}")
 for k in runs["old"]:
     n = math.sqrt(runs["new"][k] * runs["new2"][k])
