@@ -33,9 +33,9 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm import mapped_column
 from sqlalchemy.orm import relationship
 
-from sparse_mla_tuner.db.verdicts import Phase
-from sparse_mla_tuner.kernels.config import PARAMS
-from sparse_mla_tuner.kernels.config import KernelConfig
+from ..kernels.config import PARAMS
+from ..kernels.config import KernelConfig
+from .verdicts import Phase
 
 # the adapter whose parameters and workload shape are this schema's columns (tuner/adapter.py: DEFAULT)
 COLUMNS_ADAPTER = "sparse_mla"
@@ -132,7 +132,7 @@ class WorkloadModel(Base):
         and query tokens (``call``) included, so bytes moved and table keys are those of the call measured.
         (Imported here: the kernels' workload module imports torch, which the rest of ``db`` does not need.)
         """
-        from sparse_mla_tuner.kernels.workload import Workload
+        from ..kernels.workload import Workload
 
         call = json.loads(self.call) if self.call else {}
         extra = call.get("extra")

@@ -12,23 +12,23 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from sqlalchemy.orm import selectinload
 
-from sparse_mla_tuner.db.errors import DatabaseError
-from sparse_mla_tuner.db.models import COLUMNS_ADAPTER
-from sparse_mla_tuner.db.models import CalibrationModel
-from sparse_mla_tuner.db.models import EnvironmentModel
-from sparse_mla_tuner.db.models import FeasibilityModel
-from sparse_mla_tuner.db.models import KernelModel
-from sparse_mla_tuner.db.models import SampleModel
-from sparse_mla_tuner.db.models import SpaceModel
-from sparse_mla_tuner.db.models import StatisticModel
-from sparse_mla_tuner.db.models import StudyModel
-from sparse_mla_tuner.db.models import TrialModel
-from sparse_mla_tuner.db.models import WorkloadModel
-from sparse_mla_tuner.db.models import get_or_create
-from sparse_mla_tuner.db.models import utcnow
-from sparse_mla_tuner.db.verdicts import Phase
-from sparse_mla_tuner.db.verdicts import Verdict
-from sparse_mla_tuner.kernels.config import PARAMS
+from ..kernels.config import PARAMS
+from .errors import DatabaseError
+from .models import COLUMNS_ADAPTER
+from .models import CalibrationModel
+from .models import EnvironmentModel
+from .models import FeasibilityModel
+from .models import KernelModel
+from .models import SampleModel
+from .models import SpaceModel
+from .models import StatisticModel
+from .models import StudyModel
+from .models import TrialModel
+from .models import WorkloadModel
+from .models import get_or_create
+from .models import utcnow
+from .verdicts import Phase
+from .verdicts import Verdict
 
 ENV_FIELDS = ("backend", "gpu_name", "compute_capability", "sm_count", "driver", "cuda", "torch", "triton", "host")
 

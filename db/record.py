@@ -14,14 +14,14 @@ from sqlalchemy import insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from sparse_mla_tuner.db.models import CalibrationModel
-from sparse_mla_tuner.db.models import NoiseModel
-from sparse_mla_tuner.db.models import SampleModel
-from sparse_mla_tuner.db.models import StatisticModel
-from sparse_mla_tuner.db.models import StudyModel
-from sparse_mla_tuner.db.models import TrialModel
-from sparse_mla_tuner.db.verdicts import Effect
-from sparse_mla_tuner.db.verdicts import Phase
+from .models import CalibrationModel
+from .models import NoiseModel
+from .models import SampleModel
+from .models import StatisticModel
+from .models import StudyModel
+from .models import TrialModel
+from .verdicts import Effect
+from .verdicts import Phase
 
 
 @dataclass(frozen=True)

@@ -34,13 +34,13 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm import sessionmaker
 
-from sparse_mla_tuner.db.errors import QUOTE_MAX
-from sparse_mla_tuner.db.errors import DatabaseError
-from sparse_mla_tuner.db.errors import DatabaseGoneError
-from sparse_mla_tuner.db.errors import quote
-from sparse_mla_tuner.db.paths import PathError
-from sparse_mla_tuner.db.paths import kind
-from sparse_mla_tuner.db.paths import regular_or_missing
+from .errors import QUOTE_MAX
+from .errors import DatabaseError
+from .errors import DatabaseGoneError
+from .errors import quote
+from .paths import PathError
+from .paths import kind
+from .paths import regular_or_missing
 
 VERSION_TABLE = "tuner_alembic_version"
 MIGRATIONS = Path(__file__).parent / "migrations"

@@ -10,9 +10,9 @@ of Triton's interpreter (bool masks, speed), installed under ``TRITON_INTERPRET=
 import importlib
 import os
 
-from sparse_mla_tuner.kernels.config import DEFAULT_CONFIG
-from sparse_mla_tuner.kernels.config import KernelConfig
-from sparse_mla_tuner.kernels.config import kernel_source_hash
+from .config import DEFAULT_CONFIG
+from .config import KernelConfig
+from .config import kernel_source_hash
 
 # torch and triton load on first use: reading a config or the results database needs neither
 _LAZY = {
@@ -34,7 +34,7 @@ __all__ = [
 
 
 if os.environ.get("TRITON_INTERPRET", "0") == "1":  # the interpreter's masks and per-call overhead (_interpreter.py)
-    from sparse_mla_tuner.kernels import _interpreter
+    from . import _interpreter
 
     _interpreter.install_bool_masks()
     _interpreter.install()

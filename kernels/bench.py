@@ -28,15 +28,15 @@ import time
 
 import torch
 
-from sparse_mla_tuner.kernels import timing
-from sparse_mla_tuner.kernels.config import KernelConfig
-from sparse_mla_tuner.kernels.config import kernel_source_hash
-from sparse_mla_tuner.kernels.config import split_grid
-from sparse_mla_tuner.kernels.decode import sparse_mla_decode
-from sparse_mla_tuner.kernels.reference import compare
-from sparse_mla_tuner.kernels.reference import sparse_mla_decode_ref
-from sparse_mla_tuner.kernels.workload import Workload
-from sparse_mla_tuner.kernels.workload import make_batch
+from . import timing
+from .config import KernelConfig
+from .config import kernel_source_hash
+from .config import split_grid
+from .decode import sparse_mla_decode
+from .reference import compare
+from .reference import sparse_mla_decode_ref
+from .workload import Workload
+from .workload import make_batch
 
 TOPK = {"fp8_model1": 512, "fp8_v32": 2048}
 FLASHMLA_HEADS = 64
@@ -92,7 +92,7 @@ def import_flash_mla():
 
 def flashmla_row(flash_mla, fmt, qs, kv_cache, idx, ref, samples) -> dict:
     """FlashMLA on the same request sets: q padded to 64 heads, the output's first H heads compared."""
-    from sparse_mla_tuner.kernels.flashmla_compat import FLASHMLA_NAMES
+    from .flashmla_compat import FLASHMLA_NAMES
 
     H = qs[0].shape[1]
     pad = [torch.cat([q, q.new_zeros(q.shape[0], FLASHMLA_HEADS - H, q.shape[2])], 1).unsqueeze(1) for q in qs]
@@ -258,9 +258,9 @@ def table_check(args) -> int:
     """config=None must pick the exported config and run as fast as passing it explicitly."""
     from tabulate import tabulate
 
-    from sparse_mla_tuner.kernels.config import DEFAULT_CONFIG
-    from sparse_mla_tuner.kernels.decode import device_name
-    from sparse_mla_tuner.kernels.table import lookup_config
+    from .config import DEFAULT_CONFIG
+    from .decode import device_name
+    from .table import lookup_config
 
     rows, ok = [], True
     for fmt in args.formats.split(","):

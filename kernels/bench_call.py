@@ -37,19 +37,19 @@ from pathlib import Path
 
 import torch
 
-from sparse_mla_tuner.kernels import flashmla_compat
-from sparse_mla_tuner.kernels import timing
-from sparse_mla_tuner.kernels.config import KernelConfig
-from sparse_mla_tuner.kernels.config import kernel_source_hash
-from sparse_mla_tuner.kernels.config import split_grid
-from sparse_mla_tuner.kernels.decode import device_name
-from sparse_mla_tuner.kernels.decode import sparse_mla_decode
-from sparse_mla_tuner.kernels.reference import compare
-from sparse_mla_tuner.kernels.reference import sparse_mla_decode_ref
-from sparse_mla_tuner.kernels.table import device_slug
-from sparse_mla_tuner.kernels.table import lookup_config
-from sparse_mla_tuner.kernels.workload import Workload
-from sparse_mla_tuner.kernels.workload import make_batch
+from . import flashmla_compat
+from . import timing
+from .config import KernelConfig
+from .config import kernel_source_hash
+from .config import split_grid
+from .decode import device_name
+from .decode import sparse_mla_decode
+from .reference import compare
+from .reference import sparse_mla_decode_ref
+from .table import device_slug
+from .table import lookup_config
+from .workload import Workload
+from .workload import make_batch
 
 HEADS, FLASHMLA_HEADS, MIN_SETS = 16, 64, 4
 WINDOW = Workload("fp8_model1", HEADS, 128, page_size=64, context=128)

@@ -35,8 +35,8 @@ import dataclasses
 
 import torch
 
-from sparse_mla_tuner.kernels.decode import sparse_mla_decode
-from sparse_mla_tuner.kernels.kv_format import FORMATS
+from .decode import sparse_mla_decode
+from .kv_format import FORMATS
 
 FORMAT_BY_BYTES = {fmt.bytes_per_token: name for name, fmt in FORMATS.items()}  # 584 -> fp8_model1, 656 -> fp8_v32
 FLASHMLA_NAMES = {"fp8_model1": "V4", "fp8_v32": "V32"}

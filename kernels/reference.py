@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from sparse_mla_tuner.kernels.kv_format import KVFormat
-from sparse_mla_tuner.kernels.kv_format import get_format
+from .kv_format import KVFormat
+from .kv_format import get_format
 
 
 def valid_mask(indices: torch.Tensor, num_tokens: int, topk_length: torch.Tensor | None) -> torch.Tensor:

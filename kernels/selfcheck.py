@@ -21,12 +21,12 @@ def main() -> int:
         )
     from tabulate import tabulate
 
-    from sparse_mla_tuner.kernels import KernelConfig
-    from sparse_mla_tuner.kernels import Workload
-    from sparse_mla_tuner.kernels import make_batch
-    from sparse_mla_tuner.kernels import sparse_mla_decode
-    from sparse_mla_tuner.kernels.reference import compare
-    from sparse_mla_tuner.kernels.reference import sparse_mla_decode_ref
+    from . import KernelConfig
+    from . import Workload
+    from . import make_batch
+    from . import sparse_mla_decode
+    from .reference import compare
+    from .reference import sparse_mla_decode_ref
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows, all_ok = [], True

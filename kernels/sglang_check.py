@@ -39,16 +39,16 @@ import time
 
 import torch
 
-from sparse_mla_tuner.kernels import flashmla_compat
-from sparse_mla_tuner.kernels import sglang_plugin
-from sparse_mla_tuner.kernels import timing
-from sparse_mla_tuner.kernels.config import KernelConfig
-from sparse_mla_tuner.kernels.decode import sparse_mla_decode
-from sparse_mla_tuner.kernels.reference import OUT_RTOL
-from sparse_mla_tuner.kernels.reference import compare
-from sparse_mla_tuner.kernels.reference import sparse_mla_decode_ref
-from sparse_mla_tuner.kernels.workload import Workload
-from sparse_mla_tuner.kernels.workload import make_batch
+from . import flashmla_compat
+from . import sglang_plugin
+from . import timing
+from .config import KernelConfig
+from .decode import sparse_mla_decode
+from .reference import OUT_RTOL
+from .reference import compare
+from .reference import sparse_mla_decode_ref
+from .workload import Workload
+from .workload import make_batch
 
 HEADS, FLASHMLA_HEADS, MIN_SETS = 16, 64, 4
 WINDOW = Workload("fp8_model1", HEADS, 128, page_size=256, context=128)

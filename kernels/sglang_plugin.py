@@ -34,21 +34,21 @@ import threading
 
 import torch
 
-from sparse_mla_tuner.kernels import decode
-from sparse_mla_tuner.kernels.config import DEFAULT_CONFIG
-from sparse_mla_tuner.kernels.config import KernelConfig
-from sparse_mla_tuner.kernels.decode import INTERPRET
-from sparse_mla_tuner.kernels.decode import device_name
-from sparse_mla_tuner.kernels.kv_format import FORMATS
-from sparse_mla_tuner.kernels.table import candidates
-from sparse_mla_tuner.kernels.table import fit_config
-from sparse_mla_tuner.kernels.table import load_table
-from sparse_mla_tuner.kernels.table import lookup_config
-from sparse_mla_tuner.kernels.table import nearest_shape
-from sparse_mla_tuner.kernels.table import running_triton
-from sparse_mla_tuner.kernels.table import search_dirs
-from sparse_mla_tuner.kernels.table import sidecar_path
-from sparse_mla_tuner.kernels.table import tuned_shapes
+from . import decode
+from .config import DEFAULT_CONFIG
+from .config import KernelConfig
+from .decode import INTERPRET
+from .decode import device_name
+from .kv_format import FORMATS
+from .table import candidates
+from .table import fit_config
+from .table import load_table
+from .table import lookup_config
+from .table import nearest_shape
+from .table import running_triton
+from .table import search_dirs
+from .table import sidecar_path
+from .table import tuned_shapes
 
 TARGET = "sglang.kernels.ops.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120"
 PLUGIN_NAME = "sparse_mla"  # the entry point's name, as SGLANG_PLUGINS lists it

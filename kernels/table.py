@@ -53,10 +53,10 @@ from dataclasses import field
 from functools import lru_cache
 from pathlib import Path
 
-from sparse_mla_tuner.kernels.config import DEFAULT_CONFIG
-from sparse_mla_tuner.kernels.config import PARAMS
-from sparse_mla_tuner.kernels.config import KernelConfig
-from sparse_mla_tuner.kernels.config import kernel_source_hash
+from .config import DEFAULT_CONFIG
+from .config import PARAMS
+from .config import KernelConfig
+from .config import kernel_source_hash
 
 logger = logging.getLogger(__name__)
 
@@ -517,7 +517,7 @@ def nearest_shape(shapes, heads: int, topk: int) -> tuple[int, int] | None:
     """
     import math
 
-    from sparse_mla_tuner.kernels.config import block_h_for
+    from .config import block_h_for
 
     shapes = sorted(set(shapes))
     if not shapes:

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from sparse_mla_tuner.kernels.kv_format import get_format
-from sparse_mla_tuner.kernels.kv_format import quantize
+from .kv_format import get_format
+from .kv_format import quantize
 
 
 @dataclass(frozen=True)

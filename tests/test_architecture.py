@@ -216,17 +216,57 @@ NAMESPACE = "sparse_mla_tuner."
 
 def _imports(path: Path) -> set[str]:
     """The project modules and other modules ``path`` imports, the project's without its namespace
-    (``sparse_mla_tuner.kernels.config`` -> ``kernels.config``; ``from sparse_mla_tuner import db`` -> ``db``)."""
+    (``sparse_mla_tuner.kernels.config`` -> ``kernels.config``; ``from sparse_mla_tuner import db`` -> ``db``;
+    in tuner/search.py, ``from ..db import queries`` -> ``db.queries`` and ``from .space import Space`` ->
+    ``tuner.space``)."""
+    package = path.relative_to(ROOT).parent.parts
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             out |= {a.name.removeprefix(NAMESPACE) for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            base = ".".join(package[: len(package) - node.level + 1])
+            if node.module:
+                out.add(f"{base}.{node.module}" if base else node.module)
+            else:  # from . import stats: the names are modules (or a package's names; both count)
+                out |= {f"{base}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
             if node.module == NAMESPACE[:-1]:
                 out |= {a.name for a in node.names}
             else:
                 out.add(node.module.removeprefix(NAMESPACE))
     return out
+
+
+def test_imports_are_read_both_ways():
+    """The layer tests below see an import whether it is written through the namespace or relative to its file."""
+    assert {"tuner.space", "tuner.strategies"} <= _imports(ROOT / "tuner" / "search.py")
+    assert {"db.verdicts", "tuner.stats"} <= _imports(ROOT / "tuner" / "study.py")
+    assert "kernels.config" in _imports(ROOT / "kernels" / "decode.py")
+
+
+def test_the_packages_import_each_other_relative_to_their_files():
+    """Inside kernels/, db/ and tuner/ a module names another by its place (``from ..db.store import Store``), so that
+    the import says which file it reads; the kernel's three files keep the namespace's form, because their text is
+    the kernel's identity (``kernels.config.KERNEL_FILES``; a new form would make every table stale), and Alembic
+    loads db/migrations/ by path, not as the package's modules."""
+    from sparse_mla_tuner.kernels.config import KERNEL_FILES
+
+    for pkg in ("kernels", "db", "tuner"):
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            if (path.parent.name == "kernels" and path.name in KERNEL_FILES) or "migrations" in path.parts:
+                continue
+            tree = ast.parse(path.read_text())
+            absolute = [
+                node.module
+                for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith(NAMESPACE)
+            ]
+            absolute += [
+                a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names
+                if a.name.startswith(NAMESPACE)
+            ]  # fmt: skip
+            assert not absolute, f"{path.relative_to(ROOT)} imports {absolute} through the namespace"
 
 
 def test_the_project_imports_itself_only_through_its_namespace():

@@ -1,5 +1,5 @@
 """``python -m tuner`` is the ``tuner`` command."""
 
-from sparse_mla_tuner.tuner.cli import main
+from .cli import main
 
 main()

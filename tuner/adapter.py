@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sparse_mla_tuner.tuner.errors import SpaceError
+from .errors import SpaceError
 
 # Built-in adapters by the name a space file gives (``kernel: sparse_mla``): "module:Class".
 BUILTIN: dict[str, str] = {"sparse_mla": "sparse_mla_tuner.tuner.adapters.sparse_mla:SparseMlaAdapter"}

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sparse_mla_tuner.db import queries
-from sparse_mla_tuner.db import record
-from sparse_mla_tuner.db.verdicts import Verdict
-from sparse_mla_tuner.tuner import stats
-from sparse_mla_tuner.tuner.errors import TunerError
-from sparse_mla_tuner.tuner.protocol import WARNING_AS_ERROR
-from sparse_mla_tuner.tuner.protocol import CalibrateRequest
+from ..db import queries
+from ..db import record
+from ..db.verdicts import Verdict
+from . import stats
+from .errors import TunerError
+from .protocol import WARNING_AS_ERROR
+from .protocol import CalibrateRequest
 
 KernelConfig = object  # annotations: the adapter's config type
 
@@ -102,7 +102,7 @@ def store_calibration(
     """Records ``cal`` under ``kernel_hash`` (default: ``adapter``'s source hash, the built-in kernel's when
     ``adapter`` is None)."""
     if adapter is None:
-        from sparse_mla_tuner.tuner.adapter import default_adapter
+        from .adapter import default_adapter
 
         adapter = default_adapter()
     env = queries.ensure_environment(session, info)

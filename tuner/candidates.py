@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 
-from sparse_mla_tuner.db.verdicts import Verdict
-from sparse_mla_tuner.tuner import strategies
+from ..db.verdicts import Verdict
+from . import strategies
 
 KernelConfig = object  # annotations: the adapter's config type
 LAUNCHED = {Verdict.OK, Verdict.WRONG, Verdict.CRASHED, Verdict.TIMEOUT, Verdict.MISSING}  # measured, for the budget

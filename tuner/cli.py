@@ -11,21 +11,21 @@ from pathlib import Path
 
 import click
 
-from sparse_mla_tuner.db.errors import QUOTE_MAX
-from sparse_mla_tuner.db.errors import DatabaseError
-from sparse_mla_tuner.db.errors import quote
-from sparse_mla_tuner.db.verdicts import Phase
-from sparse_mla_tuner.db.verdicts import Verdict
-from sparse_mla_tuner.tuner import __version__
-from sparse_mla_tuner.tuner.adapters.sparse_mla import BENCH_MODULE
-from sparse_mla_tuner.tuner.adapters.sparse_mla import PARAM_NAMES
-from sparse_mla_tuner.tuner.adapters.sparse_mla import KernelConfig
-from sparse_mla_tuner.tuner.adapters.sparse_mla import SparseMlaAdapter
-from sparse_mla_tuner.tuner.errors import TunerError
-from sparse_mla_tuner.tuner.output import format_option
-from sparse_mla_tuner.tuner.output import pct
-from sparse_mla_tuner.tuner.output import render
-from sparse_mla_tuner.tuner.output import varying
+from ..db.errors import QUOTE_MAX
+from ..db.errors import DatabaseError
+from ..db.errors import quote
+from ..db.verdicts import Phase
+from ..db.verdicts import Verdict
+from . import __version__
+from .adapters.sparse_mla import BENCH_MODULE
+from .adapters.sparse_mla import PARAM_NAMES
+from .adapters.sparse_mla import KernelConfig
+from .adapters.sparse_mla import SparseMlaAdapter
+from .errors import TunerError
+from .output import format_option
+from .output import pct
+from .output import render
+from .output import varying
 
 VERDICT_FIELDS = (  # a check row's fields after the config's parameters
     "shared_bytes",
@@ -47,7 +47,7 @@ MESSAGE_MAX = 1000
 def one_line(text: str) -> str:
     """A message as one line of sane length: any run of QUOTE_MAX + 50 or more characters without a space
     (user input echoed by a library) is cut to QUOTE_MAX and its length said, and the whole line too."""
-    from sparse_mla_tuner.tuner.output import plain
+    from .output import plain
 
     text = plain(" ".join(str(text).split()))  # a terminal escape in a stored name is shown, not obeyed
     text = LONG_TOKEN.sub(lambda m: f"{m.group(0)[:QUOTE_MAX]}... ({len(m.group(0))} characters)", text)
@@ -73,7 +73,7 @@ def expected_errors(fn):
             click.echo("interrupted", err=True)
             sys.exit(130)
         except Exception as e:  # disk full, read-only, quota: Optuna's and SQLAlchemy's errors wrap the cause
-            from sparse_mla_tuner.db.store import resource_error
+            from ..db.store import resource_error
 
             err = resource_error(e, kwargs.get("db_url") or "the results database")
             if err is None:
@@ -213,7 +213,7 @@ def _check_brief(rows: list[dict], adapter=None) -> list[dict]:
 
 
 def _search_brief(rows: list[dict]) -> list[dict]:
-    from sparse_mla_tuner.db.verdicts import Verdict as V
+    from ..db.verdicts import Verdict as V
 
     out = []
     for r in rows:
@@ -349,11 +349,11 @@ def check(
     once Triton has allocated shared memory: the verdict is the compiler's own shared size for the
     target, and registers and spills stay empty; --registers compiles through ptxas for them.
     """
-    from sparse_mla_tuner.db.store import Store
-    from sparse_mla_tuner.tuner.feasibility import check_many
-    from sparse_mla_tuner.tuner.progress import Progress
-    from sparse_mla_tuner.tuner.space import TARGETS
-    from sparse_mla_tuner.tuner.space import load_space
+    from ..db.store import Store
+    from .feasibility import check_many
+    from .progress import Progress
+    from .space import TARGETS
+    from .space import load_space
 
     space = load_space(space_file)
     adapter = space.adapter
@@ -422,7 +422,7 @@ class _SearchCommand(click.Command):
     """`tuner search`, whose help ends with every strategy's options (read when the help is shown)."""
 
     def format_epilog(self, ctx, formatter) -> None:
-        from sparse_mla_tuner.tuner import strategies
+        from . import strategies
 
         formatter.write_paragraph()
         formatter.write_text(
@@ -535,12 +535,12 @@ def search(
     Ctrl-C stops after the running trial. A trial whose heartbeat (every 2 s) is silent for 10 s belongs to a
     dead host and is retried; $TUNER_HEARTBEAT_GRACE_S sets those 10 s (whole seconds, more than 2).
     """
-    from sparse_mla_tuner.db.store import Store
-    from sparse_mla_tuner.tuner.heartbeat import grace_s
-    from sparse_mla_tuner.tuner.search import Options
-    from sparse_mla_tuner.tuner.search import run_search
-    from sparse_mla_tuner.tuner.space import load_space
-    from sparse_mla_tuner.tuner.summary import time_lines
+    from ..db.store import Store
+    from .heartbeat import grace_s
+    from .search import Options
+    from .search import run_search
+    from .space import load_space
+    from .summary import time_lines
 
     space = load_space(space_file)
     _replay_kernel(space, backend)
@@ -549,7 +549,7 @@ def search(
     if (replay_db or replay_kernel or replay_queue != "memory") and backend != "replay":
         raise TunerError("--replay-db, --replay-kernel and --replay-queue need --backend replay")
     if replay_db:  # checked as --db is, before anything is created
-        from sparse_mla_tuner.db.store import check_url
+        from ..db.store import check_url
 
         check_url(replay_db, create=False, option="--replay-db")
     _check_workers(workers, _backend(backend))
@@ -611,7 +611,7 @@ def _first_configs(text: str | None, space) -> list:
 def _replay_kernel(space, backend: str | None) -> None:
     """The replay backend draws from the built-in kernel's recorded samples: a space of another adapter is
     measured on a GPU or the interpreter, and says so before anything starts."""
-    from sparse_mla_tuner.tuner.adapter import DEFAULT
+    from .adapter import DEFAULT
 
     if backend == "replay" and space.adapter.spec != DEFAULT:
         raise TunerError(
@@ -678,12 +678,12 @@ def calibrate(space_file, workload_name, concurrency, pairs, backend, quiet, fmt
     policy calls an A/A trial non-flat. `tuner search` uses the latest calibration of the same
     environment, workload and concurrency.
     """
-    from sparse_mla_tuner.db.store import Store
-    from sparse_mla_tuner.tuner import calibrate as cal
-    from sparse_mla_tuner.tuner.progress import Progress
-    from sparse_mla_tuner.tuner.search import Options
-    from sparse_mla_tuner.tuner.search import start_processes
-    from sparse_mla_tuner.tuner.space import load_space
+    from ..db.store import Store
+    from . import calibrate as cal
+    from .progress import Progress
+    from .search import Options
+    from .search import start_processes
+    from .space import load_space
 
     space = load_space(space_file)
     workloads = [w for w in space.workloads if workload_name in (None, w.name)]
@@ -767,11 +767,11 @@ def _bytes_moved(wl, concurrency: int) -> int | None:
     """The least bytes a call of a recorded workload moves: the built-in kernel's whole call (both caches, every
     token), or another adapter's :meth:`~tuner.adapter.KernelAdapter.bytes_moved` (None when it cannot be
     made here)."""
-    from sparse_mla_tuner.db.models import COLUMNS_ADAPTER
+    from ..db.models import COLUMNS_ADAPTER
 
     if wl.adapter == COLUMNS_ADAPTER:
         return SparseMlaAdapter().bytes_moved(wl.workload(), concurrency)
-    from sparse_mla_tuner.tuner.adapter import adapter_named
+    from .adapter import adapter_named
 
     try:
         adapter = adapter_named(wl.adapter)
@@ -796,8 +796,8 @@ def _bytes_moved(wl, concurrency: int) -> int | None:
 @expected_errors
 def best(concurrency, space, workload, device, backend, fmt, db_url):
     """The best `ok` config at a concurrency, with its CI, ratio to baseline and noise verdict."""
-    from sparse_mla_tuner.db import queries
-    from sparse_mla_tuner.db.store import Store
+    from ..db import queries
+    from ..db.store import Store
 
     store = Store(db_url, readonly=True)
     with store.session() as s:
@@ -815,7 +815,7 @@ def best(concurrency, space, workload, device, backend, fmt, db_url):
 
 def _no_level(store, concurrency: int, **where) -> str:
     """Why ``best`` found nothing: the levels that do hold ok results (under the same filters), and the nearest."""
-    from sparse_mla_tuner.db import queries
+    from ..db import queries
 
     with store.session() as s:
         levels = queries.ok_levels(s, **where)
@@ -854,9 +854,9 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
     """Every trial: config, verdict, reason, feasibility numbers, median and ratio."""
     from sqlalchemy import select
 
-    from sparse_mla_tuner.db import queries
-    from sparse_mla_tuner.db.models import TrialModel
-    from sparse_mla_tuner.db.store import Store
+    from ..db import queries
+    from ..db.models import TrialModel
+    from ..db.store import Store
 
     store = Store(db_url, readonly=True)
     with store.session() as s:
@@ -936,24 +936,24 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
 @expected_errors
 def export(out_dir, export_format, backend, record, shapes, db_url):
     """Write the kernel's autotune tables: the best ok config per concurrency, per device and workload."""
-    from sparse_mla_tuner.db.store import Store
-    from sparse_mla_tuner.tuner.export import export_tables
-    from sparse_mla_tuner.tuner.export import parse_shape
-    from sparse_mla_tuner.tuner.export import triton_module
+    from ..db.store import Store
+    from .export import export_tables
+    from .export import parse_shape
+    from .export import triton_module
 
     store = Store(db_url, create=False) if record and export_format != "triton" else Store(db_url, readonly=True)
     if export_format == "triton" and shapes:
         raise TunerError("--shape applies to the engine and sglang formats, not to --format triton")
     if export_format == "triton":
         if out_dir is not None:
-            from sparse_mla_tuner.tuner.export import check_output
+            from .export import check_output
 
             check_output(Path(out_dir))
         text = triton_module(store, backend)
         if out_dir is None:
             click.echo(text, nl=False)
             return
-        from sparse_mla_tuner.tuner.export import write_file
+        from .export import write_file
 
         write_file(Path(out_dir), text)  # atomically, a regular file only (never a FIFO, never through a link)
         click.echo(out_dir)
@@ -985,12 +985,12 @@ def report(output, plots_dir, bench_files, db_url):
     """The A/B report: noise band, best per concurrency, each lever's effect, dead ends, infeasible configs."""
     import os.path
 
-    from sparse_mla_tuner.db.store import Store
-    from sparse_mla_tuner.tuner.report import load_bench
-    from sparse_mla_tuner.tuner.report import render_report
+    from ..db.store import Store
+    from .report import load_bench
+    from .report import render_report
 
     if output:  # a FIFO, a directory or a link where the report should go: one sentence before any work
-        from sparse_mla_tuner.tuner.export import check_output
+        from .export import check_output
 
         check_output(Path(output))
     prefix = ""
@@ -1002,7 +1002,7 @@ def report(output, plots_dir, bench_files, db_url):
     except OSError as e:
         raise TunerError(f"cannot write {e.filename or plots_dir}: {e.strerror}") from None
     if output:
-        from sparse_mla_tuner.tuner.export import write_file
+        from .export import write_file
 
         write_file(Path(output), text)  # atomically, a regular file only (never a FIFO, never through a link)
         click.echo(f"wrote {output}", err=True)
@@ -1017,8 +1017,8 @@ def report(output, plots_dir, bench_files, db_url):
 @expected_errors
 def show(trial_id, fmt, db_url):
     """Everything about trial TRIAL_ID (see `tuner trials`), raw samples included."""
-    from sparse_mla_tuner.db.models import TrialModel
-    from sparse_mla_tuner.db.store import Store
+    from ..db.models import TrialModel
+    from ..db.store import Store
 
     store = Store(db_url, readonly=True)
     with store.session() as s:
@@ -1082,9 +1082,9 @@ def compare(config_a, config_b, space, fmt, db_url):
     One row per study that measured both: a level measured with several kernels (each kernel source
     is its own study) has one row per kernel, told apart by the `kernel` column (its source hash).
     """
-    from sparse_mla_tuner.db import queries
-    from sparse_mla_tuner.db.store import Store
-    from sparse_mla_tuner.tuner import stats
+    from ..db import queries
+    from ..db.store import Store
+    from . import stats
 
     config_a, config_b = (str(_parse_config(c)) for c in (config_a, config_b))
     store = Store(db_url, readonly=True)
@@ -1146,9 +1146,9 @@ def studies(fmt, db_url):
     """Every study: space, workload, concurrency, device, backend, noise band and trial counts."""
     from sqlalchemy import select
 
-    from sparse_mla_tuner.db import queries
-    from sparse_mla_tuner.db.models import StudyModel
-    from sparse_mla_tuner.db.store import Store
+    from ..db import queries
+    from ..db.models import StudyModel
+    from ..db.store import Store
 
     store = Store(db_url, readonly=True)
     rows = []
@@ -1186,10 +1186,10 @@ def upgrade(db_url):
     """Migrate an older results database to the current schema (nothing is dropped), and give every Optuna
     study that an older search left without them its metric name and attributes (optuna-dashboard shows
     every study alike)."""
-    from sparse_mla_tuner.db.store import Store
-    from sparse_mla_tuner.db.store import head_revision
-    from sparse_mla_tuner.tuner.upgrade import METRIC
-    from sparse_mla_tuner.tuner.upgrade import label_studies
+    from ..db.store import Store
+    from ..db.store import head_revision
+    from .upgrade import METRIC
+    from .upgrade import label_studies
 
     store = Store(db_url, upgrade=True, create=False)
     labelled = label_studies(store)
@@ -1228,7 +1228,7 @@ def _compact_brief(rows: list[dict]) -> list[dict]:
 @expected_errors
 def compact(keep, drop_unlaunched, dry_run, fmt, db_url):
     """Drop the raw samples and Optuna studies of superseded kernels, keeping their trials and statistics; VACUUM."""
-    from sparse_mla_tuner.tuner.compact import compact as run
+    from .compact import compact as run
 
     done = run(db_url, tuple(keep), dry_run, unlaunched=drop_unlaunched)
     click.echo(render(done.rows, fmt, _compact_brief))

@@ -15,11 +15,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparse_mla_tuner.db import queries
-from sparse_mla_tuner.db import record
-from sparse_mla_tuner.db.store import Store
-from sparse_mla_tuner.db.store import redact_url
-from sparse_mla_tuner.tuner.errors import TunerError
+from ..db import queries
+from ..db import record
+from ..db.store import Store
+from ..db.store import redact_url
+from .errors import TunerError
 
 
 @dataclass

@@ -38,8 +38,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from sparse_mla_tuner.tuner.adapter import DEFAULT
-from sparse_mla_tuner.tuner.adapter import adapter_named
+from .adapter import DEFAULT
+from .adapter import adapter_named
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 # one stderr line per finished job; tuner.feasibility.PROGRESS_LINE parses it (kept apart: importing this

@@ -35,28 +35,28 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from sparse_mla_tuner.db import queries
-from sparse_mla_tuner.db.models import COLUMNS_ADAPTER
-from sparse_mla_tuner.db.models import ExportModel
-from sparse_mla_tuner.db.models import TrialModel
-from sparse_mla_tuner.db.paths import PathError
-from sparse_mla_tuner.db.paths import check_target
-from sparse_mla_tuner.db.paths import folder as safe_folder
-from sparse_mla_tuner.db.paths import write_atomic
-from sparse_mla_tuner.db.store import Store
-from sparse_mla_tuner.db.store import redact_url
-from sparse_mla_tuner.db.verdicts import Verdict
-from sparse_mla_tuner.tuner.adapters.sparse_mla import ENV_DIR
-from sparse_mla_tuner.tuner.adapters.sparse_mla import PARAMS
-from sparse_mla_tuner.tuner.adapters.sparse_mla import Role
-from sparse_mla_tuner.tuner.adapters.sparse_mla import device_slug
-from sparse_mla_tuner.tuner.adapters.sparse_mla import nearest_shape
-from sparse_mla_tuner.tuner.adapters.sparse_mla import raw_slug
-from sparse_mla_tuner.tuner.adapters.sparse_mla import sidecar_path
-from sparse_mla_tuner.tuner.adapters.sparse_mla import table_name
-from sparse_mla_tuner.tuner.adapters.sparse_mla import triton_folder
-from sparse_mla_tuner.tuner.adapters.sparse_mla import version_tuple
-from sparse_mla_tuner.tuner.errors import TunerError
+from ..db import queries
+from ..db.models import COLUMNS_ADAPTER
+from ..db.models import ExportModel
+from ..db.models import TrialModel
+from ..db.paths import PathError
+from ..db.paths import check_target
+from ..db.paths import folder as safe_folder
+from ..db.paths import write_atomic
+from ..db.store import Store
+from ..db.store import redact_url
+from ..db.verdicts import Verdict
+from .adapters.sparse_mla import ENV_DIR
+from .adapters.sparse_mla import PARAMS
+from .adapters.sparse_mla import Role
+from .adapters.sparse_mla import device_slug
+from .adapters.sparse_mla import nearest_shape
+from .adapters.sparse_mla import raw_slug
+from .adapters.sparse_mla import sidecar_path
+from .adapters.sparse_mla import table_name
+from .adapters.sparse_mla import triton_folder
+from .adapters.sparse_mla import version_tuple
+from .errors import TunerError
 
 FORMATS = ("engine", "sglang", "triton")
 DEFAULT_OUT = "tuned_configs"  # in the working directory: an export never writes into the installed package

@@ -34,13 +34,13 @@ from dataclasses import dataclass
 
 import triton
 
-from sparse_mla_tuner.db import queries
-from sparse_mla_tuner.tuner.adapter import default_adapter
-from sparse_mla_tuner.tuner.adapters.sparse_mla import KernelConfig
-from sparse_mla_tuner.tuner.adapters.sparse_mla import Workload
-from sparse_mla_tuner.tuner.adapters.sparse_mla import estimate_shared  # noqa: F401 - the built-in kernel's estimate
-from sparse_mla_tuner.tuner.errors import FeasibilityError
-from sparse_mla_tuner.tuner.space import TARGETS
+from ..db import queries
+from .adapter import default_adapter
+from .adapters.sparse_mla import KernelConfig
+from .adapters.sparse_mla import Workload
+from .adapters.sparse_mla import estimate_shared  # noqa: F401 - the built-in kernel's estimate
+from .errors import FeasibilityError
+from .space import TARGETS
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ class BackgroundWarm:
     ``wait()`` returns the seconds it took; ``close()`` stops it (its compiles are not needed any more)."""
 
     def __init__(self, configs: list[KernelConfig], workload: Workload, cc: int, spare: int = 2, adapter=None) -> None:
-        from sparse_mla_tuner.tuner.compile_process import usable_cores
+        from .compile_process import usable_cores
 
         self.proc: subprocess.Popen | None = None
         self.errors: list[str] = []

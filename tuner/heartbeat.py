@@ -12,7 +12,7 @@ import re
 import socket
 import threading
 
-from sparse_mla_tuner.tuner.errors import TunerError
+from .errors import TunerError
 
 HEARTBEAT_S = 2.0  # a running trial beats every 2 s
 GRACE_S = 10  # a trial silent for this long belongs to a dead host: Optuna fails it and it is retried

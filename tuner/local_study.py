@@ -16,11 +16,11 @@ import time
 from dataclasses import dataclass
 from dataclasses import field
 
-from sparse_mla_tuner.tuner import stats
-from sparse_mla_tuner.tuner import strategies
-from sparse_mla_tuner.tuner.feasibility import Feasibility
-from sparse_mla_tuner.tuner.space import SearchSpace
-from sparse_mla_tuner.tuner.study import StudyPlan
+from . import stats
+from . import strategies
+from .feasibility import Feasibility
+from .space import SearchSpace
+from .study import StudyPlan
 
 
 @dataclass

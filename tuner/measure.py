@@ -9,14 +9,14 @@ import sys
 import tempfile
 import time
 
-from sparse_mla_tuner.db.verdicts import Verdict
-from sparse_mla_tuner.tuner.errors import TunerError
-from sparse_mla_tuner.tuner.protocol import CalibrateRequest
-from sparse_mla_tuner.tuner.protocol import Exit
-from sparse_mla_tuner.tuner.protocol import MeasureReply
-from sparse_mla_tuner.tuner.protocol import MeasureRequest
-from sparse_mla_tuner.tuner.protocol import decode
-from sparse_mla_tuner.tuner.protocol import encode
+from ..db.verdicts import Verdict
+from .errors import TunerError
+from .protocol import CalibrateRequest
+from .protocol import Exit
+from .protocol import MeasureReply
+from .protocol import MeasureRequest
+from .protocol import decode
+from .protocol import encode
 
 
 class ProcessDied(Exception):

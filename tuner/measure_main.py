@@ -29,18 +29,18 @@ if BACKEND == "interpreter":
 
 import torch  # noqa: E402
 
-from sparse_mla_tuner.db.verdicts import Verdict  # noqa: E402
-from sparse_mla_tuner.kernels import timing  # noqa: E402
-from sparse_mla_tuner.tuner.adapter import DEFAULT  # noqa: E402
-from sparse_mla_tuner.tuner.adapter import adapter_named  # noqa: E402
-from sparse_mla_tuner.tuner.protocol import WARNING_AS_ERROR  # noqa: E402
-from sparse_mla_tuner.tuner.protocol import CalibrateRequest  # noqa: E402
-from sparse_mla_tuner.tuner.protocol import Exit  # noqa: E402
-from sparse_mla_tuner.tuner.protocol import Hello  # noqa: E402
-from sparse_mla_tuner.tuner.protocol import MeasureReply  # noqa: E402
-from sparse_mla_tuner.tuner.protocol import MeasureRequest  # noqa: E402
-from sparse_mla_tuner.tuner.protocol import decode as decode_message  # noqa: E402
-from sparse_mla_tuner.tuner.protocol import encode  # noqa: E402
+from ..db.verdicts import Verdict  # noqa: E402
+from ..kernels import timing  # noqa: E402
+from .adapter import DEFAULT  # noqa: E402
+from .adapter import adapter_named  # noqa: E402
+from .protocol import WARNING_AS_ERROR  # noqa: E402
+from .protocol import CalibrateRequest  # noqa: E402
+from .protocol import Exit  # noqa: E402
+from .protocol import Hello  # noqa: E402
+from .protocol import MeasureReply  # noqa: E402
+from .protocol import MeasureRequest  # noqa: E402
+from .protocol import decode as decode_message  # noqa: E402
+from .protocol import encode  # noqa: E402
 
 SAMPLE_MS = 2.0  # GPU: replays per sample are chosen so that one sample lasts at least this long
 PREPARED_CONFIGS = 3  # configs whose prepared calls are kept (the candidate, the baseline, one more)

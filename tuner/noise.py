@@ -13,12 +13,12 @@ import dataclasses
 
 import numpy as np
 
-from sparse_mla_tuner.db.verdicts import Phase
-from sparse_mla_tuner.db.verdicts import Verdict
-from sparse_mla_tuner.tuner import calibrate
-from sparse_mla_tuner.tuner import stats
-from sparse_mla_tuner.tuner.protocol import MeasureReply
-from sparse_mla_tuner.tuner.recorder import measurement_seed
+from ..db.verdicts import Phase
+from ..db.verdicts import Verdict
+from . import calibrate
+from . import stats
+from .protocol import MeasureReply
+from .recorder import measurement_seed
 
 KernelConfig = object  # annotations: the adapter's config type
 

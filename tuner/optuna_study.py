@@ -16,14 +16,14 @@ import time
 
 import optuna
 
-from sparse_mla_tuner.db.verdicts import Verdict
-from sparse_mla_tuner.tuner import optuna_rows
-from sparse_mla_tuner.tuner.heartbeat import HEARTBEAT_S
-from sparse_mla_tuner.tuner.heartbeat import OWNER_ATTR
-from sparse_mla_tuner.tuner.heartbeat import owner
-from sparse_mla_tuner.tuner.heartbeat import owner_alive
-from sparse_mla_tuner.tuner.recorder import ok_attrs
-from sparse_mla_tuner.tuner.recorder import shared_write
+from ..db.verdicts import Verdict
+from . import optuna_rows
+from .heartbeat import HEARTBEAT_S
+from .heartbeat import OWNER_ATTR
+from .heartbeat import owner
+from .heartbeat import owner_alive
+from .recorder import ok_attrs
+from .recorder import shared_write
 
 KernelConfig = object  # annotations: the adapter's config type
 WAITING, RUNNING, COMPLETE, PRUNED, FAIL = (

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from dataclasses import field
 from dataclasses import fields
 
-from sparse_mla_tuner.db.verdicts import Verdict
-from sparse_mla_tuner.tuner.adapter import DEFAULT
-from sparse_mla_tuner.tuner.adapter import adapter_named
+from ..db.verdicts import Verdict
+from .adapter import DEFAULT
+from .adapter import adapter_named
 
 KernelConfig = Workload = object  # annotations: the adapter's config and workload types
 

@@ -16,24 +16,24 @@ import numpy as np
 import optuna
 from sqlalchemy import select
 
-from sparse_mla_tuner.db import queries
-from sparse_mla_tuner.db import record
-from sparse_mla_tuner.db.errors import DatabaseError
-from sparse_mla_tuner.db.errors import DatabaseGoneError
-from sparse_mla_tuner.db.models import StudyModel
-from sparse_mla_tuner.db.models import TrialModel
-from sparse_mla_tuner.db.models import config_fields
-from sparse_mla_tuner.db.models import get_or_create
-from sparse_mla_tuner.db.verdicts import Effect
-from sparse_mla_tuner.db.verdicts import Phase
-from sparse_mla_tuner.db.verdicts import Verdict
-from sparse_mla_tuner.tuner import calibrate
-from sparse_mla_tuner.tuner import stats
-from sparse_mla_tuner.tuner.adapter import stored_launch
-from sparse_mla_tuner.tuner.candidates import LAUNCHED
-from sparse_mla_tuner.tuner.errors import SpaceError
-from sparse_mla_tuner.tuner.protocol import MeasureReply
-from sparse_mla_tuner.tuner.summary import summary_row
+from ..db import queries
+from ..db import record
+from ..db.errors import DatabaseError
+from ..db.errors import DatabaseGoneError
+from ..db.models import StudyModel
+from ..db.models import TrialModel
+from ..db.models import config_fields
+from ..db.models import get_or_create
+from ..db.verdicts import Effect
+from ..db.verdicts import Phase
+from ..db.verdicts import Verdict
+from . import calibrate
+from . import stats
+from .adapter import stored_launch
+from .candidates import LAUNCHED
+from .errors import SpaceError
+from .protocol import MeasureReply
+from .summary import summary_row
 
 KernelConfig = object  # annotations: the adapter's config type
 

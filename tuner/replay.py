@@ -33,16 +33,16 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from sparse_mla_tuner.db.store import check_url
-from sparse_mla_tuner.db.verdicts import Verdict
-from sparse_mla_tuner.tuner.adapter import default_adapter
-from sparse_mla_tuner.tuner.adapters.sparse_mla import KernelConfig
-from sparse_mla_tuner.tuner.adapters.sparse_mla import Workload
-from sparse_mla_tuner.tuner.errors import TunerError
-from sparse_mla_tuner.tuner.feasibility import Feasibility
-from sparse_mla_tuner.tuner.protocol import CalibrateRequest
-from sparse_mla_tuner.tuner.protocol import MeasureReply
-from sparse_mla_tuner.tuner.protocol import MeasureRequest
+from ..db.store import check_url
+from ..db.verdicts import Verdict
+from .adapter import default_adapter
+from .adapters.sparse_mla import KernelConfig
+from .adapters.sparse_mla import Workload
+from .errors import TunerError
+from .feasibility import Feasibility
+from .protocol import CalibrateRequest
+from .protocol import MeasureReply
+from .protocol import MeasureRequest
 
 
 @dataclass

@@ -19,25 +19,25 @@ from pathlib import Path
 
 import yaml
 
-from sparse_mla_tuner.db import queries
-from sparse_mla_tuner.db.models import COLUMNS_ADAPTER
-from sparse_mla_tuner.db.models import TrialModel
-from sparse_mla_tuner.db.paths import PathError
-from sparse_mla_tuner.db.paths import folder as safe_folder
-from sparse_mla_tuner.db.paths import read_bytes
-from sparse_mla_tuner.db.paths import write_atomic
-from sparse_mla_tuner.db.store import Store
-from sparse_mla_tuner.db.store import redact_url
-from sparse_mla_tuner.db.verdicts import Effect
-from sparse_mla_tuner.db.verdicts import Phase
-from sparse_mla_tuner.db.verdicts import Verdict
-from sparse_mla_tuner.tuner.adapters.sparse_mla import BENCH_MODULE
-from sparse_mla_tuner.tuner.adapters.sparse_mla import PARAM_NAMES
-from sparse_mla_tuner.tuner.adapters.sparse_mla import KernelConfig
-from sparse_mla_tuner.tuner.adapters.sparse_mla import Workload
-from sparse_mla_tuner.tuner.errors import TunerError
-from sparse_mla_tuner.tuner.output import gbps
-from sparse_mla_tuner.tuner.output import pct
+from ..db import queries
+from ..db.models import COLUMNS_ADAPTER
+from ..db.models import TrialModel
+from ..db.paths import PathError
+from ..db.paths import folder as safe_folder
+from ..db.paths import read_bytes
+from ..db.paths import write_atomic
+from ..db.store import Store
+from ..db.store import redact_url
+from ..db.verdicts import Effect
+from ..db.verdicts import Phase
+from ..db.verdicts import Verdict
+from .adapters.sparse_mla import BENCH_MODULE
+from .adapters.sparse_mla import PARAM_NAMES
+from .adapters.sparse_mla import KernelConfig
+from .adapters.sparse_mla import Workload
+from .errors import TunerError
+from .output import gbps
+from .output import pct
 
 NOT_MEASURED = "not measured"
 # what gives a character meaning inside a line of Markdown text or a table: always these; `_` only at a

@@ -23,18 +23,18 @@ import click
 import optuna
 import sqlalchemy.exc
 
-from sparse_mla_tuner.tuner import strategies
-from sparse_mla_tuner.tuner.errors import TunerError
-from sparse_mla_tuner.tuner.feasibility import BackgroundWarm
-from sparse_mla_tuner.tuner.feasibility import check_many
-from sparse_mla_tuner.tuner.heartbeat import HEARTBEAT_S
-from sparse_mla_tuner.tuner.heartbeat import grace_s
-from sparse_mla_tuner.tuner.measure import MeasurementProcess
-from sparse_mla_tuner.tuner.progress import Progress
-from sparse_mla_tuner.tuner.recorder import SpaceHistory
-from sparse_mla_tuner.tuner.space import SearchSpace
-from sparse_mla_tuner.tuner.study import StudyPlan
-from sparse_mla_tuner.tuner.study import StudyRun
+from . import strategies
+from .errors import TunerError
+from .feasibility import BackgroundWarm
+from .feasibility import check_many
+from .heartbeat import HEARTBEAT_S
+from .heartbeat import grace_s
+from .measure import MeasurementProcess
+from .progress import Progress
+from .recorder import SpaceHistory
+from .space import SearchSpace
+from .study import StudyPlan
+from .study import StudyRun
 
 
 @dataclass
@@ -229,7 +229,7 @@ def _source_and_storage(opts: Options, store) -> tuple:
     _quiet_optuna()
     if opts.backend != "replay":
         return None, _storage(store.url)
-    from sparse_mla_tuner.tuner.replay import ReplaySource
+    from .replay import ReplaySource
 
     if not opts.replay_db and opts.replay_source is None:
         raise TunerError("--backend replay needs --replay-db URL (the database whose samples are replayed)")
@@ -274,7 +274,7 @@ def start_processes(opts: Options, source=None, kernel: str | None = None) -> li
     the replay backend's stand-in; ``kernel``: the adapter they measure (:attr:`KernelAdapter.spec`)."""
     n = opts.workers
     if source is not None:
-        from sparse_mla_tuner.tuner.replay import ReplayProcess
+        from .replay import ReplayProcess
 
         return [ReplayProcess(source)]
     if opts.backend == "cuda":

@@ -22,15 +22,15 @@ from pathlib import Path
 
 import yaml
 
-from sparse_mla_tuner.db.paths import PathError
-from sparse_mla_tuner.db.paths import read_bytes
-from sparse_mla_tuner.db.paths import regular_or_missing
-from sparse_mla_tuner.tuner import strategies
-from sparse_mla_tuner.tuner.adapter import BUILTIN
-from sparse_mla_tuner.tuner.adapter import DEFAULT as DEFAULT_KERNEL
-from sparse_mla_tuner.tuner.adapter import KernelAdapter
-from sparse_mla_tuner.tuner.adapter import load_adapter
-from sparse_mla_tuner.tuner.errors import SpaceError
+from ..db.paths import PathError
+from ..db.paths import read_bytes
+from ..db.paths import regular_or_missing
+from . import strategies
+from .adapter import BUILTIN
+from .adapter import DEFAULT as DEFAULT_KERNEL
+from .adapter import KernelAdapter
+from .adapter import load_adapter
+from .errors import SpaceError
 
 MAX_CONFIGS = 100_000  # the grid is expanded and every config is compile-checked
 MAX_FILE_BYTES = 1_000_000

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as sps
 
-from sparse_mla_tuner.db.verdicts import Effect
+from ..db.verdicts import Effect
 
 N_RESAMPLES = 2000
 FDR_Q = 0.05  # false-discovery rate of the win/regression calls of one study

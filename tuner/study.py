@@ -25,35 +25,35 @@ from dataclasses import field
 
 import optuna
 
-from sparse_mla_tuner.db.verdicts import Verdict
-from sparse_mla_tuner.tuner import stats
-from sparse_mla_tuner.tuner import strategies
-from sparse_mla_tuner.tuner.adapter import KernelAdapter
-from sparse_mla_tuner.tuner.adapter import default_adapter
-from sparse_mla_tuner.tuner.adapter import stored_launch
-from sparse_mla_tuner.tuner.candidates import LAUNCHED
-from sparse_mla_tuner.tuner.candidates import Candidates
-from sparse_mla_tuner.tuner.candidates import new_value_variants  # noqa: F401 - part of this module's interface
-from sparse_mla_tuner.tuner.clock import Clock
-from sparse_mla_tuner.tuner.clock import TimedStore
-from sparse_mla_tuner.tuner.feasibility import Feasibility
-from sparse_mla_tuner.tuner.heartbeat import Heartbeat
-from sparse_mla_tuner.tuner.measure import MeasurementProcess
-from sparse_mla_tuner.tuner.noise import Measurer
-from sparse_mla_tuner.tuner.optuna_study import OptunaStudy
-from sparse_mla_tuner.tuner.optuna_study import optuna_distributions  # noqa: F401 - part of this module's interface
-from sparse_mla_tuner.tuner.output import us
-from sparse_mla_tuner.tuner.progress import Progress
-from sparse_mla_tuner.tuner.protocol import MeasureReply
-from sparse_mla_tuner.tuner.protocol import MeasureRequest
-from sparse_mla_tuner.tuner.recorder import NoiseRecords
-from sparse_mla_tuner.tuner.recorder import SpaceHistory
-from sparse_mla_tuner.tuner.recorder import StudyRecorder
-from sparse_mla_tuner.tuner.recorder import baseline_median
-from sparse_mla_tuner.tuner.recorder import slug  # noqa: F401 - part of this module's interface
-from sparse_mla_tuner.tuner.recorder import study_name  # noqa: F401
-from sparse_mla_tuner.tuner.space import SearchSpace
-from sparse_mla_tuner.tuner.summary import postfix
+from ..db.verdicts import Verdict
+from . import stats
+from . import strategies
+from .adapter import KernelAdapter
+from .adapter import default_adapter
+from .adapter import stored_launch
+from .candidates import LAUNCHED
+from .candidates import Candidates
+from .candidates import new_value_variants  # noqa: F401 - part of this module's interface
+from .clock import Clock
+from .clock import TimedStore
+from .feasibility import Feasibility
+from .heartbeat import Heartbeat
+from .measure import MeasurementProcess
+from .noise import Measurer
+from .optuna_study import OptunaStudy
+from .optuna_study import optuna_distributions  # noqa: F401 - part of this module's interface
+from .output import us
+from .progress import Progress
+from .protocol import MeasureReply
+from .protocol import MeasureRequest
+from .recorder import NoiseRecords
+from .recorder import SpaceHistory
+from .recorder import StudyRecorder
+from .recorder import baseline_median
+from .recorder import slug  # noqa: F401 - part of this module's interface
+from .recorder import study_name  # noqa: F401
+from .space import SearchSpace
+from .summary import postfix
 
 KernelConfig = Workload = object  # annotations: the adapter's config and workload types
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from sparse_mla_tuner.db import queries
-from sparse_mla_tuner.db.models import StudyModel
-from sparse_mla_tuner.db.verdicts import Verdict
-from sparse_mla_tuner.tuner.output import pct
-from sparse_mla_tuner.tuner.output import us
+from ..db import queries
+from ..db.models import StudyModel
+from ..db.verdicts import Verdict
+from .output import pct
+from .output import us
 
 
 def summary_row(session: Session, study_id: int, workload: str, concurrency: int) -> dict:

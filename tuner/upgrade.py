@@ -12,9 +12,9 @@ import warnings
 import yaml
 from sqlalchemy import select
 
-from sparse_mla_tuner.db.models import StudyModel
-from sparse_mla_tuner.db.models import TrialModel
-from sparse_mla_tuner.db.store import Store
+from ..db.models import StudyModel
+from ..db.models import TrialModel
+from ..db.store import Store
 
 METRIC = "median_us"
 OBJECTIVE = "median_us: this study's baseline median x the candidate's paired ratio (lower is better)"

@@ -23,12 +23,12 @@ file's ``sampler:`` mapping and listed by ``tuner search --help`` (:func:`option
 
 from __future__ import annotations
 
-from sparse_mla_tuner.tuner.strategies.base import History
-from sparse_mla_tuner.tuner.strategies.base import Level
-from sparse_mla_tuner.tuner.strategies.base import Measured
-from sparse_mla_tuner.tuner.strategies.base import OptionError
-from sparse_mla_tuner.tuner.strategies.base import Options
-from sparse_mla_tuner.tuner.strategies.base import Strategy
+from .base import History
+from .base import Level
+from .base import Measured
+from .base import OptionError
+from .base import Options
+from .base import Strategy
 
 DEFAULT = "surrogate"
 NAMES = ("grid", "tpe", "surrogate")
@@ -51,15 +51,15 @@ __all__ = [
 def options_type(name: str) -> type[Options]:
     """The options table of the strategy called ``name`` (one of :data:`NAMES`)."""
     if name == "grid":
-        from sparse_mla_tuner.tuner.strategies.grid import GridOptions
+        from .grid import GridOptions
 
         return GridOptions
     if name == "tpe":
-        from sparse_mla_tuner.tuner.strategies.tpe import TpeOptions
+        from .tpe import TpeOptions
 
         return TpeOptions
     if name == "surrogate":
-        from sparse_mla_tuner.tuner.strategies.surrogate import SurrogateOptions
+        from .surrogate import SurrogateOptions
 
         return SurrogateOptions
     raise ValueError(f"unknown search strategy {name!r}; allowed: {', '.join(NAMES)}")
@@ -73,14 +73,14 @@ def make(name: str, seed: int = 0, refit: str = "deterministic", **options) -> S
     model)."""
     opts = options_type(name).from_mapping(options, name)
     if name == "grid":
-        from sparse_mla_tuner.tuner.strategies.grid import Grid
+        from .grid import Grid
 
         return Grid(opts)
     if name == "tpe":
-        from sparse_mla_tuner.tuner.strategies.tpe import Tpe
+        from .tpe import Tpe
 
         return Tpe(seed=seed, options=opts)
-    from sparse_mla_tuner.tuner.strategies.surrogate import Surrogate
+    from .surrogate import Surrogate
 
     return Surrogate(seed=seed, refit=refit, options=opts)
 

@@ -13,7 +13,7 @@ from typing import Any
 from typing import NamedTuple
 
 if TYPE_CHECKING:  # annotations only
-    from sparse_mla_tuner.tuner.adapter import KernelAdapter
+    from ..adapter import KernelAdapter
 
 KernelConfig = Workload = object  # annotations: the adapter's config and workload types
 
@@ -51,7 +51,7 @@ class Level:
 
     def __post_init__(self) -> None:
         if self.adapter is None:  # a level made without a space: the kernel a space that names none gets
-            from sparse_mla_tuner.tuner.adapter import default_adapter
+            from ..adapter import default_adapter
 
             self.adapter = default_adapter()
 

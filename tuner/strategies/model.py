@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-import sparse_mla_tuner.tuner.strategies.hpo as hpo
-from sparse_mla_tuner.tuner.strategies.base import Level
-from sparse_mla_tuner.tuner.strategies.base import Measured
-from sparse_mla_tuner.tuner.strategies.base import Options
+from . import hpo
+from .base import Level
+from .base import Measured
+from .base import Options
 
 if TYPE_CHECKING:
-    from sparse_mla_tuner.tuner.adapter import KernelAdapter
+    from ..adapter import KernelAdapter
 
 FAIL_MARGIN = math.log(1.5)  # a failed launch enters the model this much above the worst value seen
 PRIOR_NOISE = 0.05**2  # a prior point's extra noise variance (log-ratio units) at rho = 1 ...

@@ -55,16 +55,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 from scipy.special import ndtr
 
-from sparse_mla_tuner.tuner.stats import win_edge
-from sparse_mla_tuner.tuner.strategies.base import History
-from sparse_mla_tuner.tuner.strategies.base import Level
-from sparse_mla_tuner.tuner.strategies.base import Options
-from sparse_mla_tuner.tuner.strategies.base import Strategy
-from sparse_mla_tuner.tuner.strategies.base import option
-from sparse_mla_tuner.tuner.strategies.model import Model
+from ..stats import win_edge
+from .base import History
+from .base import Level
+from .base import Options
+from .base import Strategy
+from .base import option
+from .model import Model
 
 if TYPE_CHECKING:
-    from sparse_mla_tuner.tuner.adapter import KernelAdapter
+    from ..adapter import KernelAdapter
 
 KernelConfig = object  # annotations: the adapter's config type
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sparse_mla_tuner.tuner.strategies.base import History
-from sparse_mla_tuner.tuner.strategies.base import Level
-from sparse_mla_tuner.tuner.strategies.base import Options
-from sparse_mla_tuner.tuner.strategies.base import Strategy
-from sparse_mla_tuner.tuner.strategies.base import option
+from .base import History
+from .base import Level
+from .base import Options
+from .base import Strategy
+from .base import option
 
 KernelConfig = object  # annotations: the adapter's config type
 
