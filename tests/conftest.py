@@ -137,12 +137,14 @@ def smoke_search(tmp_path_factory):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config):
-    """Two workers, each running whole test files in order, when pytest-xdist is installed (the dev extra)
-    and no ``-n`` was given: the suite is mostly one process waiting on another (searches, compiles), so
-    two workers nearly halve it on 2 cores. ``-n 0`` runs it in one process; without xdist it runs in one."""
+    """Three workers, each running whole test files in order, when pytest-xdist is installed (the dev extra)
+    and no ``-n`` was given: the suite is mostly one process waiting on another (searches, compiles, killed
+    hosts' grace periods), so on 2 cores two workers left about a third of the CPU idle (14.4 CPU-minutes in
+    11.1 minutes) and a third worker fills it (the same work in 7.6 minutes, README.md's Tests). ``-n 0`` runs
+    it in one process; without xdist it runs in one."""
     if config.pluginmanager.hasplugin("xdist") and config.option.numprocesses is None:
         if not hasattr(config, "workerinput"):
-            config.option.numprocesses = 2
+            config.option.numprocesses = 3
             config.option.dist = "loadfile"
             config.option.loadscopereorder = False  # files in the order FIRST gives, not by their number of tests
 

@@ -214,3 +214,34 @@ def test_the_heartbeat_grace_is_the_storages(tmp_path, monkeypatch):
     assert _storage(url).grace_period == GRACE_S == 10
     monkeypatch.setenv("TUNER_HEARTBEAT_GRACE_S", " 4 ")
     assert _storage(url).grace_period == 4
+
+
+def test_optunas_tables_made_by_another_process_at_the_same_moment_are_used(tmp_path, monkeypatch):
+    """Several searches starting at once on a new PostgreSQL database: Optuna's CREATE TYPE of one loses to another's
+    (type "studydirection" already exists, a ProgrammingError); the storage is opened again, the tables being there.
+    Any other ProgrammingError is not retried."""
+    import optuna
+    import sqlalchemy
+
+    from sparse_mla_tuner.tuner import search
+
+    real, calls = optuna.storages.RDBStorage, []
+
+    def racing(message):
+        def storage(*a, **k):
+            calls.append(message)
+            if len(calls) == 1:
+                orig = Exception(message)
+                raise sqlalchemy.exc.ProgrammingError("CREATE TYPE studydirection AS ENUM (...)", {}, orig)
+            return real(*a, **k)
+
+        return storage
+
+    monkeypatch.setattr(search.time, "sleep", lambda s: None)
+    monkeypatch.setattr(optuna.storages, "RDBStorage", racing('type "studydirection" already exists'))
+    assert isinstance(search._storage(f"sqlite:///{tmp_path / 'r.db'}"), real) and len(calls) == 2
+    calls.clear()
+    monkeypatch.setattr(optuna.storages, "RDBStorage", racing("permission denied for schema public"))
+    with pytest.raises(sqlalchemy.exc.ProgrammingError, match="permission denied"):
+        search._storage(f"sqlite:///{tmp_path / 's.db'}")
+    assert len(calls) == 1

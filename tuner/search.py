@@ -115,9 +115,16 @@ def _storage(url: str) -> optuna.storages.RDBStorage:
                 heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=3),
             )
             break
-        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError, optuna.exceptions.StorageInternalError):
-            # another process created Optuna's tables at the same moment; they exist now
-            if attempt == 4:
+        except (
+            sqlalchemy.exc.IntegrityError,
+            sqlalchemy.exc.OperationalError,
+            sqlalchemy.exc.ProgrammingError,
+            optuna.exceptions.StorageInternalError,
+        ) as e:
+            # another process created Optuna's tables at the same moment; they exist now (PostgreSQL says so of
+            # Optuna's enum types as a ProgrammingError: type "studydirection" already exists)
+            duplicate = not isinstance(e, sqlalchemy.exc.ProgrammingError) or "already exists" in str(e)
+            if attempt == 4 or not duplicate:
                 raise
             time.sleep(0.5 * (attempt + 1))
     if sqlite:
