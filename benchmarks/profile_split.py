@@ -15,25 +15,21 @@ import argparse
 
 import torch
 
-from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.bench import TOPK
+from sparse_mla_tuner.kernels.bench import parse_config
 from sparse_mla_tuner.kernels.decode import sparse_mla_decode
 from sparse_mla_tuner.kernels.workload import Workload
 from sparse_mla_tuner.kernels.workload import make_batch
-
-TOPK = {"fp8_model1": 512, "fp8_v32": 2048}
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("format", choices=sorted(TOPK))
     ap.add_argument("concurrency", type=int)
-    ap.add_argument("config", nargs="?", default=None, help="a config key (default: the exported table's)")
+    ap.add_argument("config", nargs="?", default="table", help="a config key, or table (the default: the exported one)")
     args = ap.parse_args()
     if args.concurrency < 1:
         ap.error(f"the concurrency must be a positive integer, got {args.concurrency}")
-    try:
-        config = None if args.config is None else KernelConfig.parse(args.config)
-    except ValueError as e:
-        ap.error(f"config {args.config!r} is not a config key such as T32-w4-s1-c256-p3 ({e})")
+    config = parse_config(args.config)
     if not torch.cuda.is_available():
         ap.exit(2, "profile_split.py: this needs a CUDA GPU (none is visible)\n")
     C = args.concurrency

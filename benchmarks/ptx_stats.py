@@ -28,6 +28,7 @@ from triton.compiler import ASTSource
 
 from sparse_mla_tuner.kernels import KernelConfig
 from sparse_mla_tuner.kernels import Workload
+from sparse_mla_tuner.kernels.bench import TOPK
 from sparse_mla_tuner.kernels.decode import compile_spec
 from sparse_mla_tuner.tuner.compile_process import cuobjdump
 from sparse_mla_tuner.tuner.compile_process import resources
@@ -76,7 +77,7 @@ if __name__ == "__main__":
     ap.add_argument("--sass", action="store_true", help="also count the cubin's SASS instructions")
     ap.add_argument("--layer", metavar="PAGE,XPAGE", help="the V4 layer call, its caches on these page sizes")
     args = ap.parse_args()
-    workload = Workload(args.format, 16, {"fp8_model1": 512, "fp8_v32": 2048}[args.format], 64, 8192)
+    workload = Workload(args.format, 16, TOPK[args.format], 64, 8192)
     if args.layer:
         try:
             page, xpage = (int(v) for v in args.layer.split(","))
