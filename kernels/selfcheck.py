@@ -13,11 +13,15 @@ import torch
 
 def main() -> int:
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        # @triton.jit picks interpreter-or-compiler at import time: start again with it set
+        # @triton.jit picks interpreter-or-compiler at import time: start again with it set (isolated from the
+        # working folder, as every child of the package's)
+        from sparse_mla_tuner import child_argv
+        from sparse_mla_tuner import child_env
+
         os.execve(
             sys.executable,
-            [sys.executable, "-m", "sparse_mla_tuner.kernels.selfcheck"],
-            {**os.environ, "TRITON_INTERPRET": "1"},
+            child_argv("sparse_mla_tuner.kernels.selfcheck"),
+            child_env({**os.environ, "TRITON_INTERPRET": "1"}),
         )
     from tabulate import tabulate
 

@@ -25,7 +25,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +33,8 @@ from dataclasses import dataclass
 
 import triton
 
+from .. import child_argv
+from .. import child_env
 from ..db import queries
 from .adapter import default_adapter
 from .adapters.sparse_mla import KernelConfig
@@ -102,14 +103,14 @@ def compile_numbers(
     gets the compile process as it starts (a background compile's owner kills it when no longer needed);
     ``jobs_env`` adds environment variables (``TUNER_COMPILE_JOBS``: how many cores it uses).
     """
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | (jobs_env or {})
+    env = child_env({k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | (jobs_env or {}))
     adapter = adapter or default_adapter()
     wl, kernel = adapter.workload_dict(workload), adapter.spec
     jobs = [{"config": c.as_dict(), "workload": wl, "cc": cc, "depth": depth, "kernel": kernel} for c in configs]
     if on_progress is not None:
         on_progress(0, len(jobs))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sparse_mla_tuner.tuner.compile_process"],
+        child_argv("sparse_mla_tuner.tuner.compile_process"),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import selectors
 import subprocess
-import sys
 import tempfile
 import time
 
+from .. import child_argv
+from .. import child_env
 from ..db.verdicts import Verdict
 from .errors import TunerError
 from .protocol import CalibrateRequest
@@ -48,14 +49,14 @@ class MeasurementProcess:
         self._stderr = None  # the child's stderr, a temporary file (a new one per start)
 
     def start(self) -> dict:
-        env = {**os.environ, **self.extra_env, "TUNER_BACKEND": self.backend, "PYTHONUNBUFFERED": "1"}
+        env = child_env({**os.environ, **self.extra_env, "TUNER_BACKEND": self.backend, "PYTHONUNBUFFERED": "1"})
         if self.kernel:
             env["TUNER_KERNEL"] = self.kernel
         if self.backend != "interpreter":
             env.pop("TRITON_INTERPRET", None)
         self._stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sparse_mla_tuner.tuner.measure_main"],
+            child_argv("sparse_mla_tuner.tuner.measure_main"),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,

@@ -195,7 +195,10 @@ class Refitter:
 
     def _worker(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
-            # spawn: the search runs threads, and a forked child of a threaded process may deadlock
+            # spawn: the search runs threads, and a forked child of a threaded process may deadlock. The spawned
+            # interpreter starts as `python -c`, with the working folder first on sys.path: PYTHONSAFEPATH (which it
+            # inherits) keeps that folder's json.py or torch.py from running in it
+            os.environ["PYTHONSAFEPATH"] = "1"
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 1, mp_context=multiprocessing.get_context("spawn"), initializer=_watch_parent, initargs=(os.getpid(),)
             )
