@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The H200 runs behind the committed results: one entry point, one PHASE per part of the GPU run.
 #   OUT=out PHASE=grids bash results/h200.sh    # every feasible distinct launch of the shipped spaces, on the
-#                                               # current kernel: V4 and V3.2 at C=1,8,48,96, the layer call at 1,96
+#                                               # current kernel, at all 15 levels (GRID_LEVELS picks some)
 #                                               # (GRIDS="v32 layer" picks some of v4, v32, layer); logs in $OUT/grids_h200/
 #   OUT=out PHASE=search TUNER_DB=sqlite:///fresh.db bash results/h200.sh   # the default strategy at the gridded
 #                                               # levels of V4 and V3.2 (SEARCHES="v4" picks one; logs in $OUT/search_h200/),
@@ -32,6 +32,8 @@
 # $OUT/h200.db.gz.part00, part01, ...
 set -u
 OUT=${OUT:-results/out}
+# a device run may carry the database gzipped (the working tree that travels is limited): unpack it in place
+if [ ! -e results/h200.db ] && [ -e .dbcarry/h200.db.gz ]; then gunzip -c .dbcarry/h200.db.gz > results/h200.db; fi
 DB=${TUNER_DB:-sqlite:///results/h200.db}
 LIMIT=${LIMIT:-$([ "${PHASE:-grids}" = call ] && echo 350 || echo 540)}  # PHASE=call: 350
 mkdir -p "$OUT"
@@ -58,11 +60,13 @@ case "${PHASE:-grids}" in
       layer) retune retune_h200/v4_flash_layer_tp4 search_spaces/v4_flash_layer_tp4.yaml ;;
       *) echo "unknown retune $g (allowed: v4, v32, layer)"; exit 2 ;;
     esac; done ;;
-  grids)
+  grids)  # every level by default (GRID_LEVELS=1,96 picks some), continuing the cold default searches of the database
+    GRID_LEVELS=${GRID_LEVELS:-1,2,4,8,16,24,32,40,48,56,64,72,80,88,96}
     for g in ${GRIDS:-v4 v32 layer}; do case $g in
-      v4) search grids_h200/v4_grid search_spaces/v4_flash_tp4.yaml 1,8,48,96 --sampler grid ;;
-      v32) search grids_h200/v32_grid search_spaces/v32_tp8.yaml 1,8,48,96 --sampler grid ;;
-      layer) search grids_h200/layer_grid search_spaces/v4_flash_layer_tp4.yaml 1,96 --sampler grid ;;
+      v4) search grids_h200/v4_grid search_spaces/v4_flash_tp4.yaml "$GRID_LEVELS" --sampler grid --n-trials 5000 ;;
+      v32) search grids_h200/v32_grid search_spaces/v32_tp8.yaml "$GRID_LEVELS" --sampler grid --n-trials 5000 ;;
+      layer) search grids_h200/layer_grid search_spaces/v4_flash_layer_tp4.yaml "$GRID_LEVELS" --sampler grid \
+        --n-trials 5000 ;;
       *) echo "unknown grid $g (allowed: v4, v32, layer)"; exit 2 ;;
     esac; done ;;
   search)  # a fresh $TUNER_DB starts with only results/h200.db's feasibility cache (compile checks, no timings)
