@@ -716,7 +716,7 @@ def _merge_row(
     the sink, as the combine kernel does. Under the interpreter the programs run one by one and the last one
     merges. The partials are read through L2 (``.cg``): they were written by other SMs."""
     head_blocks: tl.constexpr = (H + BLOCK_H - 1) // BLOCK_H
-    UNROLL: tl.constexpr = 64 // BLOCK_H  # partials in flight per iteration: 4 x [16, 512] or 2 x [32, 512] bf16
+    UNROLL: tl.constexpr = 32 // BLOCK_H  # partials in flight per iteration: 2 x [16, 512] or 1 x [32, 512] bf16
     p_cnt = Count + i_r * head_blocks + i_hb
     tl.debug_barrier()  # every thread's partial stores are issued before the release
     ticket = tl.atomic_add(p_cnt, 1, sem="acq_rel", scope="gpu")
