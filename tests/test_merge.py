@@ -156,3 +156,47 @@ def test_prepared_calls_with_buffers_share_the_counters(device):
     out, lse = second()
     assert compare(out, lse, *sparse_mla_decode_ref(*bt.args(), **bt.kwargs()))[0]
     assert not first.plan.counters.any()
+
+
+_COMPILE_SCRIPT = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.decode import compile_spec
+from sparse_mla_tuner.kernels.workload import Workload
+from sparse_mla_tuner.tuner.compile_process import resources
+
+window = Workload("fp8_model1", 16, 128, page_size=64, context=128)
+compressed = Workload("fp8_model1", 16, 512, page_size=64, context=8192)
+out = []
+for key, batch in (("T16-w4-s1-c64-p2-m1", 1), ("T32-w4-s1-c256-p3-b1-m1", 40)):
+    for spec in compile_spec(KernelConfig.parse(key), window, 90, batch, extra=compressed, attn_sink=True):
+        k = triton.compile(ASTSource(spec.kernel, spec.signature, spec.constexprs, spec.attrs),
+                           target=GPUTarget("cuda", 90, 32), options=spec.options)
+        ptx = k.asm["ptx"]
+        out.append([key, spec.name, spec.constexprs["MERGE"], spec.constexprs["BALANCED"],
+                    "atom.global.gpu.acq_rel.add" in ptx, "ld.global.cg" in ptx, *resources(k.asm["cubin"])])
+json.dump(out, sys.stdout)
+"""
+
+
+def test_the_merged_layer_call_compiles_for_sm90_with_an_acq_rel_counter():
+    """Both deals of the merged layer call compile for sm_90 on the CPU as one launch each: the counter is an
+    acquire/release atomic at GPU scope and the partials are read through L2 (``ld.global.cg``)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(proc.stdout)
+    assert [(r[0], r[1], r[2], r[3]) for r in rows] == [
+        ("T16-w4-s1-c64-p2-m1", "split", 1, 0),
+        ("T32-w4-s1-c256-p3-b1-m1", "split", 1, 1),
+    ]
+    assert all(r[4] and r[5] for r in rows), rows
+    assert all(r[6] <= 255 for r in rows), rows
