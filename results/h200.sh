@@ -55,6 +55,8 @@ retune() { local name=$1 space=$2 l; l=$(left)
   # cold: a Triton cache of its own, so that nothing compiled by an earlier search on this host is reused
   TRITON_CACHE_DIR=$(mktemp -d) step "$name" "$l" sh -c 'exec python3 -m sparse_mla_tuner search "$1" --db "$2" -f json > "$3"' \
     sh "$space" "$DB" "$OUT/$name.json"; }
+# a database of an older schema (a new kernel parameter's column) is migrated before a search writes to it
+case "${PHASE:-grids}" in retune|grids) [ -e "${DB#sqlite:///}" ] && python3 -m sparse_mla_tuner db upgrade --db "$DB" ;; esac
 case "${PHASE:-grids}" in
   retune)
     for g in ${RETUNES:-v4 v32 layer}; do case $g in
