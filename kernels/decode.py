@@ -11,7 +11,15 @@ Two kernels:
                       (programs, head_blocks), the batch's tiles cut into equal runs that may cross a
                       row's end (one partial per row touched), so no partial wave of whole rows' splits.
   ``_combine_kernel`` grid (B * s_q * H,). Merges the splits of one (query token, head) by log-sum-exp
-                      in fp32, then applies the attention sink. Not launched when the call is a single split.
+                      in fp32, then applies the attention sink. Not launched when the call is a single split,
+                      nor with ``MERGE=1``.
+
+The merge in the split launch (``MERGE``, searched): each program of a row, its partial stored, takes a ticket
+from the row's counter (one int32 per row and head block, an acquire/release atomic); the one that gets the last
+ticket sets the counter back to 0 and merges the row's slots in slot order, whichever program it is (the same
+bits on a repeat), and adds the sink (:func:`_merge_row`). The counters are zeroed once and left at zero by every
+call (:func:`merge_counters`), so a captured graph replays without a memset. It reads every partial in one CTA
+(splits x heads x 1 KB), so it pays with few splits per row; the combine spreads many over the GPU.
 
 Latency hiding (``PREFETCH``, searched per concurrency level): a tile needs two dependent global loads,
 its indices and then the KV bytes they point to. 0: both wait at the top of the tile. 1: tile i+1's indices
@@ -26,8 +34,8 @@ Programmatic dependent launch (sm_90+, sm_120 included): both kernels are launch
 wait for the kernel before them (``griddepcontrol.wait``) before reading anything and then let the next
 one launch, so each launch overlaps the tail of the kernel before it.
 
-A call launches the split kernel once (over both caches when there is an extra one) and, unless a row is one split,
-the combine once; see :func:`sparse_mla_decode`.
+A call launches the split kernel once (over both caches when there is an extra one) and, unless a row is one split
+or ``MERGE=1``, the combine once; see :func:`sparse_mla_decode`.
 Partial outputs are bf16, like the final output: at V4 C=96 they halve the split's own traffic
 (about 19 MB written and read back in fp32), while the lse that weights them stays fp32.
 
@@ -1149,7 +1157,8 @@ def _plan(
 
     One split launch for the whole call: a row's tiles are the main cache's, then the extra cache's
     (``split_grid`` with both topks), each cache walked with its own format, page size and constexprs; the
-    combine merges the splits and applies the sink. A call of one split per row skips the combine (the
+    combine merges the splits and applies the sink, or with ``MERGE=1`` the split kernel does (its counters:
+    :func:`merge_counters`, or ``buffers``' own). A call of one split per row skips the combine (the
     split kernel then writes the output and applies the sink itself).
 
     ``buffers``: a plan of the same shapes and config whose output and workspace this one writes (the
@@ -1336,9 +1345,9 @@ def sparse_mla_decode(
     an extra cache, one split launch walks both: a row is the main cache's top-k tiles followed by the
     extra cache's (a tile never holds tokens of both; each cache keeps its page size and topk_length,
     as constexprs and arguments of its own), so the splits are dealt over the whole row at once and
-    one online softmax per split spans the caches; the log-sum-exp combine merges the splits and
-    applies the sink once, on the final lse. With one split per row the split kernel applies the sink
-    itself and there is no combine.
+    one online softmax per split spans the caches; the log-sum-exp combine (or with ``MERGE=1`` the row's
+    last split program) merges the splits and applies the sink once, on the final lse. With one split per
+    row the split kernel applies the sink itself and there is no combine.
 
     No host synchronisation and a workspace sized from shapes only, so the call is CUDA-graph capturable.
     """
