@@ -50,6 +50,7 @@ def _single(fmt, B, H, topk, device, seed):
         seed=seed,
         with_topk_length=seed == 1,
         invalid_fraction=0.1,
+        with_sink=seed == 1,  # with the -1 row of B=3: a sink on an empty row leaves it zero
     )
     bt.indices[0, 4] = -1
     if B == 3:
@@ -79,10 +80,10 @@ def _run_checked(bt, cfg, **extra_kw):
     [
         ("fp8_model1", 1, 16, MERGED, 0),  # 7 splits of one tile
         ("fp8_v32", 3, 16, MERGED, 1),  # a -1 row, ragged topk_length: splits past a row's end merge as empty
-        ("fp8_model1", 3, 32, MERGED.replace(TARGET_CTAS=4), 1),  # two head blocks, 2 splits of uneven length
+        ("fp8_model1", 3, 48, MERGED.replace(TARGET_CTAS=8), 1),  # two head blocks (the second half masked), 2 splits
         ("fp8_v32", 1, 16, MERGED.replace(TARGET_CTAS=4, PREFETCH=3), 0),  # 4 splits of 2, 2, 2, 1 tiles
         ("fp8_model1", 3, 16, MERGED_BALANCED, 1),  # the balanced deal: programs of two rows, unused slots
-        ("fp8_v32", 1, 32, MERGED_BALANCED.replace(PREFETCH=2), 0),
+        ("fp8_v32", 1, 64, MERGED_BALANCED.replace(PREFETCH=2), 0),  # two head blocks, each with its counter
     ],
 )
 def test_the_merged_call_matches_the_reference(fmt, B, H, cfg, seed, device, nan_outputs, launches):
