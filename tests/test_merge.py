@@ -148,6 +148,23 @@ def test_a_stale_counter_is_what_the_reset_prevents(device):
     assert not call.plan.counters.any()
 
 
+def test_whichever_program_merges_the_bits_are_the_same(device):
+    """The merging program reads every slot back, its own included, in slot order: made to merge at another program
+    (the counter started so that program k of 7 gets the last ticket, the partials already in place from the call
+    before, which the later programs rewrite with the same bits), the output is bitwise the last program's."""
+    bt = _single("fp8_model1", 1, 16, 100, device, 1)
+    call = prepare_decode(*bt.args(), **bt.kwargs(), config=MERGED)
+    n = call.plan.launches[0].grid[1]
+    assert n == 7
+    out, lse = (t.clone() for t in call())
+    for k in (0, 3):
+        call.plan.out.fill_(float("nan"))
+        call.plan.counters.fill_(n - 1 - k)
+        got, got_lse = call()
+        assert torch.equal(got, out) and torch.equal(got_lse, lse), k
+        call.plan.counters.zero_()
+
+
 def test_prepared_calls_with_buffers_share_the_counters(device):
     bt = _single("fp8_v32", 1, 16, 100, device, 0)
     first = prepare_decode(*bt.args(), **bt.kwargs(), config=MERGED)
