@@ -715,6 +715,7 @@ def _merge_row(
     H: tl.constexpr,
     BLOCK_H: tl.constexpr,
     HAS_SINK: tl.constexpr,
+    UNROLL: tl.constexpr,
 ):
     """The merge in the split launch (``MERGE``): called by each of row ``i_r``'s ``n_slots`` programs (head
     block ``i_hb``) once its partial is stored. Each takes a ticket from the row's counter (acquire/release, so
@@ -724,7 +725,6 @@ def _merge_row(
     the sink, as the combine kernel does. Under the interpreter the programs run one by one and the last one
     merges. The partials are read through L2 (``.cg``): they were written by other SMs."""
     head_blocks: tl.constexpr = (H + BLOCK_H - 1) // BLOCK_H
-    UNROLL: tl.constexpr = 32 // BLOCK_H  # partials in flight per iteration: 2 x [16, 512] or 1 x [32, 512] bf16
     p_cnt = Count + i_r * head_blocks + i_hb
     tl.debug_barrier()  # every thread's partial stores are issued before the release
     ticket = tl.atomic_add(p_cnt, 1, sem="acq_rel", scope="gpu")
@@ -821,6 +821,7 @@ def _split_kernel(
     PREFETCH: tl.constexpr,
     BALANCED: tl.constexpr,
     MERGE: tl.constexpr,
+    MERGE_UNROLL: tl.constexpr,
     WORDS: tl.constexpr,
     HAS_TOPK_LEN: tl.constexpr,
     HAS_SINK: tl.constexpr,
@@ -872,6 +873,7 @@ def _split_kernel(
             _merge_row(
                 Out, Lse, OPart, LPart, Sink, Count, i_r.to(tl.int64), i_hb,
                 _row_slots(i_r.to(tl.int64), row_tiles, n_progs, n_units), total_splits, q_tokens, H, BLOCK_H, HAS_SINK,
+                MERGE_UNROLL,
             )  # fmt: skip
         elif seg_end == row_end:  # the row's last program marks the slots no program of this row uses
             o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -891,7 +893,7 @@ def _split_kernel(
                 _merge_row(
                     Out, Lse, OPart, LPart, Sink, Count, i_r.to(tl.int64) + 1, i_hb,
                     _row_slots(i_r.to(tl.int64) + 1, row_tiles, n_progs, n_units), total_splits, q_tokens, H, BLOCK_H,
-                    HAS_SINK,
+                    HAS_SINK, MERGE_UNROLL,
                 )  # fmt: skip
     else:  # grid (rows * head_blocks, splits): split i_s of one row takes tiles_per_split tiles
         i_bh = tl.program_id(0).to(tl.int64)
@@ -909,7 +911,7 @@ def _split_kernel(
         if MERGE:  # every split of the row is a slot (WRITE_FINAL is false)
             _merge_row(
                 Out, Lse, OPart, LPart, Sink, Count, i_bh // head_blocks, i_bh % head_blocks, total_splits,
-                total_splits, q_tokens, H, BLOCK_H, HAS_SINK,
+                total_splits, q_tokens, H, BLOCK_H, HAS_SINK, MERGE_UNROLL,
             )  # fmt: skip
     if USE_PDL and LATE_TRIGGER:  # the next launch (the combine) starts as this program's stores are issued
         gdc_launch_dependents()
@@ -1082,6 +1084,13 @@ def sm_count(device: torch.device) -> int | None:
     return _properties(device).multi_processor_count if device.type == "cuda" else None
 
 
+def merge_unroll(block_h: int, num_warps: int) -> int:
+    """Partials the merge loads per iteration (``MERGE``): each iteration is one L2 round trip, so as many as fit
+    in 512 B of registers per thread (128 registers; the accumulator [BLOCK_H, 512] fp32 takes half as many
+    again): 4 at 16 heads and 4 warps, 8 at 8 warps, from 1 to 8."""
+    return max(1, min(8, 512 * 32 * num_warps // (block_h * 512 * 2)))
+
+
 def kv_words(fmt: KVFormat, config: KernelConfig) -> bool:
     """Whether the split kernel loads the cache's e4m3 bytes as 32-bit words (``WORDS``).
 
@@ -1249,6 +1258,7 @@ def _plan(
                 "PAGE_BYTES": main.kv.stride(0),  # fp8_model1: the byte stride between pages (may be padded)
                 "BLOCK_H": block_h,
                 **effective.meta(),
+                "MERGE_UNROLL": merge_unroll(block_h, effective.num_warps) if merge else 1,
                 "WORDS": kv_words(main.fmt, effective),
                 "HAS_TOPK_LEN": main.topk_length is not None,
                 "HAS_SINK": (write_final or merge) and attn_sink is not None,
