@@ -1130,20 +1130,24 @@ class _Plan:
     counters: torch.Tensor | None = None  # [rows * head_blocks] int32 (MERGE): zero before and after every call
 
 
-# The merge's counters, one int32 per (row, head block), by (device, count): zeroed once when first needed and
-# set back to zero by every call that uses them, so a call launches no memset (a prepared call with ``buffers``
-# shares that call's). Two calls of the same shape must not run at once on two streams of one device.
-_COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
+# The merge's counters, one int32 per (row, head block), one buffer per device: zeroed once, when a call first needs
+# them, and set back to zero by every call that uses them, so a call launches no memset, and a call of another
+# shape (another CUDA-graph batch size) finds them allocated (a prepared call with ``buffers`` shares that call's).
+# COUNTERS_MIN covers rows x head blocks of every decode batch an engine captures; a larger call allocates more.
+# Two calls must not run at once on two streams of one device (they would share the counters).
+COUNTERS_MIN = 1 << 16
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
 def merge_counters(device: torch.device, n: int) -> torch.Tensor:
-    """The merge's ``n`` counters on ``device`` (all zero between calls); cached per (device, n) on a GPU."""
-    if device.type != "cuda":  # the interpreter and meta tensors: one zeroed buffer per plan
+    """The merge's ``n`` counters on ``device`` (all zero between calls): on a GPU the first ``n`` of the device's
+    buffer; elsewhere (the interpreter, meta tensors) a zeroed buffer of their own."""
+    if device.type != "cuda":
         return torch.zeros(n, dtype=torch.int32, device=device)
-    key = (device if device.index is not None else torch.device("cuda", torch.cuda.current_device()), n)
-    if key not in _COUNTERS:
-        _COUNTERS[key] = torch.zeros(n, dtype=torch.int32, device=key[0])
-    return _COUNTERS[key]
+    key = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+    if key not in _COUNTERS or _COUNTERS[key].numel() < n:
+        _COUNTERS[key] = torch.zeros(max(n, COUNTERS_MIN), dtype=torch.int32, device=key)
+    return _COUNTERS[key][:n]
 
 
 def _plan(
