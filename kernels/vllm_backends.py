@@ -9,8 +9,9 @@ them (it imports vLLM, so nothing else here imports it).
 - :class:`SparseMLASM120Impl` overrides ``_run_mqa_kernel(q, kv_cache, topk_indices_physical)``, the one call
   that runs FlashInfer's sparse decode: a call :func:`vllm_plugin.serve_v32` covers returns the tuned kernel's
   output, any other runs vLLM's method unchanged.
-- :func:`v4_class_for` gives DeepSeek-V4's sm_12x attention class (``DeepseekV4FlashInferSM120Attention``) our
-  subclass :class:`SparseMLADeepseekV4SM120Attention` (opt-in: ``SPARSE_MLA_VLLM_V4=1``), any other class itself.
+
+DeepSeek-V4's subclass is made by :func:`vllm_plugin.v4_class_for` when vLLM's selector runs (opt-in), since it is
+defined on a class this module need not import.
 """
 
 from __future__ import annotations
@@ -37,29 +38,3 @@ class SparseMLASM120Backend(FlashInferMLASparseSM120Backend):
     @staticmethod
     def get_impl_cls():
         return SparseMLASM120Impl
-
-
-_V4_CLASSES: dict[type, type] = {}
-
-
-def v4_class_for(cls: type) -> type:
-    """Our subclass of vLLM's DeepSeek-V4 sm_12x FlashInfer attention class; any other class unchanged."""
-    from vllm.models.deepseek_v4.nvidia.flashinfer_sparse import DeepseekV4FlashInferSM120Attention
-
-    if cls is not DeepseekV4FlashInferSM120Attention:
-        return cls
-    sub = _V4_CLASSES.get(cls)
-    if sub is None:
-
-        class SparseMLADeepseekV4SM120Attention(cls):
-            """vLLM's DeepSeek-V4 sm_12x attention; its decode runs the tuned kernel where
-            :func:`vllm_plugin.serve_v4` covers the call."""
-
-            def _forward_decode(self, q, kv_cache, swa_metadata, attn_metadata, swa_only, output):
-                if vllm_plugin.serve_v4_decode(self, q, kv_cache, swa_metadata, attn_metadata, swa_only, output):
-                    return None
-                return super()._forward_decode(q, kv_cache, swa_metadata, attn_metadata, swa_only, output)
-
-        SparseMLADeepseekV4SM120Attention.__module__ = __name__
-        sub = _V4_CLASSES[cls] = SparseMLADeepseekV4SM120Attention
-    return sub

@@ -11,16 +11,17 @@ vLLM (0.34.0) runs the entry points of group ``vllm.general_plugins`` in every p
   the tuned config, reading vLLM's cache in place; every other call runs vLLM's method (FlashInfer) unchanged.
 - **DeepSeek-V4** (opt-in, ``SPARSE_MLA_VLLM_V4=1``): wraps vLLM's class selector
   ``vllm.models.deepseek_v4.nvidia.model._select_dsv4_attn_cls`` when that module is imported, so that where vLLM
-  picks ``DeepseekV4FlashInferSM120Attention`` it gets ``kernels.vllm_backends.SparseMLADeepseekV4SM120Attention``
-  (its subclass; ``docs/engines.md`` says why this seam and why opt-in).
+  picks ``DeepseekV4FlashInferSM120Attention`` it gets its subclass ``SparseMLADeepseekV4SM120Attention``
+  (:func:`v4_class_for`; ``docs/engines.md`` says why this seam and why opt-in).
 
 Each distinct call shape is logged once (logger ``vllm.sparse_mla``, under vLLM's own ``vllm`` logger): served with
 which table, or left to vLLM and why. Off without uninstalling: ``SPARSE_MLA_VLLM=0`` (read at load: nothing is
 registered; and at every call: a registered backend hands every call back), or vLLM's allow-list ``VLLM_PLUGINS``
 without ``sparse_mla``. Nothing here raises into the engine: a failure while registering or serving is logged once
 and vLLM's own code runs. Tables are read where the SGLang plugin reads them (``$SPARSE_MLA_CONFIG_DIR``, then the
-package's ``kernels/configs/``, ``kernels.table``). This module imports vLLM only inside :func:`register`; the
-serving functions take tensors and run without vLLM.
+package's ``kernels/configs/``, ``kernels.table``). This module imports vLLM only inside functions that vLLM's own
+code calls (:func:`register`, the V4 selector and decode); the V3.2 serving functions take tensors and run without
+vLLM. It names ``kernels/vllm_backends.py`` (which imports vLLM and this module) by its path only.
 """
 
 from __future__ import annotations
@@ -175,12 +176,36 @@ def _register_v4() -> None:
     _log_once(
         ("registered", "v4"),
         logging.INFO,
-        "sparse-MLA plugin: DeepSeek-V4 on sm_12x -> kernels.vllm_backends.SparseMLADeepseekV4SM120Attention "
-        "(wraps %s.%s; %s=1)",
+        "sparse-MLA plugin: DeepSeek-V4 on sm_12x -> SparseMLADeepseekV4SM120Attention (wraps %s.%s; %s=1)",
         V4_MODULE,
         V4_SELECTOR,
         ENV_V4,
     )
+
+
+_V4_CLASSES: dict[type, type] = {}
+
+
+def v4_class_for(cls: type) -> type:
+    """Our subclass of vLLM's DeepSeek-V4 sm_12x FlashInfer attention class (made once); any other class unchanged.
+    Its ``_forward_decode`` runs the tuned kernel where :func:`serve_v4_decode` covers the call, else vLLM's."""
+    from vllm.models.deepseek_v4.nvidia.flashinfer_sparse import DeepseekV4FlashInferSM120Attention
+
+    if cls is not DeepseekV4FlashInferSM120Attention:
+        return cls
+    sub = _V4_CLASSES.get(cls)
+    if sub is None:
+
+        class SparseMLADeepseekV4SM120Attention(cls):
+            """vLLM's DeepSeek-V4 sm_12x attention, with covered decode calls on the tuned kernel."""
+
+            def _forward_decode(self, q, kv_cache, swa_metadata, attn_metadata, swa_only, output):
+                if serve_v4_decode(self, q, kv_cache, swa_metadata, attn_metadata, swa_only, output):
+                    return None
+                return super()._forward_decode(q, kv_cache, swa_metadata, attn_metadata, swa_only, output)
+
+        sub = _V4_CLASSES[cls] = SparseMLADeepseekV4SM120Attention
+    return sub
 
 
 def wrap_v4_selector(module) -> None:
@@ -194,9 +219,7 @@ def wrap_v4_selector(module) -> None:
         if not v4_enabled():
             return cls
         try:
-            from . import vllm_backends
-
-            return vllm_backends.v4_class_for(cls)
+            return v4_class_for(cls)
         except Exception as e:
             _log_once(("v4 class",), logging.WARNING, "sparse-MLA plugin: DeepSeek-V4 left to vLLM (%r)", e)
             return cls

@@ -2,7 +2,8 @@
 interpreter.
 
 vLLM is not a dependency: CI installs it (``--no-deps``, with the small packages the modules below import) in a side
-folder on ``PYTHONPATH`` (``.ci/run``). Without it these tests skip. What runs here is vLLM's own code: its plugin
+folder on ``PYTHONPATH`` (``.ci/run``). Without it the tests that need it skip; the serving rule, the tables and the
+warm-up are tested either way. What runs here is vLLM's own code: its plugin
 loader, its backend registry, its ``FLASHINFER_MLA_SPARSE_SM120`` backend and implementation classes, its
 ``flat_kv_row_view`` of the cache and its DeepSeek-V4 class selector. What cannot run on a CPU machine is vLLM's Triton
 code (``vllm.triton_utils`` finds no active GPU driver and binds a placeholder, so ``triton_convert_req_index_to_global_
@@ -12,6 +13,7 @@ attention over the bytes as vLLM documents the 656-byte layout (``flashmla_spars
 """
 
 import importlib.util
+import json
 import logging
 import sys
 import types
@@ -21,10 +23,13 @@ import torch
 
 import sparse_mla_tuner.kernels.decode as decode
 from sparse_mla_tuner.kernels import vllm_plugin as plugin
+from sparse_mla_tuner.kernels.config import KernelConfig
 from sparse_mla_tuner.kernels.kv_format import quantize
+from sparse_mla_tuner.kernels.reference import sparse_mla_decode_ref
+from sparse_mla_tuner.kernels.table import fit_config
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
-pytestmark = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not importable (.ci/run installs it aside)")
+needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not importable (.ci/run installs it aside)")
 SLOT = plugin.V32_SLOT
 
 
@@ -71,6 +76,7 @@ def flashinfer_calls(monkeypatch):
     return calls
 
 
+@needs_vllm
 def test_vllms_loader_runs_the_entry_point_and_the_registry_maps_the_slot_to_our_backend(vllm_env, caplog):
     plugins, registry = vllm_env
     slot = registry.AttentionBackendEnum[SLOT]
@@ -95,6 +101,7 @@ def test_vllms_loader_runs_the_entry_point_and_the_registry_maps_the_slot_to_our
     assert registry._ATTN_OVERRIDES == overrides
 
 
+@needs_vllm
 def test_allow_list_without_the_plugin_and_the_off_switch_register_nothing(vllm_env, monkeypatch):
     plugins, registry = vllm_env
     monkeypatch.setenv("VLLM_PLUGINS", "some_other_plugin")
@@ -107,6 +114,7 @@ def test_allow_list_without_the_plugin_and_the_off_switch_register_nothing(vllm_
     assert not registry.AttentionBackendEnum[SLOT].is_overridden()
 
 
+@needs_vllm
 def test_a_slot_another_package_took_over_is_left_to_it(vllm_env, caplog):
     plugins, registry = vllm_env
     registry.register_backend(registry.AttentionBackendEnum[SLOT], "other.pkg.Backend")
@@ -173,6 +181,7 @@ def _impl():
     return impl
 
 
+@needs_vllm
 @pytest.mark.parametrize("glm_scales", [False, True], ids=["deepseek-pow2-scales", "glm-arbitrary-scales"])
 def test_covered_call_runs_the_kernel_on_vllms_cache_in_place_and_matches_the_reference(
     vllm_env, launches, flashinfer_calls, monkeypatch, glm_scales
@@ -191,6 +200,7 @@ def test_covered_call_runs_the_kernel_on_vllms_cache_in_place_and_matches_the_re
     assert err < 0.02, err
 
 
+@needs_vllm
 @pytest.mark.parametrize(
     "change",
     ["heads12", "no_rope_528", "bf16_cache"],
@@ -213,6 +223,7 @@ def test_uncovered_call_runs_vllms_own_method_unchanged(vllm_env, launches, flas
     assert any("leaves q [T," in r.getMessage() for r in caplog.records)
 
 
+@needs_vllm
 def test_switched_off_at_the_call_runs_vllms_method(vllm_env, launches, flashinfer_calls, monkeypatch):
     monkeypatch.setenv(plugin.ENV_SWITCH, "off")
     q, kv, idx, _ = _vllm_call()
@@ -220,6 +231,7 @@ def test_switched_off_at_the_call_runs_vllms_method(vllm_env, launches, flashinf
     assert not launches and len(flashinfer_calls) == 1
 
 
+@needs_vllm
 def test_a_failure_in_the_kernel_path_goes_to_vllm_not_into_the_engine(vllm_env, flashinfer_calls, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("compile failed")
@@ -230,6 +242,7 @@ def test_a_failure_in_the_kernel_path_goes_to_vllm_not_into_the_engine(vllm_env,
     assert len(flashinfer_calls) == 1
 
 
+@needs_vllm
 @pytest.mark.parametrize("opt_in", [True, False])
 def test_deepseek_v4_selector_gives_our_subclass_on_sm12x_only_when_opted_in(vllm_env, monkeypatch, opt_in):
     from vllm.models.deepseek_v4.nvidia import flashinfer_sparse
@@ -256,6 +269,7 @@ def test_deepseek_v4_selector_gives_our_subclass_on_sm12x_only_when_opted_in(vll
     assert getattr(model, plugin.V4_SELECTOR)(config) is not base  # FlashMLA's class elsewhere, untouched
 
 
+@needs_vllm
 def test_v4_opt_in_wraps_the_selector_when_the_module_is_imported_later(vllm_env, monkeypatch):
     monkeypatch.setenv(plugin.ENV_V4, "1")
     module = types.ModuleType(plugin.V4_MODULE)
@@ -267,3 +281,80 @@ def test_v4_opt_in_wraps_the_selector_when_the_module_is_imported_later(vllm_env
     loader.exec_module(module)
     assert module._select_dsv4_attn_cls.__wrapped__ is not None
     assert module._select_dsv4_attn_cls(None) is int  # not vLLM's sm_12x class: unchanged
+
+
+# --- without vLLM: the serving rule, the tables and the warm-up --------------------------------------------------
+
+
+@pytest.fixture
+def fresh_plugin(monkeypatch):
+    """The plugin's per-shape decisions forgotten (they are cached for the process)."""
+    for name in ("_ROUTES", "_CLASSES"):
+        monkeypatch.setattr(plugin, name, {})
+    monkeypatch.setattr(plugin, "_logged", set())
+    monkeypatch.delenv(plugin.ENV_SWITCH, raising=False)
+
+
+def _contiguous_call(heads=16, topk=64, tokens=2, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    cache = quantize(torch.randn(2 * 64, 576, generator=g), "fp8_v32", 64)  # [2, 64, 656]
+    idx = torch.randint(-1, 2 * 64, (tokens, topk), generator=g, dtype=torch.int32)
+    return torch.randn(tokens, heads, 576, generator=g).bfloat16(), cache, idx
+
+
+def test_serve_v32_runs_without_vllm_and_matches_the_reference(fresh_plugin, launches):
+    q, cache, idx = _contiguous_call()
+    out = plugin.serve_v32(q, cache, idx, 576**-0.5)
+    ref, _ = sparse_mla_decode_ref(q, cache, idx, kv_format="fp8_v32", sm_scale=576**-0.5)
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    assert launches
+    launches.clear()
+    assert plugin.serve_v32(q[:, :12].contiguous(), cache, idx, 576**-0.5) is None and not launches
+
+
+def test_a_covered_shape_uses_the_nearest_tables_config_and_more_tokens_go_back(
+    tmp_path, monkeypatch, fresh_plugin, caplog
+):
+    tuned = {"1": {"BLOCK_T": 128, "num_warps": 4, "num_stages": 1, "TARGET_CTAS": 3}}
+    tuned["4"] = {"BLOCK_T": 16, "num_warps": 2, "num_stages": 1, "TARGET_CTAS": 5}
+    (tmp_path / "kv_format=fp8_v32,heads=16,topk=2048,device_name=cpu-interpreter.json").write_text(json.dumps(tuned))
+    monkeypatch.setenv("SPARSE_MLA_CONFIG_DIR", str(tmp_path))
+    used = []
+    monkeypatch.setattr(decode, "LAUNCH_LISTENERS", [lambda name, cfg, grid: used.append(cfg)])
+    q, cache, idx = _contiguous_call(heads=8, topk=64, tokens=2)  # no table of its own: 16 heads, top-k 2048's
+    with caplog.at_level(logging.INFO, logger=plugin.logger.name):
+        assert plugin.serve_v32(q, cache, idx, 576**-0.5) is not None
+    want = fit_config(KernelConfig.from_dict(tuned["1"]), 64)  # nearest batch key to 2; tile fitted to 64 tokens
+    assert want.BLOCK_T == 64 and set(used) == {want}
+    assert any("heads=16, topk=2048, T up to 4" in r.getMessage() for r in caplog.records)
+    used.clear()
+    q5, cache, idx5 = _contiguous_call(heads=8, topk=64, tokens=5)  # past the table's 4 tokens
+    with caplog.at_level(logging.INFO, logger=plugin.logger.name):
+        assert plugin.serve_v32(q5, cache, idx5, 576**-0.5) is None and not used
+    assert any("above the largest batch (4)" in r.getMessage() for r in caplog.records)
+
+
+def test_warm_up_compiles_every_config_the_table_can_pick(tmp_path, monkeypatch, fresh_plugin):
+    tuned = {
+        "1": {"BLOCK_T": 16, "num_warps": 4, "num_stages": 1, "TARGET_CTAS": 2},
+        "3": {"BLOCK_T": 32, "num_warps": 2, "num_stages": 1, "TARGET_CTAS": 8},
+    }
+    (tmp_path / "kv_format=fp8_v32,heads=16,topk=32,device_name=cpu-interpreter.json").write_text(json.dumps(tuned))
+    monkeypatch.setenv("SPARSE_MLA_CONFIG_DIR", str(tmp_path))
+    used = set()
+    monkeypatch.setattr(decode, "LAUNCH_LISTENERS", [lambda n, cfg, grid: used.add(cfg)])
+    q, cache, idx = _contiguous_call(topk=32, tokens=1)
+    done = plugin.warm_up_v32_like(q, cache, idx, 576**-0.5)  # every token count the table serves
+    assert [t for t, _ in done] == [1, 2, 3]
+    assert {cfg for _, cfg in done} == {KernelConfig.from_dict(e) for e in tuned.values()} == used
+
+
+def test_a_bad_switch_value_turns_the_plugin_off_with_one_warning(fresh_plugin, monkeypatch, caplog):
+    monkeypatch.setenv(plugin.ENV_SWITCH, "maybe")
+    with caplog.at_level(logging.WARNING, logger=plugin.logger.name):
+        assert not plugin.enabled() and not plugin.enabled()
+    assert [r.getMessage() for r in caplog.records].count(
+        "SPARSE_MLA_VLLM='maybe' is not one of 0/false/off/no or 1/true/on/yes; taken as off"
+    ) == 1
+    q, cache, idx = _contiguous_call()
+    assert plugin.serve_v32(q, cache, idx, 576**-0.5) is None
