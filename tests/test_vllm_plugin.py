@@ -358,3 +358,53 @@ def test_a_bad_switch_value_turns_the_plugin_off_with_one_warning(fresh_plugin, 
     ) == 1
     q, cache, idx = _contiguous_call()
     assert plugin.serve_v32(q, cache, idx, 576**-0.5) is None
+
+
+def _v4_layer(monkeypatch, heads=16, topk=64, tokens=2, seed=2):
+    """Our DeepSeek-V4 sm_12x class (vLLM's subclassed) on a window-only layer: vLLM's own ``_prepare_query`` and
+    ``_as_sparse_cache`` shape the call; FlashInfer's decode (absent) is a recorder."""
+    from vllm.models.deepseek_v4.nvidia import flashinfer_sparse as fs
+
+    calls = []
+    monkeypatch.setattr(fs, "flashinfer_trtllm_batch_decode_sparse_mla_dsv4", lambda **kw: calls.append(kw))
+    cls = plugin.v4_class_for(fs.DeepseekV4FlashInferSM120Attention)
+    layer = object.__new__(cls)
+    torch.nn.Module.__init__(layer)  # vLLM's __init__ needs a vLLM config and FlashInfer
+    g = torch.Generator().manual_seed(seed)
+    pages = quantize(torch.randn(2 * 64, 512, generator=g), "fp8_model1", 64)  # [2, 64, 584]
+    layer.swa_cache_layer = types.SimpleNamespace(kv_cache=pages)
+    layer.kv_cache_torch_dtype, layer.scale = torch.bfloat16, 512**-0.5
+    layer.attn_sink = torch.randn(heads, generator=g)
+    layer._get_workspace = lambda device: torch.empty(1)
+    idx = torch.randint(-1, 2 * 64, (tokens, topk), generator=g, dtype=torch.int32)
+    lens = torch.tensor([topk, topk // 2][:tokens], dtype=torch.int32)
+    meta = types.SimpleNamespace(
+        num_decode_tokens=tokens, num_decodes=tokens, decode_swa_indices=idx, decode_swa_lens=lens
+    )
+    q = torch.randn(tokens, heads, 512, generator=g).bfloat16()
+    return layer, q, meta, pages, calls
+
+
+@needs_vllm
+def test_v4_decode_of_our_subclass_runs_the_kernel_when_opted_in_else_vllms(vllm_env, monkeypatch, launches):
+    layer, q, meta, pages, calls = _v4_layer(monkeypatch)
+    output = torch.full((2, 16, 512), float("nan"), dtype=torch.bfloat16)
+    layer._forward_decode(q, None, meta, None, True, output)  # not opted in: vLLM's decode, unchanged
+    assert len(calls) == 1 and calls[0]["sparse_indices"] is meta.decode_swa_indices and not launches
+    monkeypatch.setenv(plugin.ENV_V4, "1")
+    layer._forward_decode(q, None, meta, None, True, output)
+    assert len(calls) == 1 and launches
+    ref, _ = sparse_mla_decode_ref(
+        q.unsqueeze(1),
+        pages,
+        meta.decode_swa_indices.unsqueeze(1),
+        kv_format="fp8_model1",
+        sm_scale=layer.scale,
+        topk_length=meta.decode_swa_lens,
+        attn_sink=layer.attn_sink,
+    )
+    torch.testing.assert_close(output.float(), ref.squeeze(1).float(), atol=2e-2, rtol=2e-2)
+    launches.clear()
+    layer.attn_sink = torch.zeros(8)  # a sink of another head count: not the rule's, so vLLM's
+    layer._forward_decode(q, None, meta, None, True, output)
+    assert len(calls) == 2 and not launches
