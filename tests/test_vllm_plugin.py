@@ -408,3 +408,17 @@ def test_v4_decode_of_our_subclass_runs_the_kernel_when_opted_in_else_vllms(vllm
     layer.attn_sink = torch.zeros(8)  # a sink of another head count: not the rule's, so vLLM's
     layer._forward_decode(q, None, meta, None, True, output)
     assert len(calls) == 2 and not launches
+
+
+def test_the_gpu_check_takes_vllms_arguments_and_needs_a_gpu(monkeypatch, capsys):
+    from sparse_mla_tuner.kernels import vllm_check
+    from sparse_mla_tuner.kernels.workload import Workload
+    from sparse_mla_tuner.kernels.workload import make_batch
+
+    bt = make_batch(Workload("fp8_v32", 16, 64, page_size=64, context=256), 3, q_tokens=1)
+    q, kv, idx = vllm_check._vllm_args(bt)
+    assert q.shape == (3, 16, 576) and kv.shape[1:] == (64, 656) and idx.shape == (3, 64)
+    assert plugin.v32_leave_reason(q, kv, idx) is None  # the check's call is one the plugin serves
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert vllm_check.main([]) == 2
+    assert capsys.readouterr().err.strip() == "sparse_mla_tuner.kernels.vllm_check needs a CUDA GPU"
