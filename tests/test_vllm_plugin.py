@@ -365,6 +365,10 @@ def _v4_layer(monkeypatch, heads=16, topk=64, tokens=2, seed=2):
     ``_as_sparse_cache`` shape the call; FlashInfer's decode (absent) is a recorder."""
     from vllm.models.deepseek_v4.nvidia import flashinfer_sparse as fs
 
+    from sparse_mla_tuner.kernels import sglang_plugin
+
+    for name in ("_ROUTES", "_CLASSES", "_SHAPES"):  # the SGLang plugin's V4 rule serves: its decisions forgotten
+        monkeypatch.setattr(sglang_plugin, name, {})
     calls = []
     monkeypatch.setattr(fs, "flashinfer_trtllm_batch_decode_sparse_mla_dsv4", lambda **kw: calls.append(kw))
     cls = plugin.v4_class_for(fs.DeepseekV4FlashInferSM120Attention)
