@@ -435,9 +435,28 @@ class _SearchCommand(click.Command):
 
 @cli.command(
     cls=_SearchCommand,
-    short_help="Tune every workload x concurrency of SPACE_FILE; every sample goes to the database.",
+    short_help="Tune every workload x concurrency of SPACE_FILE (or of --model's calls); samples go to the database.",
 )
-@click.argument("space_file", type=click.Path(dir_okay=False))
+@click.argument("space_file", type=click.Path(dir_okay=False), required=False)
+@click.option(
+    "--model",
+    default=None,
+    help="Instead of SPACE_FILE: the decode calls of a model preset (deepseek-v4-flash, deepseek-v3.2, glm-5) at "
+    "--tp, with the engines' CUDA-graph batch sizes (docs/engines.md).",
+)
+@click.option("--tp", type=click.IntRange(1, 16), default=None, help="--model: the tensor-parallel size (1..16).")
+@click.option(
+    "--q-tokens",
+    "q_tokens",
+    default=None,
+    help="--model: query tokens per request to tune, e.g. 1,2 (a speculative verify step; default 1).",
+)
+@click.option(
+    "--max-batch",
+    type=click.IntRange(1, 4096),
+    default=None,
+    help="--model: the largest CUDA-graph batch size to tune (default 96).",
+)
 @click.option(
     "--backend",
     type=click.Choice(["cuda", "interpreter", "replay"]),
@@ -510,6 +529,10 @@ class _SearchCommand(click.Command):
 @expected_errors
 def search(
     space_file,
+    model,
+    tp,
+    q_tokens,
+    max_batch,
     backend,
     replay_db,
     replay_device,
@@ -539,10 +562,9 @@ def search(
     from .heartbeat import grace_s
     from .search import Options
     from .search import run_search
-    from .space import load_space
     from .summary import time_lines
 
-    space = load_space(space_file)
+    space = _search_space(space_file, model, tp, q_tokens, max_batch, backend, replay_db, replay_device)
     _replay_kernel(space, backend)
     levels = _levels(concurrency)
     first_configs = _first_configs(first, space)
@@ -584,6 +606,32 @@ def search(
         click.echo(render(rows, fmt, _search_brief))
     if opts.interrupted:
         sys.exit(128 + (opts.stop_signal or 2))  # Ctrl-C 130, SIGTERM 143: every finished trial is recorded
+
+
+def _search_space(space_file, model, tp, q_tokens, max_batch, backend, replay_db, replay_device):
+    """SPACE_FILE's space, or the preset's (``--model``/``--tp``), cut under replay to what the database recorded."""
+    from .space import load_space
+
+    preset_options = [n for n, v in (("--tp", tp), ("--q-tokens", q_tokens), ("--max-batch", max_batch)) if v]
+    if (space_file is None) == (model is None):
+        raise TunerError("give a SPACE_FILE or --model NAME --tp N (one of them)")
+    if space_file is not None:
+        if preset_options:
+            raise TunerError(f"{', '.join(preset_options)} apply to --model, not to a SPACE_FILE")
+        return load_space(space_file)
+    from . import models
+
+    if tp is None:
+        raise TunerError(f"--model {model} needs --tp N, the tensor-parallel size")
+    kw = {"q_tokens": models.parse_q_tokens(q_tokens)}
+    if max_batch:
+        kw["max_batch"] = max_batch
+    if backend != "replay" or not replay_db:
+        return models.preset_space(model, tp, **kw)
+    space, notes = models.recorded_only(model, tp, replay_db, replay_device, **kw)
+    for line in notes:
+        click.echo(line, err=True)
+    return space
 
 
 def _first_configs(text: str | None, space) -> list:
