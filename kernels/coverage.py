@@ -7,7 +7,7 @@ an engine's log and the inspector never disagree. It imports neither the tuner n
     c = coverage("fp8_v32", heads=16, topk=2048, q_tokens=2, device_name="NVIDIA H200")
     c.served      # True: the kernel takes the call (subject to the call's own tensors: dtypes, strides)
     c.reason      # None, or the one sentence naming the argument that rules the shape out
-    c.origin      # "measured" | "unverified" | "nearest" | "default" | "none" (see Coverage)
+    c.origin      # "measured" | "replayed" | "unverified" | "nearest" | "default" | "none" (see Coverage)
     c.tuned       # (heads, topk) of the table whose configs serve, or None
     c.max_rows    # B * s_q served up to this (the table's largest batch); None: no limit
     c.tune        # the command that tunes this shape's own table (None when it has one)
@@ -52,7 +52,8 @@ class Coverage:
     """What :func:`coverage` says of one shape on one device.
 
     ``origin``: ``measured`` (a table of this very shape whose provenance says it was measured at this shape on
-    this device), ``unverified`` (a table under this shape's name without provenance, or tuned on another
+    this device), ``replayed`` (the same, but drawn by ``--backend replay`` from another database's samples of
+    this device: a stand-in for measuring), ``unverified`` (a table under this shape's name without provenance, or tuned on another
     edition of the chip), ``nearest`` (no table of its own: the nearest tuned shape's configs, ``tuned``; also a
     table ``tuner export --shape`` wrote from another shape), ``default`` (the interpreter without a table: the
     default config), ``none`` (not served)."""
@@ -126,13 +127,15 @@ def largest_batch(device_name: str, kv_format: str, heads: int, topk: int, confi
     return max(found[1].configs, default=0)
 
 
-def _measured_shape(path: Path) -> tuple[int, int] | None:
-    """The ``(heads, topk)`` a table's provenance says was measured (None without a readable sidecar)."""
+def _provenance(path: Path) -> tuple[tuple[int, int] | None, str | None]:
+    """The ``(heads, topk)`` a table's provenance says was measured, and on which backend (None, None without a
+    readable sidecar)."""
     try:
-        w = _read_json(sidecar_path(path)).get("workload") or {}
-        return int(w["heads"]), int(w["topk"])
+        doc = _read_json(sidecar_path(path))
+        w = doc.get("workload") or {}
+        return (int(w["heads"]), int(w["topk"])), doc.get("backend")
     except (ValueError, TypeError, KeyError, AttributeError):
-        return None
+        return None, None
 
 
 def coverage(
@@ -168,11 +171,13 @@ def coverage(
     largest = max(table.configs)
     if shape != (heads, topk):
         return out(True, None, "nearest", shape, largest, command)
-    measured = _measured_shape(cand.path)
+    measured, backend = _provenance(cand.path)
     own = cand.slug in (device_slug(device_name), raw_slug(device_name))
     if measured is not None and measured != (heads, topk):
         return out(True, None, "nearest", measured, largest, command)
-    if measured is None or not own:
+    if backend == "replay":
+        return out(True, None, "replayed", shape, largest, command)
+    if measured is None or not own or backend not in ("cuda", None):
         return out(True, None, "unverified", shape, largest, command)
     return out(True, None, "measured", shape, largest, None)
 

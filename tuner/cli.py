@@ -950,15 +950,22 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
     "out_dir",
     type=click.Path(),
     default=None,
-    help="engine/sglang: directory for the tables (default: $SPARSE_MLA_CONFIG_DIR when set, else ./tuned_configs); "
-    "triton: the .py file to write (default stdout).",
+    help="engine/sglang: directory for the tables (default: $SPARSE_MLA_CONFIG_DIR when set, else ./tuned_configs; "
+    "with --engine, where the engine's plugin reads them); triton: the .py file to write (default stdout).",
+)
+@click.option(
+    "--engine",
+    type=click.Choice(["sglang", "vllm"]),
+    default=None,
+    help="Write the tables where that engine's plugin reads them: $SPARSE_MLA_CONFIG_DIR, else "
+    "~/.local/share/sparse_mla_tuner/configs (sglang: its triton_<version>/ layout; vllm: vLLM's flat layout).",
 )
 @click.option(
     "--format",
     "export_format",
     type=click.Choice(["engine", "sglang", "triton"]),
-    default="engine",
-    help="engine: flat JSON tables {batch: config} the kernel reads, with a provenance sidecar; "
+    default=None,
+    help="engine (default): flat JSON tables {batch: config} the kernel reads, with a provenance sidecar; "
     "sglang: the same in a triton_<version>/ folder; triton: an importable list of triton.Config.",
 )
 @click.option(
@@ -982,12 +989,23 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
 )
 @db_option
 @expected_errors
-def export(out_dir, export_format, backend, record, shapes, db_url):
+def export(out_dir, engine, export_format, backend, record, shapes, db_url):
     """Write the kernel's autotune tables: the best ok config per concurrency, per device and workload."""
     from ..db.store import Store
     from .export import export_tables
     from .export import parse_shape
     from .export import triton_module
+
+    if engine is not None:
+        layout = {"sglang": "sglang", "vllm": "engine"}[engine]
+        if export_format not in (None, layout):
+            raise TunerError(f"--engine {engine} writes the {layout} layout; leave out --format {export_format}")
+        export_format = layout
+        if out_dir is None:
+            from .adapters.sparse_mla import tables_dir
+
+            out_dir = str(tables_dir())
+    export_format = export_format or "engine"
 
     store = Store(db_url, create=False) if record and export_format != "triton" else Store(db_url, readonly=True)
     if export_format == "triton" and shapes:
@@ -1115,6 +1133,87 @@ def show(trial_id, fmt, db_url):
     click.echo(render(stats_rows, "table", _statistics_brief))
     click.echo("")
     click.echo(render(samples, "table", lambda rows: rows))
+
+
+def _int_list(text: str | None, option: str, low: int, high: int) -> list[int] | None:
+    if not text:
+        return None
+    out = []
+    for x in str(text).split(","):
+        x = x.strip()
+        if not re.fullmatch(r"[0-9]{1,9}", x) or not low <= int(x) <= high:
+            raise TunerError(f"{option} must be a comma list of integers {low}..{high}, got {quote(text)}")
+        out.append(int(x))
+    return out
+
+
+def _shapes_brief(rows: list[dict]) -> list[dict]:
+    return [
+        {
+            "format": r["kv_format"],
+            "heads": r["heads"],
+            "topk": r["topk"],
+            "q_tokens": r["q_tokens"],
+            "served": "yes" if r["served"] else "no",
+            "config from": r["origin"] + (f" {r['tuned']}" if r["tuned"] and r["origin"] != "measured" else ""),
+            "rows up to": r["max_rows"] if r["max_rows"] is not None else "",
+            "why not / to tune": r["reason"] or r["tune"] or "",
+        }
+        for r in rows
+    ]
+
+
+@cli.command(short_help="Which decode shapes the kernel serves on this device, and whose table configures each.")
+@click.option("--device", default=None, help="GPU name as torch names it (default: this GPU, else cpu-interpreter).")
+@click.option("--kv-format", "formats", multiple=True, help="Only this cache format (repeatable; default both).")
+@click.option("--heads", default=None, help="Local heads, e.g. 8,16 (default 8,16,32,64,128).")
+@click.option("--topk", default=None, help="Top-k of the main cache, e.g. 256,1152 (default 64..2048).")
+@click.option("--q-tokens", "q_tokens", default=None, help="Query tokens per request, e.g. 1,2 (default 1).")
+@click.option("--model", default=None, help="Only the shapes of this model preset's calls at --tp.")
+@click.option("--tp", type=click.IntRange(1, 16), default=None, help="--model: the tensor-parallel size.")
+@format_option
+@expected_errors
+def shapes(device, formats, heads, topk, q_tokens, model, tp, fmt):
+    """Which decode shapes the kernel serves on this device, and whose table configures each.
+
+    The engine plugins decide with the same function (kernels.coverage.coverage), so what this prints is what
+    an engine's log says. `config from`: measured (this shape's own table, measured on this device), replayed
+    (drawn by --backend replay from recorded samples), unverified (a table without provenance, or of another
+    edition of the chip), nearest HxK (the nearest tuned shape's table), default (the interpreter without a
+    table), none (not served: `why not` names the argument).
+    """
+    from .adapters.sparse_mla import SERVED_FORMATS
+    from .adapters.sparse_mla import get_preset
+    from .adapters.sparse_mla import inventory
+
+    if device is None:
+        import torch
+
+        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu-interpreter"
+    kw = {}
+    for name, value in (("heads", heads), ("topks", topk)):
+        parsed = _int_list(value, "--" + name.rstrip("s"), 1, 999_999_999)
+        if parsed:
+            kw[name] = parsed
+    parsed = _int_list(q_tokens, "--q-tokens", 1, 64)
+    if parsed:
+        kw["q_tokens"] = parsed
+    bad = [f for f in formats if f not in SERVED_FORMATS]
+    if bad:
+        raise TunerError(f"--kv-format {bad[0]!r} is not a cache format the kernel has (formats: {SERVED_FORMATS})")
+    if formats:
+        kw["formats"] = formats
+    if (model is None) != (tp is None):
+        raise TunerError("--model and --tp go together")
+    if model is not None:
+        try:
+            preset = get_preset(model)
+            local = preset.heads_per_rank(tp)
+        except ValueError as e:
+            raise TunerError(str(e)) from None
+        kw.update(formats=[preset.kv_format], heads=[local], topks=[preset.topk])
+    rows = [c.as_dict() for c in inventory(device, **kw)]
+    click.echo(render(rows, fmt, _shapes_brief))
 
 
 @cli.command(short_help="CONFIG_A against CONFIG_B at every concurrency both have (paired ratio, CI, verdict).")
