@@ -53,10 +53,10 @@ class Coverage:
 
     ``origin``: ``measured`` (a table of this very shape whose provenance says it was measured at this shape on
     this device), ``replayed`` (the same, but drawn by ``--backend replay`` from another database's samples of
-    this device: a stand-in for measuring), ``unverified`` (a table under this shape's name without provenance, or tuned on another
-    edition of the chip), ``nearest`` (no table of its own: the nearest tuned shape's configs, ``tuned``; also a
-    table ``tuner export --shape`` wrote from another shape), ``default`` (the interpreter without a table: the
-    default config), ``none`` (not served)."""
+    this device: a stand-in for measuring), ``unverified`` (a table under this shape's name without provenance,
+    or tuned on another edition of the chip), ``nearest`` (no table of its own: the nearest tuned shape's
+    configs, ``tuned``; also a table ``tuner export --shape`` wrote from another shape), ``default`` (the
+    interpreter without a table: the default config), ``none`` (not served)."""
 
     kv_format: str
     heads: int

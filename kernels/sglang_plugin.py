@@ -157,7 +157,10 @@ def sglang_hook(original_fn, *args, **kwargs):
         route = _route(key, kwargs)
     if isinstance(route, str):
         return original_fn(*args, **kwargs)
-    return _serve(route, kwargs)
+    try:
+        return _serve(route, kwargs)
+    except Exception as e:  # never the engine's crash: this shape goes back to SGLang from now on
+        return _fall_back(key, e, original_fn, kwargs)
 
 
 # --- which calls are served ----------------------------------------------------------------------------
@@ -437,6 +440,15 @@ def _route(key: tuple, kw: dict) -> _Route | str:
 # --- serving -----------------------------------------------------------------------------------------
 
 
+def _fall_back(key: tuple, error: Exception, original_fn, kwargs: dict):
+    """A served call whose launch failed: said once (WARNING), the shape left to SGLang, and this call too."""
+    reason = f"the kernel failed on it ({type(error).__name__}: {' '.join(str(error).split())[:300]})"
+    with _LOCK:
+        _ROUTES[key] = reason
+    _log_once(("failed", key), logging.WARNING, "sparse-MLA plugin leaves this shape to SGLang: %s", reason)
+    return original_fn(**kwargs)
+
+
 def _pages(cache: torch.Tensor) -> torch.Tensor:
     """``[num_pages, page_size, 1, 584]`` bytes -> the kernel's ``[num_pages, page_size, 584]`` uint8, a view."""
     return cache.view(torch.uint8).squeeze(2)
@@ -580,7 +592,10 @@ def sglang_v32_hook(original_fn, *args, **kwargs):
         route = _v32_route(key, kwargs)
     if isinstance(route, str):
         return original_fn(*args, **kwargs)
-    return _v32_serve(route, kwargs)
+    try:
+        return _v32_serve(route, kwargs)
+    except Exception as e:  # never the engine's crash: this shape goes back to SGLang from now on
+        return _fall_back(key, e, original_fn, kwargs)
 
 
 def _v32_signature(kw: dict) -> tuple:
