@@ -1191,8 +1191,8 @@ def shapes(device, formats, heads, topk, q_tokens, model, tp, fmt):
 
         device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu-interpreter"
     kw = {}
-    for name, value in (("heads", heads), ("topks", topk)):
-        parsed = _int_list(value, "--" + name.rstrip("s"), 1, 999_999_999)
+    for name, option, value in (("heads", "--heads", heads), ("topks", "--topk", topk)):
+        parsed = _int_list(value, option, 1, 999_999_999)
         if parsed:
             kw[name] = parsed
     parsed = _int_list(q_tokens, "--q-tokens", 1, 64)
