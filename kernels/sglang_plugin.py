@@ -8,8 +8,9 @@ device the tables cover (see :func:`leave_reason`) with :func:`kernels.sparse_ml
 and hands every other call, unchanged, to the original. A second hook, :func:`sglang_v32_hook`, wraps
 :data:`V32_TARGET`, the call SGLang's DSA backend makes for DeepSeek-V3.2 / GLM-5 decode on sm_120 (the 656-byte
 ``fp8_v32`` cache), by the same rules. Which shapes and tables serve is :func:`kernels.coverage.coverage`, the rule
-``tuner shapes`` prints; a call the kernel raises on goes back to SGLang (once said, then left). Each distinct call shape is logged once (logger
-``sglang.srt.plugins.sparse_mla``, which goes to SGLang's log): served with which table, or left and why.
+``tuner shapes`` prints; a call the kernel raises on goes back to SGLang (once said, then left). Each distinct
+call shape is logged once (logger ``sglang.srt.plugins.sparse_mla``, which goes to SGLang's log): served with which
+table, or left and why (with the command that tunes the shape's own table).
 
 - Off without uninstalling: ``SPARSE_MLA_SGLANG=0`` (also ``false``/``off``/``no``), read at load and at every
   call; or leave ``sparse_mla`` out of SGLang's ``SGLANG_PLUGINS`` allow-list.
