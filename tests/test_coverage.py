@@ -313,3 +313,15 @@ def test_every_preset_shape_at_every_tp_is_served_or_says_why():
                 c = coverage(kv, heads, topk, q_tokens=2)
                 assert c.served == (heads >= 8), (preset.name, tp, c)
                 assert c.served or "heads" in c.reason
+
+
+def test_a_shape_left_for_want_of_a_table_names_the_command_that_tunes_it(fresh_plugin, monkeypatch, caplog):
+    monkeypatch.setattr(plugin, "device_name", lambda device: "NVIDIA B300")  # a GPU without any table
+    W = Workload("fp8_v32", 16, 32, page_size=64, context=64)
+    bt = make_batch(W, 1, seed=1)
+    kw = plugin.v32_engine_call(bt.q, bt.kv_cache, bt.indices)
+    with caplog.at_level(logging.INFO, logger=plugin.logger.name):
+        assert plugin.sglang_v32_hook(lambda **k: "engine", **kw) == "engine"
+    (msg,) = [r.getMessage() for r in caplog.records if "leaves" in r.getMessage()]
+    c = coverage("fp8_v32", 16, 32, device_name="NVIDIA B300")
+    assert c.reason in msg and f"(to tune it: {c.tune})" in msg and "tuner export --engine sglang" in msg

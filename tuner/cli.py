@@ -551,7 +551,8 @@ def search(
     fmt,
     db_url,
 ):
-    """Tune every workload x concurrency level of SPACE_FILE; every sample goes to the database.
+    """Tune every workload x concurrency level of SPACE_FILE, or with --model NAME --tp N of a model preset's decode
+    calls (no space file: docs/engines.md); every sample goes to the database.
 
     Re-running resumes: configs already measured for this kernel and environment are skipped, and a level
     an earlier run finished measures nothing (--redo searches it again; a larger --n-trials continues it).
