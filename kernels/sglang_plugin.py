@@ -47,6 +47,7 @@ from .coverage import shape_problem
 from .decode import INTERPRET
 from .decode import device_name
 from .kv_format import FORMATS
+from .models import tune_command
 from .table import fit_config
 from .table import lookup_config
 
@@ -411,7 +412,10 @@ def _route(key: tuple, kw: dict) -> _Route | str:
         route = leave_reason(kw) or _shape_class(kw)
         if isinstance(route, _Route) and not route.serves(q.shape[0] * q.shape[1]):
             h, k = route.shape
-            route = f"B * s_q above the largest batch ({route.max_rows}) of the table of heads={h}, topk={k}"
+            route = (
+                f"B * s_q above the largest batch ({route.max_rows}) of the table of heads={h}, topk={k} (to tune "
+                f"larger batches: {tune_command(KV_FORMAT, route.heads, route.topk)}, with --max-batch)"
+            )
         shape = list(q.shape[1:]) if isinstance(q, torch.Tensor) else type(q).__name__
         if isinstance(route, _Route):
             how = _how(route)
@@ -699,7 +703,10 @@ def _v32_route(key: tuple, kw: dict) -> _Route | str:
         route = v32_leave_reason(kw) or _v32_shape_class(kw)
         if isinstance(route, _Route) and not route.serves(q.shape[0]):
             h, k = route.shape
-            route = f"T above the largest batch ({route.max_rows}) of the table of heads={h}, topk={k}"
+            route = (
+                f"T above the largest batch ({route.max_rows}) of the table of heads={h}, topk={k} (to tune larger "
+                f"batches: {tune_command(V32_FORMAT, route.heads, route.topk)}, with --max-batch)"
+            )
         shape = list(q.shape[1:]) if isinstance(q, torch.Tensor) else [type(q).__name__]
         if isinstance(route, _Route):
             _log_once(

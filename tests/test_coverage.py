@@ -325,3 +325,17 @@ def test_a_shape_left_for_want_of_a_table_names_the_command_that_tunes_it(fresh_
     (msg,) = [r.getMessage() for r in caplog.records if "leaves" in r.getMessage()]
     c = coverage("fp8_v32", 16, 32, device_name="NVIDIA B300")
     assert c.reason in msg and f"(to tune it: {c.tune})" in msg and "tuner export --engine sglang" in msg
+
+
+def test_a_batch_past_the_table_names_the_command_for_larger_batches(tmp_path, monkeypatch, fresh_plugin, caplog):
+    monkeypatch.setenv("SPARSE_MLA_CONFIG_DIR", str(tmp_path))
+    (tmp_path / "kv_format=fp8_v32,heads=16,topk=2048,device_name=cpu-interpreter.json").write_text(
+        json.dumps({"1": ENTRY})
+    )
+    W = Workload("fp8_v32", 16, 2048, page_size=64, context=2048)
+    bt = make_batch(W, 2, seed=1)
+    with caplog.at_level(logging.INFO, logger=plugin.logger.name):
+        out = plugin.sglang_v32_hook(lambda **k: "engine", **plugin.v32_engine_call(bt.q, bt.kv_cache, bt.indices))
+    (msg,) = [r.getMessage() for r in caplog.records if "leaves" in r.getMessage()]
+    assert out == "engine" and "T above the largest batch (1)" in msg
+    assert "tuner search --model deepseek-v3.2 --tp 8 && tuner export --engine sglang, with --max-batch" in msg
