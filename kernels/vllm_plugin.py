@@ -37,17 +37,12 @@ import torch
 from . import decode
 from .config import DEFAULT_CONFIG
 from .config import KernelConfig
+from .coverage import coverage as shared_coverage
 from .decode import INTERPRET
 from .decode import device_name
-from .table import candidates
+from .models import tune_command
 from .table import fit_config
-from .table import load_table
 from .table import lookup_config
-from .table import nearest_shape
-from .table import running_triton
-from .table import search_dirs
-from .table import sidecar_path
-from .table import tuned_shapes
 
 PLUGIN_NAME = "sparse_mla"  # the entry point's name, as VLLM_PLUGINS lists it
 ENV_SWITCH = "SPARSE_MLA_VLLM"
@@ -270,29 +265,16 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 def coverage(device: torch.device, kv_format: str, heads: int, topk: int) -> tuple[tuple[int, int], int] | str | None:
     """The tuned ``(heads, topk)`` whose table serves this shape on ``device`` and that table's largest batch; a
-    reason (str) when the device has no usable table; None on the interpreter without a table (the default config
-    serves). The one place this plugin asks the tables (the same lookup as the SGLang plugin's)."""
-    name = device_name(device)
-    shape = nearest_shape(tuned_shapes(name, kv_format), heads, topk)
-    if shape is None:
-        return None if device.type == "cpu" else f"no exported {kv_format} table for {name}"
-    version = running_triton()
-    for d in search_dirs():
-        for c in candidates(d, name, kv_format, *shape, version):
-            try:
-                st = os.stat(c.path)
-            except (OSError, ValueError):
-                continue
-            try:
-                side = os.stat(sidecar_path(c.path))
-                side_stamp = (side.st_mtime_ns, side.st_size)
-            except (OSError, ValueError):
-                side_stamp = None
-            largest = max(load_table(str(c.path), (st.st_mtime_ns, st.st_size), side_stamp).configs, default=0)
-            if largest:
-                return shape, largest
-            return f"the table heads={shape[0]}, topk={shape[1]} has no usable entry"
-    return f"no exported {kv_format} table for {name}"
+    reason (str, with the command that would tune the shape) when it is left to vLLM; None on the interpreter
+    without a table (the default config serves). The one place this plugin asks the tables: through
+    :func:`kernels.coverage.coverage`, the rule the SGLang plugin and ``tuner shapes`` use, so the three agree."""
+    c = shared_coverage(kv_format, heads, topk, device_name=device_name(device))
+    if not c.served:
+        tune = tune_command(kv_format, heads, topk, engine="vllm") if c.tune else None
+        return c.reason + (f" (to tune it: {tune})" if tune else "")
+    if c.origin == "default":
+        return None
+    return c.tuned, c.max_rows
 
 
 class _Route:

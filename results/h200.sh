@@ -26,6 +26,8 @@
 #                                               # (shipped tables); $OUT/bench_call_h200.json, bench_single_h200.json and
 #                                               # sglang_check_h200.json, a short table printed last;
 #                                               # LIMIT defaults to 350 s here
+#   OUT=out PHASE=sglang_v32 bash results/h200.sh    # the SGLang plugin's V3.2/GLM-5 hook (kernels.sglang_check_v32)
+#                                               # at the 15 capture sizes; $OUT/sglang_check_v32_h200.json
 #   OUT=out PHASE=feasibility bash results/h200.sh   # the cold feasibility check of the shipped spaces, as a
 #                                               # search compiles it (benchmarks/bench_feasibility.py); JSON in $OUT
 # Every search resumes what results/h200.db holds, so a phase cut short by LIMIT (seconds, default 540; each
@@ -172,7 +174,12 @@ PY
     step feasibility "$(left)" python3 benchmarks/bench_feasibility.py search_spaces/v4_flash_tp4.yaml \
       search_spaces/v32_tp8.yaml search_spaces/v4_flash_layer_tp4.yaml -o "$OUT/feasibility_h200.json"
     tail -8 "$OUT/feasibility.log" ;;
-  *) echo "unknown PHASE=$PHASE (allowed: grids, search, retune, ab, call, feasibility)"; exit 2 ;;
+  sglang_v32)  # the SGLang plugin's V3.2/GLM-5 hook at the 15 capture sizes: fp32 reference, FlashMLA, layer call
+    step sglang_check_v32 "$(left)" python3 -m sparse_mla_tuner.kernels.sglang_check_v32 \
+      --out "$OUT/sglang_check_v32_h200.json"
+    tail -20 "$OUT/sglang_check_v32.log" | cut -c1-150
+    exit 0 ;;
+  *) echo "unknown PHASE=$PHASE (allowed: grids, search, retune, ab, call, feasibility, sglang_v32)"; exit 2 ;;
 esac
 for f in "$OUT"/*.log "$OUT"/*/*.log; do [ -e "$f" ] || continue; echo "== $f"; tail -22 "$f" | cut -c1-150; done
 # the database, gzipped, in parts of at most 15 MiB (a device run returns files of up to 16 MiB):
