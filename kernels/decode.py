@@ -84,12 +84,13 @@ from sparse_mla_tuner.kernels.config import block_h_for
 from sparse_mla_tuner.kernels.config import split_grid
 from sparse_mla_tuner.kernels.kv_format import KVFormat
 from sparse_mla_tuner.kernels.kv_format import check_cache
+from sparse_mla_tuner.kernels.kv_format import check_pair
 from sparse_mla_tuner.kernels.kv_format import get_format
 from sparse_mla_tuner.kernels.table import lookup_config
 from sparse_mla_tuner.kernels.workload import Workload
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-FORMAT_IDS = {"fp8_model1": 0, "fp8_v32": 1}
+FORMAT_IDS = {"fp8_model1": 0, "fp8_v32": 1, "fp8_v32_nope": 2, "fp8_v41": 3, "fp4_v41": 4}
 
 # Fill outputs and workspace with NaN before launching, so an unwritten element fails the
 # correctness gate loudly (the tuner's gate and the tests set it; never needed in production).
@@ -199,7 +200,7 @@ def _gather_kv_tile(
         m_scale = m_tok[:, None] & (o_g[None, :] < 7)
         b_sc = tl.load(KV8 + o_scale[:, None] + o_g[None, :], mask=m_scale, other=127)
         b_rope = tl.load(KV16 + o_rope16[:, None] + o_rope[None, :], mask=m_tok[:, None], other=0.0)
-    else:
+    elif FORMAT == 1:
         b_idx = b_idx.to(tl.int64)
         o_g = tl.arange(0, 4)
         if WORDS:
@@ -212,6 +213,9 @@ def _gather_kv_tile(
             b_q8 = tl.load(KV8 + o_nope, mask=m_tok[:, None, None], other=0)
         b_sc = tl.load(KV32 + (b_idx * 164 + 128)[:, None] + o_g[None, :], mask=m_tok[:, None], other=0.0)
         b_rope = tl.load(KV16 + (b_idx * 328 + 264)[:, None] + o_rope[None, :], mask=m_tok[:, None], other=0.0)
+    else:  # the formats without a bf16 part (no rope tile: the scales stand in for it)
+        b_q8, b_sc = _gather_quant_tile(KV8, KV32, b_idx, m_tok, FORMAT, PAGE_SIZE, PAGE_BYTES)
+        b_rope = b_sc
     return b_q8, b_sc, b_rope
 
 
@@ -223,6 +227,7 @@ def _dequant_kv_tile(
 
     fp8_model1: k is the whole 512-dim key (448 nope + 64 rope, which is also V); k_rope is unused.
     fp8_v32:    k is the 512 nope dims (also V) and k_rope the 64 rope dims (keys only).
+    fp8_v32_nope, fp8_v41, fp4_v41: k is the whole key (also V), every dim quantized; k_rope is unused.
     """
     if FORMAT == 0:
         o_g = tl.arange(0, 8)
@@ -231,10 +236,13 @@ def _dequant_kv_tile(
         b_k3 = tl.where((o_g == 7)[None, :, None], b_rope.to(b_nope.dtype)[:, None, :], b_nope)
         b_k = tl.reshape(b_k3, (BLOCK_T, 512))
         b_kr = tl.zeros((BLOCK_T, 64), dtype=b_k.dtype)
-    else:
+    elif FORMAT == 1:
         b_k3 = _dequant(b_q8, b_sc[:, :, None], NATIVE_FP8, DOT_F32)
         b_k = tl.reshape(b_k3, (BLOCK_T, 512))
         b_kr = b_rope.to(b_k.dtype)
+    else:
+        b_k = _dequant_quant_tile(b_q8, b_sc, FORMAT, BLOCK_T, DOT_F32, NATIVE_FP8)
+        b_kr = tl.zeros((BLOCK_T, 64), dtype=b_k.dtype)
     return b_k, b_kr
 
 
@@ -246,6 +254,99 @@ def _dequant_word_byte(
     b_u8 = ((b_w >> (8 * J)) & 0xFF).to(tl.uint8)
     b_x = _dequant(tl.reshape(b_u8, (BLOCK_T, 4, 32)), b_sc[:, :, None], NATIVE_FP8, DOT_F32)
     return tl.reshape(b_x, (BLOCK_T, 128))
+
+
+@triton.jit
+def _gather_block_split(
+    KV8, b_idx, m_tok, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr, ROW: tl.constexpr, G: tl.constexpr,
+    GROUP_BYTES: tl.constexpr,
+):  # fmt: skip
+    """A block-split page layout's tile: data [T, G, GROUP_BYTES] (token t's ROW-byte data row at ``t * ROW`` of its
+    page) and one scale byte per group [T, G] (its scale row at ``PAGE_SIZE * ROW + t * G``)."""
+    if (PAGE_SIZE & (PAGE_SIZE - 1)) == 0:  # int32 shift and mask (the indices are >= 0 here)
+        b_page = (b_idx >> (PAGE_SIZE.bit_length() - 1)).to(tl.int64)
+        b_tok = (b_idx & (PAGE_SIZE - 1)).to(tl.int64)
+    else:
+        b_idx = b_idx.to(tl.int64)
+        b_page = b_idx // PAGE_SIZE
+        b_tok = b_idx % PAGE_SIZE
+    o_g = tl.arange(0, G)
+    o_j = tl.arange(0, GROUP_BYTES)
+    o_data = b_page * PAGE_BYTES + b_tok * ROW  # [T] bytes
+    o_scale = b_page * PAGE_BYTES + PAGE_SIZE * ROW + b_tok * G
+    b_q8 = tl.load(
+        KV8 + o_data[:, None, None] + o_g[None, :, None] * GROUP_BYTES + o_j[None, None, :],
+        mask=m_tok[:, None, None],
+        other=0,
+    )
+    b_sc = tl.load(KV8 + o_scale[:, None] + o_g[None, :], mask=m_tok[:, None], other=0)
+    return b_q8, b_sc
+
+
+@triton.jit
+def _gather_quant_tile(
+    KV8, KV32, b_idx, m_tok, FORMAT: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr
+):  # fmt: skip
+    """Issue the loads of one tile of a format with every dim quantized: (data bytes, scales as stored).
+
+    fp8_v32_nope (2): token rows of 528 bytes, bytes [T, 4, 128] and fp32 scales [T, 4] at byte 512 of the row.
+    fp8_v41 (3): block-split, bytes [T, 16, 32] and ue8m0 exponents [T, 16] (uint8).
+    fp4_v41 (4): block-split, bytes [T, 32, 8] (two e2m1 values each) and e4m3 scales [T, 32] (uint8).
+    Masked-out tokens (``m_tok`` false) are never read (see kernels/kv_format.py for the layouts).
+    """
+    if FORMAT == 2:
+        b_row = b_idx.to(tl.int64)
+        o_g = tl.arange(0, 4)
+        o_j = tl.arange(0, 128)
+        b_q8 = tl.load(
+            KV8 + b_row[:, None, None] * 528 + o_g[None, :, None] * 128 + o_j[None, None, :],
+            mask=m_tok[:, None, None],
+            other=0,
+        )
+        b_sc = tl.load(KV32 + (b_row * 132 + 128)[:, None] + o_g[None, :], mask=m_tok[:, None], other=0.0)
+    elif FORMAT == 3:
+        b_q8, b_sc = _gather_block_split(KV8, b_idx, m_tok, PAGE_SIZE, PAGE_BYTES, 512, 16, 32)
+    else:
+        b_q8, b_sc = _gather_block_split(KV8, b_idx, m_tok, PAGE_SIZE, PAGE_BYTES, 256, 32, 8)
+    return b_q8, b_sc
+
+
+@triton.jit
+def _dequant_e2m1(b_u8, b_sc, NATIVE_FP8: tl.constexpr, DOT_F32: tl.constexpr):
+    """Packed e2m1 pairs [T, G, 8] (value 2i in byte i's low nibble) times their e4m3 scales [T, G]: [T, G, 16].
+
+    A code's magnitude bits (exponent e, mantissa m) are placed straight into an fp16: ``(c & 7) << 9`` plus
+    ``14 << 10`` rebiases the exponent (e2m1's bias is 1, fp16's 15) for e >= 1, and the one subnormal, 0.5 (code
+    1), is ``0x3800``; the sign is bit 3 -> bit 15. Exact, and so is the product with the e4m3 scale in fp16
+    (at most 2 + 4 significant bits, |value| <= 6 * 448).
+    """
+    b_c = tl.join(b_u8 & 0xF, b_u8 >> 4).to(tl.int32)  # [T, G, 8, 2]: value 2i, then 2i + 1
+    b_c = tl.reshape(b_c, (b_u8.shape[0], b_u8.shape[1], 16))
+    b_bits = tl.where((b_c & 6) == 0, (b_c & 1) * 0x3800, ((b_c & 7) << 9) + 0x3800) | ((b_c & 8) << 12)
+    b_x = b_bits.to(tl.uint16).to(tl.float16, bitcast=True)
+    if NATIVE_FP8 and not DOT_F32:
+        b_s = b_sc.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+    else:  # the e4m3 bit assembly of _dequant: the value times 2^-8, exact in fp16
+        b = b_sc.to(tl.uint16)
+        b_s = (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.float16, bitcast=True) * 256.0
+    if DOT_F32:
+        return b_x.to(tl.float32) * b_s.to(tl.float32)[:, :, None]
+    return b_x * b_s.to(tl.float16)[:, :, None]
+
+
+@triton.jit
+def _dequant_quant_tile(
+    b_q8, b_sc, FORMAT: tl.constexpr, BLOCK_T: tl.constexpr, DOT_F32: tl.constexpr, NATIVE_FP8: tl.constexpr
+):
+    """A tile of :func:`_gather_quant_tile` as the dots' operand, the whole key [BLOCK_T, 512]."""
+    if FORMAT == 2:  # fp32 scales, one per 128 values
+        b_k3 = _dequant(b_q8, b_sc[:, :, None], NATIVE_FP8, DOT_F32)
+    elif FORMAT == 3:  # ue8m0 scales, one per 32 values: 2^(e - 127) exactly
+        b_scale = (b_sc.to(tl.uint32) << 23).to(tl.float32, bitcast=True)
+        b_k3 = _dequant(b_q8, b_scale[:, :, None], NATIVE_FP8, DOT_F32)
+    else:  # e2m1 pairs, e4m3 scales, one per 16 values
+        b_k3 = _dequant_e2m1(b_q8, b_sc, NATIVE_FP8, DOT_F32)
+    return tl.reshape(b_k3, (BLOCK_T, 512))
 
 
 @triton.jit
@@ -620,11 +721,13 @@ def _attend(
         x_begin = tl.maximum(t_begin - span, 0)
         x_end = tl.minimum(t_stop - span, x_valid)
         # one loop over both: one format and, for fp8_model1, one page layout or page strides of whole 16-byte
-        # units (see _gather_kv_tile); fp8_v32's rows are addressed by token, not by page
+        # units (see _gather_kv_tile), for fp8_v41 one page layout; fp8_v32's and fp8_v32_nope's rows are
+        # addressed by token, not by page
         if X_FORMAT == FORMAT and (
-            FORMAT != 0
+            FORMAT == 1
+            or FORMAT == 2
             or (X_PAGE_SIZE == PAGE_SIZE and X_PAGE_BYTES == PAGE_BYTES)
-            or (PAGE_BYTES % 16 == 0 and X_PAGE_BYTES % 16 == 0)
+            or (FORMAT == 0 and PAGE_BYTES % 16 == 0 and X_PAGE_BYTES % 16 == 0)
         ):
             b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _walk(
                 p_q, m_h, qk_scale, b_m, b_l, b_a0, b_a1, b_a2, b_a3, KV8, KV16, KV32, p_idx, t_begin, t_end,
@@ -921,6 +1024,7 @@ def _check_cache_args(name, kv_cache, indices, topk_length, fmt, B, s_q, squeeze
 
 def _validate(q, fmt, main, extra, attn_sink) -> bool:
     """Check a call's arguments; returns True for the 3-D form (one query token per request)."""
+    check_pair(fmt.name, None if extra is None else extra[3].name)
     if q.dim() not in (3, 4) or q.shape[-1] != fmt.d_qk or q.dtype != torch.bfloat16:
         raise ValueError(
             f"q must be [B, H, {fmt.d_qk}] or [B, s_q, H, {fmt.d_qk}] bf16 for {fmt.name}, "
@@ -1057,8 +1161,7 @@ def _plan(
     head_blocks = -(-H // block_h)
     main = caches[0]
     extra = caches[1] if len(caches) > 1 else None
-    if extra is not None and extra.fmt.name != main.fmt.name:  # _validate: both share q's head dim
-        raise ValueError(f"the extra cache's format {extra.fmt.name} must be the main cache's {main.fmt.name}")
+    check_pair(main.fmt.name, None if extra is None else extra.fmt.name)  # _validate: both share q's head dim
     topk = main.indices.shape[-1]
     x_topk = 0 if extra is None else extra.indices.shape[-1]
     grid = split_grid(config, rows, H, topk, x_topk)
