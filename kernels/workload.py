@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .kv_format import check_pair
 from .kv_format import get_format
 from .kv_format import quantize
 
@@ -39,6 +40,8 @@ class Workload:
         if isinstance(self.extra, dict):  # from JSON: the extra cache shares this workload's heads
             object.__setattr__(self, "extra", Workload(**{**self.extra, "heads": self.heads}))
         if self.extra is not None:
+            # (an extra-only format is a valid Workload: the extra cache is one; the call refuses it as a main)
+            check_pair(self.kv_format, self.extra.kv_format)
             if self.extra.extra is not None or self.extra.heads != self.heads:
                 raise ValueError("the extra cache is one plain cache with the workload's heads")
             if get_format(self.extra.kv_format).d_qk != get_format(self.kv_format).d_qk:

@@ -25,6 +25,7 @@ from ...kernels.config import kernel_source_hash
 from ...kernels.config import launch_identity
 from ...kernels.config import split_grid
 from ...kernels.kv_format import FORMATS
+from ...kernels.kv_format import check_pair
 from ...kernels.kv_format import get_format
 from ...kernels.reference import compare
 from ...kernels.reference import sparse_mla_decode_ref
@@ -214,7 +215,12 @@ class SparseMlaAdapter(KernelAdapter):
         }
         if vals["heads"] % vals["tp"]:
             raise _err(path, f"{key}.tp", f"must divide heads ({vals['heads']}), got {vals['tp']}")
-        return WorkloadSpec(wname, kv_format, **vals, **_call(path, key, w, kv_format))
+        call = _call(path, key, w, kv_format)
+        try:  # an extra-only format (fp4_v41) as the main cache, or a pair FlashMLA does not have
+            check_pair(kv_format, call["extra"][0] if "extra" in call else None)
+        except ValueError as e:
+            raise _err(path, f"{key}.extra.kv_format" if "extra" in call else f"{key}.kv_format", str(e)) from None
+        return WorkloadSpec(wname, kv_format, **vals, **call)
 
     def encode(self, cfg: KernelConfig, wl: Workload, concurrency: int) -> list[float]:
         """log2 C, the parameters (log2), PREFETCH one-hot, the split geometry of every cache at this batch."""
