@@ -231,3 +231,50 @@ def test_e2m1_rounding_ties_to_even_and_saturates():
     every = torch.arange(16, dtype=torch.uint8)
     assert e2m1_values(every).tolist() == list(E2M1_VALUES) + [-v for v in E2M1_VALUES]
     assert torch.equal(e2m1_codes(e2m1_values(every)), every)  # -0.0 keeps its sign: code 8
+
+
+# --- FlashMLA's call (kernels/flashmla_compat.py): the format from the bytes per token, or its kv_format name ---
+
+
+@pytest.mark.parametrize(
+    "main, extra, kv_format",
+    [
+        pytest.param(V41_WINDOW, FP4, None, id="V41-fp4-extra"),
+        pytest.param(V41_WINDOW, V41_MAIN, "V41", id="V41-V41-extra"),
+        pytest.param(NOPE, None, "V32_NO_ROPE", id="V32_NO_ROPE"),
+    ],
+)
+def test_flashmla_call_reads_the_new_formats(main, extra, kv_format):
+    import sparse_mla_tuner.kernels.flashmla_compat as flash_mla
+
+    bt = make_batch(main, 2, seed=1, q_tokens=2, extra=extra, with_sink=True, invalid_fraction=0.1)
+    kw = {"softmax_scale": 0.06, "is_fp8_kvcache": True, "indices": bt.indices, "attn_sink": bt.attn_sink}
+    if extra is not None:
+        kw |= {"extra_k_cache": bt.extra_kv_cache.unsqueeze(2), "extra_indices_in_kvcache": bt.extra_indices}
+    k_cache = bt.kv_cache.unsqueeze(2)
+    assert flash_mla.kv_format_of(k_cache, kv_format) == main.kv_format
+    meta = flash_mla.get_mla_metadata()[0]
+    out, lse = flash_mla.flash_mla_with_kvcache(bt.q, k_cache, None, None, 512, meta, kv_format=kv_format, **kw)
+    ok, _, _, reason = compare(out, lse, *sparse_mla_decode_ref(*bt.args(), **bt.kwargs(), sm_scale=0.06))
+    assert ok, reason
+
+
+def test_flashmla_call_refuses_what_flashmla_refuses():
+    import sparse_mla_tuner.kernels.flashmla_compat as flash_mla
+
+    nope = quantize(torch.randn(64, 512), "fp8_v32_nope", 64).unsqueeze(2)
+    assert flash_mla.kv_format_of(nope) == "fp8_v41"  # 528 bytes without a name: V4.1, as FlashMLA reads it
+    fp4 = quantize(torch.randn(64, 512), "fp4_v41", 64).unsqueeze(2)
+    v32 = quantize(torch.randn(64, 576), "fp8_v32", 64).unsqueeze(2)
+    with pytest.raises(ValueError, match="288 bytes per token .* only as extra_k_cache"):
+        flash_mla.kv_format_of(fp4)
+    with pytest.raises(ValueError, match="kv_format='V41' has 528 bytes per token, but k_cache has 656"):
+        flash_mla.kv_format_of(v32, "V41")
+    with pytest.raises(ValueError, match="kv_format must be one of"):
+        flash_mla.kv_format_of(nope, "v41")
+    q = torch.randn(1, 1, 16, 512).bfloat16()
+    idx = torch.zeros(1, 1, 16, dtype=torch.int32)
+    kw = {"is_fp8_kvcache": True, "indices": idx, "extra_k_cache": fp4, "extra_indices_in_kvcache": idx}
+    with pytest.raises(ValueError, match="V4.1 fp4 tokens, which FlashMLA pairs only with V32_NO_ROPE"):
+        meta = flash_mla.get_mla_metadata()[0]
+        flash_mla.flash_mla_with_kvcache(q, nope, None, None, 512, meta, kv_format="V32_NO_ROPE", **kw)
