@@ -25,6 +25,13 @@
 #                                               # LIMIT defaults to 350 s here
 #   OUT=out PHASE=feasibility bash results/h200.sh   # the cold feasibility check of the shipped spaces, as a
 #                                               # search compiles it (benchmarks/bench_feasibility.py); JSON in $OUT
+#   OUT=out PHASE=formats bash results/h200.sh  # the cache formats of issue 57 (V4.1 fp8 + fp4, GLM-5.3's no-RoPE):
+#                                               # their kernel tests on the GPU, then benchmarks/bench_formats.py at
+#                                               # the 15 levels (each checked against the fp32 reference first; the
+#                                               # no-RoPE cache against FlashMLA's V32_NO_ROPE kernel, V4.1 against
+#                                               # our V4 path); $OUT/bench_formats_h200.json, a short table printed
+#                                               # last; LIMIT defaults to 200 s here. Their cold re-tunes:
+#                                               # PHASE=retune RETUNES="v41 nope"
 # Every search resumes what results/h200.db holds, so a phase cut short by LIMIT (seconds, default 540; each
 # search gets SIGINT and stops after its running trial) goes on where it stopped when run again.
 # $OUT (default results/out, ignored by git) has the layout of results/: a run's files replace the committed ones
@@ -33,7 +40,7 @@
 set -u
 OUT=${OUT:-results/out}
 DB=${TUNER_DB:-sqlite:///results/h200.db}
-LIMIT=${LIMIT:-$([ "${PHASE:-grids}" = call ] && echo 350 || echo 540)}  # PHASE=call: 350
+LIMIT=${LIMIT:-$(case "${PHASE:-grids}" in call) echo 350 ;; formats) echo 200 ;; *) echo 540 ;; esac)}
 mkdir -p "$OUT"
 . "$(dirname "$0")/step.sh"
 deadline=$(( $(date +%s) + LIMIT ))
@@ -56,7 +63,9 @@ case "${PHASE:-grids}" in
       v4) retune retune_h200/v4_flash_tp4 search_spaces/v4_flash_tp4.yaml ;;
       v32) retune retune_h200/v32_tp8 search_spaces/v32_tp8.yaml ;;
       layer) retune retune_h200/v4_flash_layer_tp4 search_spaces/v4_flash_layer_tp4.yaml ;;
-      *) echo "unknown retune $g (allowed: v4, v32, layer)"; exit 2 ;;
+      v41) retune retune_h200/v41_flash_layer_tp4 search_spaces/v41_flash_layer_tp4.yaml ;;
+      nope) retune retune_h200/glm53_nope_tp4 search_spaces/glm53_nope_tp4.yaml ;;
+      *) echo "unknown retune $g (allowed: v4, v32, layer, v41, nope)"; exit 2 ;;
     esac; done ;;
   grids)
     for g in ${GRIDS:-v4 v32 layer}; do case $g in
@@ -148,7 +157,12 @@ PY
     step feasibility "$(left)" python3 benchmarks/bench_feasibility.py search_spaces/v4_flash_tp4.yaml \
       search_spaces/v32_tp8.yaml search_spaces/v4_flash_layer_tp4.yaml -o "$OUT/feasibility_h200.json"
     tail -8 "$OUT/feasibility.log" ;;
-  *) echo "unknown PHASE=$PHASE (allowed: grids, search, retune, ab, call, feasibility)"; exit 2 ;;
+  formats)
+    step formats_tests 60 python3 -m pytest -q -p no:cacheprovider tests/test_formats.py
+    step bench_formats "$(left)" python3 benchmarks/bench_formats.py --samples 5 --out "$OUT/bench_formats_h200.json"
+    for f in "$OUT"/formats_tests.log "$OUT"/bench_formats.log; do echo "== $f"; tail -16 "$f" | cut -c1-150; done
+    exit 0 ;;
+  *) echo "unknown PHASE=$PHASE (allowed: grids, search, retune, ab, call, feasibility, formats)"; exit 2 ;;
 esac
 for f in "$OUT"/*.log "$OUT"/*/*.log; do [ -e "$f" ] || continue; echo "== $f"; tail -22 "$f" | cut -c1-150; done
 # the database, gzipped, in parts of at most 15 MiB (a device run returns files of up to 16 MiB):

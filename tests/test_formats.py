@@ -52,11 +52,12 @@ CASES = [
     "main, extra, cfg, B, q_tokens, sink, seed",
     [pytest.param(*c[1:], i % 2, id=c[0]) for i, c in enumerate(CASES)],
 )
-def test_kernel_matches_reference(main, extra, cfg, B, q_tokens, sink, seed, monkeypatch):
+def test_kernel_matches_reference(main, extra, cfg, B, q_tokens, sink, seed, monkeypatch, device):
     monkeypatch.setattr(decode, "POISON_OUTPUTS", True)  # an unwritten element is NaN and fails the gate
     bt = make_batch(
         main,
         B,
+        device=device,
         seed=seed,
         with_topk_length=seed == 1,
         invalid_fraction=0.1,
@@ -76,11 +77,11 @@ def test_kernel_matches_reference(main, extra, cfg, B, q_tokens, sink, seed, mon
         assert torch.isposinf(lse[1]).all() and (out[1] == 0).all()
 
 
-def test_fp4_cache_is_read_at_its_own_page_size_and_stride():
+def test_fp4_cache_is_read_at_its_own_page_size_and_stride(device):
     """A padded page stride (SGLang pads V4.1 pages to whole 512 / 256-byte units) is read in place."""
-    bt = make_batch(V41_WINDOW, 2, seed=3, extra=FP4, with_sink=True)
+    bt = make_batch(V41_WINDOW, 2, device=device, seed=3, extra=FP4, with_sink=True)
     pages, ps, bpt = bt.extra_kv_cache.shape
-    padded = torch.zeros(pages, ps * bpt + 256, dtype=torch.uint8)
+    padded = torch.zeros(pages, ps * bpt + 256, dtype=torch.uint8, device=device)
     padded[:, : ps * bpt] = bt.extra_kv_cache.reshape(pages, -1)
     view = padded.as_strided((pages, ps, bpt), (ps * bpt + 256, bpt, 1))
     ref = sparse_mla_decode_ref(*bt.args(), **bt.kwargs())
@@ -90,9 +91,9 @@ def test_fp4_cache_is_read_at_its_own_page_size_and_stride():
     assert torch.equal(dequantize(view, "fp4_v41"), dequantize(bt.extra_kv_cache, "fp4_v41"))
 
 
-def test_the_comparison_catches_a_wrong_nibble_order():
+def test_the_comparison_catches_a_wrong_nibble_order(device):
     """The gate can fail: the fp4 cache with every byte's nibbles swapped must not pass."""
-    bt = make_batch(V41_WINDOW, 1, seed=0, extra=FP4)
+    bt = make_batch(V41_WINDOW, 1, device=device, seed=0, extra=FP4)
     ref = sparse_mla_decode_ref(*bt.args(), **bt.kwargs())
     ps = bt.extra_kv_cache.shape[1]
     swapped = bt.extra_kv_cache.clone().reshape(bt.extra_kv_cache.shape[0], -1)
@@ -244,10 +245,10 @@ def test_e2m1_rounding_ties_to_even_and_saturates():
         pytest.param(NOPE, None, "V32_NO_ROPE", id="V32_NO_ROPE"),
     ],
 )
-def test_flashmla_call_reads_the_new_formats(main, extra, kv_format):
+def test_flashmla_call_reads_the_new_formats(main, extra, kv_format, device):
     import sparse_mla_tuner.kernels.flashmla_compat as flash_mla
 
-    bt = make_batch(main, 2, seed=1, q_tokens=2, extra=extra, with_sink=True, invalid_fraction=0.1)
+    bt = make_batch(main, 2, device=device, seed=1, q_tokens=2, extra=extra, with_sink=True, invalid_fraction=0.1)
     kw = {"softmax_scale": 0.06, "is_fp8_kvcache": True, "indices": bt.indices, "attn_sink": bt.attn_sink}
     if extra is not None:
         kw |= {"extra_k_cache": bt.extra_kv_cache.unsqueeze(2), "extra_indices_in_kvcache": bt.extra_indices}

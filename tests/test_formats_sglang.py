@@ -92,14 +92,15 @@ def test_v41_pages_are_byte_identical_to_sglang_s(sglang_caches, kv_format, key,
     assert torch.equal(back.reshape(3, 6, 512).bfloat16(), sglang_caches[f"{key}_back"])
 
 
-def test_the_kernel_reads_sglang_s_v41_layer(sglang_caches):
+def test_the_kernel_reads_sglang_s_v41_layer(sglang_caches, device):
     """One V4.1 layer call on SGLang's own padded pages: the fp8 window and the fp4 compressed cache."""
     g = torch.Generator().manual_seed(1)
-    window, compressed = _paged(sglang_caches["v41"], 6, 528), _paged(sglang_caches["fp4"], 6, 288)
-    q = torch.randn(2, 16, 512, generator=g).bfloat16()
-    idx = torch.randint(-1, 18, (2, 20), generator=g, dtype=torch.int32)
-    x_idx = torch.randint(-1, 18, (2, 40), generator=g, dtype=torch.int32)
-    sink = torch.randn(16, generator=g)
+    window = _paged(sglang_caches["v41"].to(device), 6, 528)
+    compressed = _paged(sglang_caches["fp4"].to(device), 6, 288)
+    q = torch.randn(2, 16, 512, generator=g).bfloat16().to(device)
+    idx = torch.randint(-1, 18, (2, 20), generator=g, dtype=torch.int32).to(device)
+    x_idx = torch.randint(-1, 18, (2, 40), generator=g, dtype=torch.int32).to(device)
+    sink = torch.randn(16, generator=g).to(device)
     kw = dict(kv_format="fp8_v41", attn_sink=sink, extra_kv_cache=compressed, extra_indices=x_idx)
     kw["extra_kv_format"] = "fp4_v41"
     cfg = KernelConfig(BLOCK_T=16, num_warps=4, num_stages=1, TARGET_CTAS=8, PREFETCH=1)
@@ -109,7 +110,7 @@ def test_the_kernel_reads_sglang_s_v41_layer(sglang_caches):
     assert ok, reason
 
 
-def test_sglang_s_no_rope_rows_decode_to_their_input(sglang_caches):
+def test_sglang_s_no_rope_rows_decode_to_their_input(sglang_caches, device):
     """SGLang's writer stores arbitrary fp32 scales (amax / 448): on inputs its e4m3 rounding leaves exact, our
     reader gives the input back bit for bit, and the kernel reads the rows where they are."""
     k, rows = sglang_caches["nope_k"], sglang_caches["nope"]
@@ -119,8 +120,9 @@ def test_sglang_s_no_rope_rows_decode_to_their_input(sglang_caches):
     assert (torch.log2(scales) != torch.log2(scales).round()).any()  # not only powers of two
     assert torch.equal(dequantize(cache, "fp8_v32_nope"), k)
     g = torch.Generator().manual_seed(2)
-    q = torch.randn(3, 2, 16, 512, generator=g).bfloat16()
-    idx = torch.randint(-1, 18, (3, 2, 30), generator=g, dtype=torch.int32)
+    cache = cache.to(device)
+    q = torch.randn(3, 2, 16, 512, generator=g).bfloat16().to(device)
+    idx = torch.randint(-1, 18, (3, 2, 30), generator=g, dtype=torch.int32).to(device)
     cfg = KernelConfig(BLOCK_T=16, num_warps=4, num_stages=2, TARGET_CTAS=4)
     out, lse = sparse_mla_decode(q, cache, idx, kv_format="fp8_v32_nope", config=cfg)
     ok, _, _, reason = compare(out, lse, *sparse_mla_decode_ref(q, cache, idx, kv_format="fp8_v32_nope"))
