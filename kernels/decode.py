@@ -35,8 +35,8 @@ Head blocking: BLOCK_H = max(16, next_pow2(H)) capped at 32 (tl.dot needs M >= 1
 fp32 accumulators [32, 512] are already 128 registers/thread at 4 warps), so head_blocks = ceil(H / 32)
 for H > 32. Every KV tile is read once per head block.
 
-KV loads: fp8_v32's 512 e4m3 bytes per token are loaded as 128 32-bit words when the tile loop is not
-staged (``WORDS``, see :func:`kv_words`); the tile is then dequantized as four interleaved slices (byte j
+KV loads: fp8_v32's (and fp8_v32_nope's) 512 e4m3 bytes per token are loaded as 128 32-bit words when the tile
+loop is not staged (``WORDS``, see :func:`kv_words`); the tile is then dequantized as four interleaved slices (byte j
 of word m is dim 4m + j), q is split the same way, and P.V fills four [BLOCK_H, 128] accumulators that are
 interleaved once per program, so no byte shuffle is left in the loop.
 
@@ -214,7 +214,7 @@ def _gather_kv_tile(
         b_sc = tl.load(KV32 + (b_idx * 164 + 128)[:, None] + o_g[None, :], mask=m_tok[:, None], other=0.0)
         b_rope = tl.load(KV16 + (b_idx * 328 + 264)[:, None] + o_rope[None, :], mask=m_tok[:, None], other=0.0)
     else:  # the formats without a bf16 part (no rope tile: the scales stand in for it)
-        b_q8, b_sc = _gather_quant_tile(KV8, KV32, b_idx, m_tok, FORMAT, PAGE_SIZE, PAGE_BYTES)
+        b_q8, b_sc = _gather_quant_tile(KV8, KV32, b_idx, m_tok, FORMAT, PAGE_SIZE, PAGE_BYTES, WORDS)
         b_rope = b_sc
     return b_q8, b_sc, b_rope
 
@@ -285,11 +285,13 @@ def _gather_block_split(
 
 @triton.jit
 def _gather_quant_tile(
-    KV8, KV32, b_idx, m_tok, FORMAT: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr
+    KV8, KV32, b_idx, m_tok, FORMAT: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr,
+    WORDS: tl.constexpr,
 ):  # fmt: skip
     """Issue the loads of one tile of a format with every dim quantized: (data bytes, scales as stored).
 
-    fp8_v32_nope (2): token rows of 528 bytes, bytes [T, 4, 128] and fp32 scales [T, 4] at byte 512 of the row.
+    fp8_v32_nope (2): token rows of 528 bytes, bytes [T, 4, 128], or with ``WORDS`` the same 512 bytes as 128
+    32-bit words [T, 128] (as fp8_v32's, see :func:`kv_words`), and fp32 scales [T, 4] at byte 512 of the row.
     fp8_v41 (3): block-split, bytes [T, 16, 32] and ue8m0 exponents [T, 16] (uint8).
     fp4_v41 (4): block-split, bytes [T, 32, 8] (two e2m1 values each) and e4m3 scales [T, 32] (uint8).
     Masked-out tokens (``m_tok`` false) are never read (see kernels/kv_format.py for the layouts).
@@ -297,12 +299,17 @@ def _gather_quant_tile(
     if FORMAT == 2:
         b_row = b_idx.to(tl.int64)
         o_g = tl.arange(0, 4)
-        o_j = tl.arange(0, 128)
-        b_q8 = tl.load(
-            KV8 + b_row[:, None, None] * 528 + o_g[None, :, None] * 128 + o_j[None, None, :],
-            mask=m_tok[:, None, None],
-            other=0,
-        )
+        if WORDS:
+            o_w = tl.arange(0, 128)
+            b_q8 = tl.load(KV32 + b_row[:, None] * 132 + o_w[None, :], mask=m_tok[:, None], other=0.0)
+            b_q8 = b_q8.to(tl.int32, bitcast=True)  # [T, 128]
+        else:
+            o_j = tl.arange(0, 128)
+            b_q8 = tl.load(
+                KV8 + b_row[:, None, None] * 528 + o_g[None, :, None] * 128 + o_j[None, None, :],
+                mask=m_tok[:, None, None],
+                other=0,
+            )
         b_sc = tl.load(KV32 + (b_row * 132 + 128)[:, None] + o_g[None, :], mask=m_tok[:, None], other=0.0)
     elif FORMAT == 3:
         b_q8, b_sc = _gather_block_split(KV8, b_idx, m_tok, PAGE_SIZE, PAGE_BYTES, 512, 16, 32)
@@ -393,7 +400,8 @@ def _tile_step(
         b_qa, b_qb = tl.split(tl.reshape(b_q, (b_q.shape[0], 128, 2, 2)))  # b = 0, 1
         b_q0, b_q2 = tl.split(b_qa)
         b_q1, b_q3 = tl.split(b_qb)
-        b_qr = tl.load(p_q + 512 + tl.arange(0, 64)[None, :], mask=m_h[:, None], other=0.0).to(dt)
+        if FORMAT == 1:  # fp8_v32's rope part (fp8_v32_nope has none)
+            b_qr = tl.load(p_q + 512 + tl.arange(0, 64)[None, :], mask=m_h[:, None], other=0.0).to(dt)
         if BLOCK_T >= 32:
             # five independent dots (short mma chains), each scaled before the sum: a dot added straight
             # to another would be fused back into one chain (Triton's combiner: dot(a, b, 0) + c -> dot(a, b, c))
@@ -401,14 +409,17 @@ def _tile_step(
             b_s1 = tl.dot(b_q1, tl.trans(b_k1)) * qk_scale
             b_s2 = tl.dot(b_q2, tl.trans(b_k2)) * qk_scale
             b_s3 = tl.dot(b_q3, tl.trans(b_k3)) * qk_scale
-            b_sr = tl.dot(b_qr, tl.trans(c_rope.to(dt))) * qk_scale
-            b_s = ((b_s0 + b_s1) + (b_s2 + b_s3)) + b_sr
+            b_s = (b_s0 + b_s1) + (b_s2 + b_s3)
+            if FORMAT == 1:
+                b_s = b_s + tl.dot(b_qr, tl.trans(c_rope.to(dt))) * qk_scale
         else:  # one chain: at BLOCK_T 16 the independent dots cost 14 registers, a CTA per SM (168 -> 182)
             b_s = tl.dot(b_q0, tl.trans(b_k0))
             b_s = tl.dot(b_q1, tl.trans(b_k1), b_s)
             b_s = tl.dot(b_q2, tl.trans(b_k2), b_s)
             b_s = tl.dot(b_q3, tl.trans(b_k3), b_s)
-            b_s = tl.dot(b_qr, tl.trans(c_rope.to(dt)), b_s) * qk_scale
+            if FORMAT == 1:
+                b_s = tl.dot(b_qr, tl.trans(c_rope.to(dt)), b_s)
+            b_s = b_s * qk_scale
     elif FORMAT == 0:
         # four dots of 128 contiguous dims each, so that no dot's q operand is the whole [BLOCK_H, 512]
         # (chunk j = dims 128j..128j+127; the reshape's dims are (a, b) with j = 2a + b)
@@ -1092,9 +1103,10 @@ def kv_words(fmt: KVFormat, config: KernelConfig) -> bool:
     pipeliner leaves alone): 4x fewer loads and no byte shuffle (measured -15 to -21 % at C >= 48 on
     the H200, docs/benchmarks.md, kernel v6). A staged loop keeps the byte tile: staged as words it
     grows to 109 824 B of shared memory at BLOCK_T 64, over sm_120's 101 376 B, where the byte tile fits.
-    fp8_model1 keeps its byte path (a 448-byte nope part in 64-byte groups).
+    fp8_model1 keeps its byte path (a 448-byte nope part in 64-byte groups). fp8_v32_nope's rows are fp8_v32's
+    first 528 bytes, loaded the same way (132 words a row); fp8_v41 and fp4_v41 keep their byte paths.
     """
-    return fmt.name == "fp8_v32" and (config.num_stages == 1 or config.PREFETCH in (1, 3))
+    return fmt.name in ("fp8_v32", "fp8_v32_nope") and (config.num_stages == 1 or config.PREFETCH in (1, 3))
 
 
 def device_name(device: torch.device) -> str:

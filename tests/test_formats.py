@@ -36,7 +36,8 @@ V41_MAIN = Workload("fp8_v41", 16, 100, page_size=32, context=300)  # an fp8 com
 CASES = [
     ("nope-1split", NOPE, None, ONE_SPLIT, 3, None, False),
     ("nope-splits-sink", NOPE, None, SPLITS, 3, None, True),
-    ("nope-prefetch-s_q2", NOPE, None, PREFETCH, 2, 2, False),
+    ("nope-prefetch-s_q2", NOPE, None, PREFETCH, 2, 2, False),  # the word loads (kv_words), one dot chain
+    ("nope-words-T32", NOPE, None, PREFETCH.replace(BLOCK_T=32, PREFETCH=2, TARGET_CTAS=8), 3, None, True),
     ("nope-balanced-H64", Workload("fp8_v32_nope", 64, 100, 64, 300), None, BALANCED, 3, None, True),
     ("v41-window", V41_WINDOW, None, SPLITS, 3, None, False),
     ("v41-fp4-layer-sink", V41_WINDOW, FP4, SPLITS, 3, None, True),
