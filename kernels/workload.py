@@ -40,12 +40,12 @@ class Workload:
         if isinstance(self.extra, dict):  # from JSON: the extra cache shares this workload's heads
             object.__setattr__(self, "extra", Workload(**{**self.extra, "heads": self.heads}))
         if self.extra is not None:
-            # (an extra-only format is a valid Workload: the extra cache is one; the call refuses it as a main)
-            check_pair(self.kv_format, self.extra.kv_format)
             if self.extra.extra is not None or self.extra.heads != self.heads:
                 raise ValueError("the extra cache is one plain cache with the workload's heads")
             if get_format(self.extra.kv_format).d_qk != get_format(self.kv_format).d_qk:
                 raise ValueError("the extra cache must have the main cache's head dim (one q serves both)")
+            # (an extra-only format is a valid Workload: the extra cache is one; the call refuses it as a main)
+            check_pair(self.kv_format, self.extra.kv_format)
 
     def caches(self) -> list[Workload]:
         """The caches the call attends: this one, then the extra one."""
