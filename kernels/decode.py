@@ -1035,7 +1035,7 @@ def _check_cache_args(name, kv_cache, indices, topk_length, fmt, B, s_q, squeeze
 
 def _validate(q, fmt, main, extra, attn_sink) -> bool:
     """Check a call's arguments; returns True for the 3-D form (one query token per request)."""
-    check_pair(fmt.name, None if extra is None else extra[3].name)
+    check_pair(fmt.name, None)  # an extra-only format as the main cache
     if q.dim() not in (3, 4) or q.shape[-1] != fmt.d_qk or q.dtype != torch.bfloat16:
         raise ValueError(
             f"q must be [B, H, {fmt.d_qk}] or [B, s_q, H, {fmt.d_qk}] bf16 for {fmt.name}, "
@@ -1055,6 +1055,7 @@ def _validate(q, fmt, main, extra, attn_sink) -> bool:
                 f"the extra cache's format {efmt.name} has D_qk={efmt.d_qk} but {fmt.name} has D_qk={fmt.d_qk}: "
                 "both caches must share q's head dim"
             )
+        check_pair(fmt.name, efmt.name)
         _check_cache_args("extra_indices", kv, idx, tl_, efmt, B, s_q, squeeze)
         tensors += [kv, idx, tl_]
     if attn_sink is not None:
