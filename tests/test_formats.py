@@ -44,6 +44,16 @@ CASES = [
     ("v41-fp4-layer-prefetch", V41_WINDOW, FP4, PREFETCH, 3, None, True),
     ("v41-fp4-layer-balanced-s_q8", V41_WINDOW, FP4, BALANCED, 1, 8, True),
     ("v41-fp4-layer-1split-H8", Workload("fp8_v41", 8, 48, 32, 64), FP4, ONE_SPLIT, 2, None, True),
+    # vLLM #56837's V4.1 shape, 1152 tokens a row: the window's 128 and 1024 of the fp4 cache, in tiles of 64
+    (
+        "v41-fp4-layer-topk1152-T64",
+        Workload("fp8_v41", 16, 128, 32, 128),
+        Workload("fp4_v41", 16, 1024, 32, 1100),
+        KernelConfig(BLOCK_T=64, num_warps=4, num_stages=1, TARGET_CTAS=16, PREFETCH=2),
+        1,
+        None,
+        True,
+    ),
     ("v41-fp8-layer-one-loop", V41_WINDOW, V41_MAIN, PREFETCH.replace(PREFETCH=3), 3, None, True),
     ("v41-fp8-layer-two-page-sizes", V41_WINDOW, Workload("fp8_v41", 16, 100, 16, 300), SPLITS, 3, 2, True),
 ]
