@@ -290,3 +290,36 @@ def test_flashmla_call_refuses_what_flashmla_refuses():
     with pytest.raises(ValueError, match="V4.1 fp4 tokens, which FlashMLA pairs only with V32_NO_ROPE"):
         meta = flash_mla.get_mla_metadata()[0]
         flash_mla.flash_mla_with_kvcache(q, nope, None, None, 512, meta, kv_format="V32_NO_ROPE", **kw)
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["bit-assembly", "native-e4m3"])
+@pytest.mark.parametrize(
+    "main, extra, cfg",
+    [
+        pytest.param(NOPE, None, SPLITS, id="nope-bytes"),
+        pytest.param(NOPE, None, PREFETCH, id="nope-words"),
+        pytest.param(V41_WINDOW, FP4, PREFETCH, id="v41-fp4-layer"),
+    ],
+)
+def test_the_gpu_path_fp16_operands_match_the_reference(main, extra, cfg, native, monkeypatch):
+    """The GPU's code path (fp16 dot operands: e4m3 and e2m1 values and their scales in fp16), not the
+    interpreter's fp32 one, with both e4m3 conversions (the bit assembly, and sm_89+'s native one)."""
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU the other tests already run this path compiled")
+    monkeypatch.setattr(decode, "POISON_OUTPUTS", True)
+    real_plan = decode._plan
+
+    def gpu_plan(*args, **kwargs):  # the launches a GPU gets: DOT_F32 off, NATIVE_FP8 as the arch has it
+        plan = real_plan(*args, **kwargs)
+        for launch in plan.launches:
+            if launch.name == "split":
+                launch.constexprs.update(DOT_F32=False, NATIVE_FP8=native)
+        return plan
+
+    bt = make_batch(main, 3, seed=1, extra=extra, with_sink=extra is not None, with_topk_length=True)
+    ref = sparse_mla_decode_ref(*bt.args(), **bt.kwargs())
+    _, rel_f32, _, _ = compare(*sparse_mla_decode(*bt.args(), **bt.kwargs(), config=cfg), *ref)
+    monkeypatch.setattr(decode, "_plan", gpu_plan)
+    ok, rel, _, reason = compare(*sparse_mla_decode(*bt.args(), **bt.kwargs(), config=cfg), *ref)
+    assert ok, reason
+    assert rel <= 1.25 * rel_f32 + 1e-3, (rel, rel_f32)  # fp16 operands: no worse than fp32 ones, up to noise
