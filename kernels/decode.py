@@ -1,4 +1,8 @@
-"""Sparse MLA decode (MQA form) over one or two paged FP8 KV caches, in Triton.
+"""Sparse MLA decode (MQA form) over one or two paged FP8 / FP4 KV caches, in Triton.
+
+The cache format is the constexpr ``FORMAT`` (``FORMAT_IDS``): fp8_model1 0, fp8_v32 1, fp8_v32_nope 2, fp8_v41 3,
+fp4_v41 4 (``kernels/kv_format.py``; docs/kernel.md, "The cache formats"). The formats without a bf16 part (2-4)
+are loaded and dequantized by their own helpers (``_gather_quant_tile``, ``_dequant_quant_tile``).
 
 Two kernels:
   ``_split_kernel``   One program takes BLOCK_H heads of one query token and one contiguous slice of its
@@ -420,7 +424,7 @@ def _tile_step(
             if FORMAT == 1:
                 b_s = tl.dot(b_qr, tl.trans(c_rope.to(dt)), b_s)
             b_s = b_s * qk_scale
-    elif FORMAT == 0:
+    elif FORMAT == 0 or FORMAT >= 3:  # fp8_model1, fp8_v41, fp4_v41
         # four dots of 128 contiguous dims each, so that no dot's q operand is the whole [BLOCK_H, 512]
         # (chunk j = dims 128j..128j+127; the reshape's dims are (a, b) with j = 2a + b)
         b_k, b_kr = _dequant_kv_tile(c_q8, c_sc, c_rope, FORMAT, BLOCK_T, DOT_F32, NATIVE_FP8)
@@ -463,7 +467,7 @@ def _tile_step(
     b_p = tl.exp2(b_s - b_m_use[:, None])
     b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
     b_pk = b_p.to(dt)
-    if WORDS or FORMAT == 0:
+    if WORDS or FORMAT == 0 or FORMAT >= 3:
         b_a0 = b_a0 * b_alpha[:, None] + tl.dot(b_pk, b_k0)  # [BLOCK_H, 128]: output dims 4m + 0 (chunks: 0..127)
         b_a1 = b_a1 * b_alpha[:, None] + tl.dot(b_pk, b_k1)
         b_a2 = b_a2 * b_alpha[:, None] + tl.dot(b_pk, b_k2)
@@ -708,11 +712,11 @@ def _attend(
     p_q = Q + i_b * stride_qb + i_q * stride_qs + o_h[:, None] * stride_qh
     qk_scale = sm_scale * 1.4426950408889634  # softmax in base 2
     # the empty softmax: the output accumulates in a0 [BLOCK_H, 512], or with WORDS as four interleaved
-    # slices a_j [BLOCK_H, 128] (output dims 4m + j), or for fp8_model1 as four chunks a_j [BLOCK_H, 128]
-    # (output dims 128j..128j+127); unused ones are [1, 1]
+    # slices a_j [BLOCK_H, 128] (output dims 4m + j), or for fp8_model1 and the V4.1 formats as four chunks
+    # a_j [BLOCK_H, 128] (output dims 128j..128j+127); unused ones are [1, 1]
     b_m = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
     b_l = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    if WORDS or FORMAT == 0:
+    if WORDS or FORMAT == 0 or FORMAT >= 3:
         b_a0 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
         b_a1 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
         b_a2 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
@@ -769,7 +773,7 @@ def _attend(
 
     if WORDS:  # dims 4m + 2a + b <- slice 2a + b: one interleave per program, outside the tile loop
         b_acc = tl.reshape(tl.join(tl.join(b_a0, b_a2), tl.join(b_a1, b_a3)), (BLOCK_H, 512))
-    elif FORMAT == 0:  # the four chunks side by side: [a0 | a1 | a2 | a3]
+    elif FORMAT == 0 or FORMAT >= 3:  # the four chunks side by side: [a0 | a1 | a2 | a3]
         b_a01 = tl.reshape(tl.permute(tl.join(b_a0, b_a1), (0, 2, 1)), (BLOCK_H, 256))
         b_a23 = tl.reshape(tl.permute(tl.join(b_a2, b_a3), (0, 2, 1)), (BLOCK_H, 256))
         b_acc = tl.reshape(tl.permute(tl.join(b_a01, b_a23), (0, 2, 1)), (BLOCK_H, 512))
@@ -1308,13 +1312,15 @@ def sparse_mla_decode(
 
     Args:
         q: ``[B, H, D_qk]`` bf16 (one query token per request), or ``[B, s_q, H, D_qk]`` (s_q tokens
-            per request, e.g. MTP); dims ordered nope then rope (D_qk = 512 for fp8_model1, 576 for fp8_v32).
-        kv_cache: ``[num_pages, page_size, bytes_per_token]`` uint8, contiguous, or for fp8_model1 with padded
-            pages (``stride(0) > page_size * 584``, read in place; see ``kernels.kv_format``).
+            per request, e.g. MTP); dims ordered nope then rope (D_qk = 576 for fp8_v32, 512 for the others).
+        kv_cache: ``[num_pages, page_size, bytes_per_token]`` uint8, contiguous, or for a block-split format
+            (fp8_model1, fp8_v41, fp4_v41) with padded pages (``stride(0) > page_size * bytes_per_token``, read in
+            place; see ``kernels.kv_format``).
         indices: ``[B, topk]`` int32 (``[B, s_q, topk]`` with a 4-D q): flat token positions
             ``page * page_size + offset``; negative values and values ``>= num_pages * page_size`` are
             masked and never read.
-        kv_format: ``"fp8_model1"`` or ``"fp8_v32"``.
+        kv_format: ``"fp8_model1"``, ``"fp8_v32"``, ``"fp8_v32_nope"`` or ``"fp8_v41"`` (``"fp4_v41"`` is an
+            extra cache only, next to an fp8_v41 main cache).
         sm_scale: softmax scale, default ``D_qk ** -0.5``.
         topk_length: optional ``[B]`` int32; only the first ``topk_length[b]`` indices of request b count
             (for every query token of the request).
