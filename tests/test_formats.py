@@ -2,6 +2,8 @@
 and DeepSeek-V3.2 without RoPE (GLM-5.3). Layouts and quantizers against the documented bytes, the kernel against
 the reference under the interpreter (cheap shapes)."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -323,3 +325,39 @@ def test_the_gpu_path_fp16_operands_match_the_reference(main, extra, cfg, native
     ok, rel, _, reason = compare(*sparse_mla_decode(*bt.args(), **bt.kwargs(), config=cfg), *ref)
     assert ok, reason
     assert rel <= 1.25 * rel_f32 + 1e-3, (rel, rel_f32)  # fp16 operands: no worse than fp32 ones, up to noise
+
+
+def test_the_shipped_spaces_of_the_new_formats():
+    """One small space per model: V4.1-Flash's layer call at TP4 (fp8 window on pages of 32, fp4 compressed cache,
+    sink) and GLM-5.3's no-RoPE cache at TP4, both at the 15 levels, their baselines inside."""
+    from sparse_mla_tuner.tuner.space import load_space
+
+    v41, nope = load_space("v41_flash_layer_tp4"), load_space("glm53_nope_tp4")
+    for sp in (v41, nope):
+        assert sp.baseline in sp.configs() and len(sp.concurrency) == 15 and sp.workloads[0].local_heads == 16
+    wl = v41.workloads[0].workload()
+    assert (wl.kv_format, wl.topk, wl.page_size, wl.attn_sink) == ("fp8_v41", 128, 32, True)
+    assert (wl.extra.kv_format, wl.extra.topk, wl.extra.page_size) == ("fp4_v41", 512, 32)
+    assert nope.workloads[0].workload().kv_format == "fp8_v32_nope"
+
+
+@pytest.mark.parametrize(
+    "workload, where, message",
+    [
+        ("kv_format: fp4_v41", "workloads\\[0\\].kv_format", "fp4_v41 is an extra cache only"),
+        (
+            "kv_format: fp8_v32_nope\n    extra: {kv_format: fp4_v41, topk: 64}",
+            "workloads\\[0\\].extra.kv_format",
+            "cannot go with a fp8_v32_nope main cache",
+        ),
+    ],
+)
+def test_a_space_with_a_pair_flashmla_does_not_have_is_one_sentence(tmp_path, workload, where, message):
+    from sparse_mla_tuner.tuner.space import SpaceError
+    from sparse_mla_tuner.tuner.space import load_space
+
+    text = (Path(__file__).parent.parent / "search_spaces" / "glm53_nope_tp4.yaml").read_text()
+    path = tmp_path / "bad.yaml"
+    path.write_text(text.replace("kv_format: fp8_v32_nope", workload))
+    with pytest.raises(SpaceError, match=f"{where}.*{message}"):
+        load_space(str(path))
