@@ -15,7 +15,15 @@ Two kernels:
                       (programs, head_blocks), the batch's tiles cut into equal runs that may cross a
                       row's end (one partial per row touched), so no partial wave of whole rows' splits.
   ``_combine_kernel`` grid (B * s_q * H,). Merges the splits of one (query token, head) by log-sum-exp
-                      in fp32, then applies the attention sink. Not launched when the call is a single split.
+                      in fp32, then applies the attention sink. Not launched when the call is a single split,
+                      nor with ``MERGE=1``.
+
+The merge in the split launch (``MERGE``, searched): each program of a row, its partial stored, takes a ticket
+from the row's counter (one int32 per row and head block, an acquire/release atomic); the one that gets the last
+ticket sets the counter back to 0 and merges the row's slots in slot order, whichever program it is (the same
+bits on a repeat), and adds the sink (:func:`_merge_row`). The counters are zeroed once and left at zero by every
+call (:func:`merge_counters`), so a captured graph replays without a memset. It reads every partial in one CTA
+(splits x heads x 1 KB), so it pays with few splits per row; the combine spreads many over the GPU.
 
 Latency hiding (``PREFETCH``, searched per concurrency level): a tile needs two dependent global loads,
 its indices and then the KV bytes they point to. 0: both wait at the top of the tile. 1: tile i+1's indices
@@ -30,8 +38,8 @@ Programmatic dependent launch (sm_90+, sm_120 included): both kernels are launch
 wait for the kernel before them (``griddepcontrol.wait``) before reading anything and then let the next
 one launch, so each launch overlaps the tail of the kernel before it.
 
-A call launches the split kernel once (over both caches when there is an extra one) and, unless a row is one split,
-the combine once; see :func:`sparse_mla_decode`.
+A call launches the split kernel once (over both caches when there is an extra one) and, unless a row is one split
+or ``MERGE=1``, the combine once; see :func:`sparse_mla_decode`.
 Partial outputs are bf16, like the final output: at V4 C=96 they halve the split's own traffic
 (about 19 MB written and read back in fp32), while the lse that weights them stays fp32.
 
@@ -800,6 +808,81 @@ def _attend(
         tl.store(LPart + o_row, tl.where(m_empty, float("-inf"), b_lse), mask=m_h)
 
 
+@triton.jit
+def _row_slots(i_r, row_tiles, n_progs, n_units):
+    """The balanced deal's programs that touch row ``i_r``: the owner of its last tile minus the owner of its
+    first, plus one (unit u belongs to program ``((u + 1) * programs - 1) // units``)."""
+    first = ((i_r * row_tiles + 1) * n_progs - 1) // n_units
+    last = ((i_r + 1) * row_tiles * n_progs - 1) // n_units
+    return (last - first + 1).to(tl.int32)
+
+
+@triton.jit
+def _merge_row(
+    Out,
+    Lse,
+    OPart,
+    LPart,
+    Sink,
+    Count,
+    i_r,
+    i_hb,
+    n_slots,
+    total_splits,
+    q_tokens,
+    H: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    UNROLL: tl.constexpr,
+):
+    """The merge in the split launch (``MERGE``): called by each of row ``i_r``'s ``n_slots`` programs (head
+    block ``i_hb``) once its partial is stored. Each takes a ticket from the row's counter (acquire/release, so
+    that the last one sees every partial); the one that gets the last ticket sets the counter back to 0 for the
+    next call (no host round trip, graph-safe) and merges slots 0..n_slots-1 in that order, whichever program it
+    is, so the same inputs give the same bits: out = sum_s exp(lse_s - lse) * o_s, lse = logsumexp_s(lse_s), then
+    the sink, as the combine kernel does. Under the interpreter the programs run one by one and the last one
+    merges. The partials are read through L2 (``.cg``): they were written by other SMs."""
+    head_blocks: tl.constexpr = (H + BLOCK_H - 1) // BLOCK_H
+    p_cnt = Count + i_r * head_blocks + i_hb
+    tl.debug_barrier()  # every thread's partial stores are issued before the release
+    ticket = tl.atomic_add(p_cnt, 1, sem="acq_rel", scope="gpu")
+    if ticket == n_slots - 1:
+        tl.store(p_cnt, 0)
+        o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
+        m_h = o_h < H
+        o_base = i_r * total_splits
+        # lse over the slots, 16 at a time (one iteration up to 16 splits)
+        o_c = tl.arange(0, 16)
+        b_max = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
+        b_sum = tl.zeros((BLOCK_H,), dtype=tl.float32)
+        for i_s in range(0, n_slots, 16):
+            m_c = (i_s + o_c) < n_slots
+            p_l = LPart + ((o_base + i_s + o_c) * H)[:, None] + o_h[None, :]
+            b_ls = tl.load(p_l, mask=m_c[:, None] & m_h[None, :], other=float("-inf"), cache_modifier=".cg")
+            b_new = tl.maximum(b_max, tl.max(b_ls, axis=0))  # [BLOCK_H]
+            b_use = tl.where(b_new == float("-inf"), 0.0, b_new)
+            b_sum = b_sum * tl.exp(b_max - b_use) + tl.sum(tl.exp(b_ls - b_use[None, :]), axis=0)
+            b_max = b_new
+        m_empty = b_max == float("-inf")
+        b_lse = tl.where(m_empty, 0.0, b_max) + tl.log(tl.where(m_empty, 1.0, b_sum))
+        o_d = tl.arange(0, 512)
+        b_out = tl.zeros((BLOCK_H, 512), dtype=tl.float32)
+        for i_s in range(0, n_slots, UNROLL):
+            for i_u in tl.static_range(UNROLL):  # loads independent of each other and of the weights
+                m_s = m_h & (i_s + i_u < n_slots)
+                o_row = (o_base + i_s + i_u) * H + o_h
+                b_w = tl.exp(tl.load(LPart + o_row, mask=m_s, other=float("-inf"), cache_modifier=".cg") - b_lse)
+                p_o = OPart + o_row[:, None] * 512 + o_d[None, :]
+                b_o = tl.load(p_o, mask=m_s[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
+                b_out += tl.where(b_w[:, None] > 0.0, b_w[:, None] * b_o, 0.0)
+        if HAS_SINK:
+            b_sink = tl.load(Sink + o_h, mask=m_h, other=0.0)
+            b_out = b_out * tl.where(m_empty, 0.0, 1.0 / (1.0 + tl.exp(b_sink - b_lse)))[:, None]
+        tl.store(Out + (i_r * H + o_h)[:, None] * 512 + o_d[None, :], b_out.to(tl.bfloat16), mask=m_h[:, None])
+        p_lse = Lse + ((i_r // q_tokens) * H + o_h) * q_tokens + i_r % q_tokens  # Lse [B, H, s_q]
+        tl.store(p_lse, tl.where(m_empty, float("inf"), b_lse), mask=m_h)
+
+
 # Integer arguments are not value-specialized (==1, %16): one compile per config and format serves
 # every batch size and query-token count, which keeps the tuner's compile time to two variants
 # (WRITE_FINAL) per config and format.
@@ -833,6 +916,7 @@ def _split_kernel(
     XKV32,
     XIdx,
     XTopkLen,
+    Count,
     stride_qb,
     stride_qs,
     stride_qh,
@@ -854,6 +938,8 @@ def _split_kernel(
     BLOCK_T: tl.constexpr,
     PREFETCH: tl.constexpr,
     BALANCED: tl.constexpr,
+    MERGE: tl.constexpr,
+    MERGE_UNROLL: tl.constexpr,
     WORDS: tl.constexpr,
     HAS_TOPK_LEN: tl.constexpr,
     HAS_SINK: tl.constexpr,
@@ -901,7 +987,13 @@ def _split_kernel(
             H, FORMAT, PAGE_SIZE, PAGE_BYTES, BLOCK_H, BLOCK_T, PREFETCH, WORDS, HAS_TOPK_LEN, False, False, DOT_F32,
             NATIVE_FP8, HAS_EXTRA, X_FORMAT, X_PAGE_SIZE, X_PAGE_BYTES, X_HAS_TOPK_LEN,
         )  # fmt: skip
-        if seg_end == row_end:  # the row's last program marks the slots no program of this row uses
+        if MERGE:  # the row's last program to finish merges its slots
+            _merge_row(
+                Out, Lse, OPart, LPart, Sink, Count, i_r.to(tl.int64), i_hb,
+                _row_slots(i_r.to(tl.int64), row_tiles, n_progs, n_units), total_splits, q_tokens, H, BLOCK_H, HAS_SINK,
+                MERGE_UNROLL,
+            )  # fmt: skip
+        elif seg_end == row_end:  # the row's last program marks the slots no program of this row uses
             o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
             for i_k in range(i_slot + 1, slots):
                 o_row = (i_r.to(tl.int64) * total_splits + i_k) * H + o_h
@@ -915,6 +1007,12 @@ def _split_kernel(
                 H, FORMAT, PAGE_SIZE, PAGE_BYTES, BLOCK_H, BLOCK_T, PREFETCH, WORDS, HAS_TOPK_LEN, False, False,
                 DOT_F32, NATIVE_FP8, HAS_EXTRA, X_FORMAT, X_PAGE_SIZE, X_PAGE_BYTES, X_HAS_TOPK_LEN,
             )  # fmt: skip
+            if MERGE:
+                _merge_row(
+                    Out, Lse, OPart, LPart, Sink, Count, i_r.to(tl.int64) + 1, i_hb,
+                    _row_slots(i_r.to(tl.int64) + 1, row_tiles, n_progs, n_units), total_splits, q_tokens, H, BLOCK_H,
+                    HAS_SINK, MERGE_UNROLL,
+                )  # fmt: skip
     else:  # grid (rows * head_blocks, splits): split i_s of one row takes tiles_per_split tiles
         i_bh = tl.program_id(0).to(tl.int64)
         i_s = tl.program_id(1).to(tl.int64)
@@ -928,6 +1026,11 @@ def _split_kernel(
             H, FORMAT, PAGE_SIZE, PAGE_BYTES, BLOCK_H, BLOCK_T, PREFETCH, WORDS, HAS_TOPK_LEN, HAS_SINK, WRITE_FINAL,
             DOT_F32, NATIVE_FP8, HAS_EXTRA, X_FORMAT, X_PAGE_SIZE, X_PAGE_BYTES, X_HAS_TOPK_LEN,
         )  # fmt: skip
+        if MERGE:  # every split of the row is a slot (WRITE_FINAL is false)
+            _merge_row(
+                Out, Lse, OPart, LPart, Sink, Count, i_bh // head_blocks, i_bh % head_blocks, total_splits,
+                total_splits, q_tokens, H, BLOCK_H, HAS_SINK, MERGE_UNROLL,
+            )  # fmt: skip
     if USE_PDL and LATE_TRIGGER:  # the next launch (the combine) starts as this program's stores are issued
         gdc_launch_dependents()
 
@@ -1101,6 +1204,13 @@ def sm_count(device: torch.device) -> int | None:
     return _properties(device).multi_processor_count if device.type == "cuda" else None
 
 
+def merge_unroll(block_h: int, num_warps: int) -> int:
+    """Partials the merge loads per iteration (``MERGE``): each iteration is one L2 round trip, so as many as fit
+    in 512 B of registers per thread (128 registers; the accumulator [BLOCK_H, 512] fp32 takes half as many
+    again): 4 at 16 heads and 4 warps, 8 at 8 warps, from 1 to 8."""
+    return max(1, min(8, 512 * 32 * num_warps // (block_h * 512 * 2)))
+
+
 def kv_words(fmt: KVFormat, config: KernelConfig) -> bool:
     """Whether the split kernel loads the cache's e4m3 bytes as 32-bit words (``WORDS``).
 
@@ -1138,6 +1248,27 @@ class _Plan:
     lse: torch.Tensor  # [B, H, s_q]
     workspace: tuple[torch.Tensor, ...]
     launches: list[Launch]
+    counters: torch.Tensor | None = None  # [rows * head_blocks] int32 (MERGE): zero before and after every call
+
+
+# The merge's counters, one int32 per (row, head block), one buffer per device: zeroed once, when a call first needs
+# them, and set back to zero by every call that uses them, so a call launches no memset, and a call of another
+# shape (another CUDA-graph batch size) finds them allocated (a prepared call with ``buffers`` shares that call's).
+# COUNTERS_MIN covers rows x head blocks of every decode batch an engine captures; a larger call allocates more.
+# Two calls must not run at once on two streams of one device (they would share the counters).
+COUNTERS_MIN = 1 << 16
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def merge_counters(device: torch.device, n: int) -> torch.Tensor:
+    """The merge's ``n`` counters on ``device`` (all zero between calls): on a GPU the first ``n`` of the device's
+    buffer; elsewhere (the interpreter, meta tensors) a zeroed buffer of their own."""
+    if device.type != "cuda":
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    key = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+    if key not in _COUNTERS or _COUNTERS[key].numel() < n:
+        _COUNTERS[key] = torch.zeros(max(n, COUNTERS_MIN), dtype=torch.int32, device=key)
+    return _COUNTERS[key][:n]
 
 
 def _plan(
@@ -1160,7 +1291,8 @@ def _plan(
 
     One split launch for the whole call: a row's tiles are the main cache's, then the extra cache's
     (``split_grid`` with both topks), each cache walked with its own format, page size and constexprs; the
-    combine merges the splits and applies the sink. A call of one split per row skips the combine (the
+    combine merges the splits and applies the sink, or with ``MERGE=1`` the split kernel does (its counters:
+    :func:`merge_counters`, or ``buffers``' own). A call of one split per row skips the combine (the
     split kernel then writes the output and applies the sink itself).
 
     ``buffers``: a plan of the same shapes and config whose output and workspace this one writes (the
@@ -1197,6 +1329,12 @@ def _plan(
     pdl_option = {"launch_pdl": True} if pdl else {}
     num_pages, page_size, _ = main.kv.shape
     effective = grid.binary(config)
+    merge = bool(effective.MERGE)  # the merge in the split launch (binary(): never with one split per row)
+    counters = None
+    if merge:
+        n_counters = rows * head_blocks
+        shared = None if buffers is None else buffers.counters
+        counters = shared if shared is not None and shared.numel() == n_counters else merge_counters(dev, n_counters)
     # without an extra cache its pointers are the main cache's and its sizes 0 (never read)
     xc = main if extra is None else extra
     x_pages, x_page_size, _ = xc.kv.shape
@@ -1222,6 +1360,7 @@ def _plan(
                 "XKV32": xc.kv.view(torch.float32),
                 "XIdx": xc.indices,
                 "XTopkLen": xc.indices if xc.topk_length is None else xc.topk_length,
+                "Count": lse if counters is None else counters,  # a placeholder pointer without the merge
                 "stride_qb": q.stride(0),
                 "stride_qs": q.stride(1),
                 "stride_qh": q.stride(2),
@@ -1243,9 +1382,10 @@ def _plan(
                 "PAGE_BYTES": main.kv.stride(0),  # fp8_model1: the byte stride between pages (may be padded)
                 "BLOCK_H": block_h,
                 **effective.meta(),
+                "MERGE_UNROLL": merge_unroll(block_h, effective.num_warps) if merge else 1,
                 "WORDS": kv_words(main.fmt, effective),
                 "HAS_TOPK_LEN": main.topk_length is not None,
-                "HAS_SINK": write_final and attn_sink is not None,
+                "HAS_SINK": (write_final or merge) and attn_sink is not None,
                 "WRITE_FINAL": write_final,
                 "DOT_F32": INTERPRET,
                 "NATIVE_FP8": native,
@@ -1262,7 +1402,7 @@ def _plan(
             {**config.options(), **pdl_option},
         )
     ]
-    if not write_final:
+    if not write_final and not merge:
         chunk_s, block_d = combine_shape(rows, H, total_splits)
         launches.append(
             Launch(
@@ -1290,7 +1430,7 @@ def _plan(
             )
         )
     workspace = () if write_final else (o_part, l_part)
-    return _Plan(out, lse, workspace, launches)
+    return _Plan(out, lse, workspace, launches, counters)
 
 
 def sparse_mla_decode(
@@ -1341,9 +1481,9 @@ def sparse_mla_decode(
     an extra cache, one split launch walks both: a row is the main cache's top-k tiles followed by the
     extra cache's (a tile never holds tokens of both; each cache keeps its page size and topk_length,
     as constexprs and arguments of its own), so the splits are dealt over the whole row at once and
-    one online softmax per split spans the caches; the log-sum-exp combine merges the splits and
-    applies the sink once, on the final lse. With one split per row the split kernel applies the sink
-    itself and there is no combine.
+    one online softmax per split spans the caches; the log-sum-exp combine (or with ``MERGE=1`` the row's
+    last split program) merges the splits and applies the sink once, on the final lse. With one split per
+    row the split kernel applies the sink itself and there is no combine.
 
     No host synchronisation and a workspace sized from shapes only, so the call is CUDA-graph capturable.
     """

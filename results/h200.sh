@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The H200 runs behind the committed results: one entry point, one PHASE per part of the GPU run.
 #   OUT=out PHASE=grids bash results/h200.sh    # every feasible distinct launch of the shipped spaces, on the
-#                                               # current kernel: V4 and V3.2 at C=1,8,48,96, the layer call at 1,96
+#                                               # current kernel, at all 15 levels (GRID_LEVELS picks some)
 #                                               # (GRIDS="v32 layer" picks some of v4, v32, layer); logs in $OUT/grids_h200/
 #   OUT=out PHASE=search TUNER_DB=sqlite:///fresh.db bash results/h200.sh   # the default strategy at the gridded
 #                                               # levels of V4 and V3.2 (SEARCHES="v4" picks one; logs in $OUT/search_h200/),
@@ -12,10 +12,13 @@
 #                                               # $OUT/retune_h200/SPACE.json, its log beside it; the tables are exported from
 #                                               # the database afterwards (`tuner export --db sqlite:///results/h200.db`)
 #   OUT=out PHASE=ab OLD=path/decode.py bash results/h200.sh   # a kernel change against the kernel before it
-#                                               # (OLD: that kernel's kernels/decode.py), same configs (the shipped
+#                                               # (OLD: that kernel's kernels/decode.py, or a folder holding its
+#                                               # decode.py and config.py, both swapped in: needed when the change
+#                                               # declares a parameter), same configs (the shipped
 #                                               # tables), same run, in the order new, old, new: the single-cache
 #                                               # bench of both formats and the V4 layer call at AB_LEVELS (default
-#                                               # 16,48,96); JSON and logs in
+#                                               # 16,48,96); AB_ALSO (a bench_call --also list, e.g. table-merge)
+#                                               # is timed in the new runs' layer call only; JSON and logs in
 #                                               # $OUT/$AB (default ab_h200; name it for the change: AB=ab_qk_dots_h200)
 #   OUT=out PHASE=call bash results/h200.sh     # the V4 layer call (window + compressed cache + sink, one
 #                                               # split launch) against FlashMLA: its GPU tests, kernels.bench_call at
@@ -39,6 +42,8 @@
 # $OUT/h200.db.gz.part00, part01, ...
 set -u
 OUT=${OUT:-results/out}
+# a device run may carry the database gzipped (the working tree that travels is limited): unpack it in place
+if [ ! -e results/h200.db ] && [ -e .dbcarry/h200.db.gz ]; then gunzip -c .dbcarry/h200.db.gz > results/h200.db; fi
 DB=${TUNER_DB:-sqlite:///results/h200.db}
 LIMIT=${LIMIT:-$(case "${PHASE:-grids}" in call) echo 350 ;; formats) echo 240 ;; *) echo 540 ;; esac)}
 mkdir -p "$OUT"
@@ -57,6 +62,8 @@ retune() { local name=$1 space=$2 l; l=$(left)
   # cold: a Triton cache of its own, so that nothing compiled by an earlier search on this host is reused
   TRITON_CACHE_DIR=$(mktemp -d) step "$name" "$l" sh -c 'exec python3 -m sparse_mla_tuner search "$1" --db "$2" -f json > "$3"' \
     sh "$space" "$DB" "$OUT/$name.json"; }
+# a database of an older schema (a new kernel parameter's column) is migrated before a search writes to it
+case "${PHASE:-grids}" in retune|grids) [ -e "${DB#sqlite:///}" ] && python3 -m sparse_mla_tuner db upgrade --db "$DB" ;; esac
 case "${PHASE:-grids}" in
   retune)
     for g in ${RETUNES:-v4 v32 layer}; do case $g in
@@ -67,11 +74,13 @@ case "${PHASE:-grids}" in
       nope) retune retune_h200/glm53_nope_tp4 search_spaces/glm53_nope_tp4.yaml ;;
       *) echo "unknown retune $g (allowed: v4, v32, layer, v41, nope)"; exit 2 ;;
     esac; done ;;
-  grids)
+  grids)  # every level by default (GRID_LEVELS=1,96 picks some), continuing the cold default searches of the database
+    GRID_LEVELS=${GRID_LEVELS:-1,2,4,8,16,24,32,40,48,56,64,72,80,88,96}
     for g in ${GRIDS:-v4 v32 layer}; do case $g in
-      v4) search grids_h200/v4_grid search_spaces/v4_flash_tp4.yaml 1,8,48,96 --sampler grid ;;
-      v32) search grids_h200/v32_grid search_spaces/v32_tp8.yaml 1,8,48,96 --sampler grid ;;
-      layer) search grids_h200/layer_grid search_spaces/v4_flash_layer_tp4.yaml 1,96 --sampler grid ;;
+      v4) search grids_h200/v4_grid search_spaces/v4_flash_tp4.yaml "$GRID_LEVELS" --sampler grid --n-trials 5000 ;;
+      v32) search grids_h200/v32_grid search_spaces/v32_tp8.yaml "$GRID_LEVELS" --sampler grid --n-trials 5000 ;;
+      layer) search grids_h200/layer_grid search_spaces/v4_flash_layer_tp4.yaml "$GRID_LEVELS" --sampler grid \
+        --n-trials 5000 ;;
       *) echo "unknown grid $g (allowed: v4, v32, layer)"; exit 2 ;;
     esac; done ;;
   search)  # a fresh $TUNER_DB starts with only results/h200.db's feasibility cache (compile checks, no timings)
@@ -89,16 +98,19 @@ con.execute('INSERT OR IGNORE INTO tuner_feasibility SELECT * FROM src.tuner_fea
     esac; done ;;
   ab)
     ab=${AB:-ab_h200}; mkdir -p "$OUT/$ab"
-    new=$OUT/decode_new.py; cp kernels/decode.py "$new"
+    old=${OLD:?PHASE=ab needs OLD=the previous kernels/decode.py, or a folder with its decode.py and config.py}
+    swapped=decode.py; [ -d "$old" ] && [ -e "$old/config.py" ] && swapped="decode.py config.py"
+    [ -d "$old" ] || { mkdir -p "$OUT/old_files"; cp "$old" "$OUT/old_files/decode.py"; old=$OUT/old_files; }
+    mkdir -p "$OUT/new_files"; for f in $swapped; do cp "kernels/$f" "$OUT/new_files/$f"; done
     for v in new old new2; do
-      if [ $v = old ]; then cp "${OLD:?PHASE=ab needs OLD=the previous kernels/decode.py}" kernels/decode.py
-      else cp "$new" kernels/decode.py; fi
+      if [ $v = old ]; then src=$old; also=; else src=$OUT/new_files; also=${AB_ALSO:-}; fi
+      for f in $swapped; do cp "$src/$f" "kernels/$f"; done
       step "$ab/ab_$v" 150 python3 -m sparse_mla_tuner.kernels.bench --formats fp8_model1,fp8_v32 --configs table \
         --concurrency "${AB_LEVELS:-16,48,96}" --no-ref --no-flashmla --samples 5 --out "$OUT/$ab/ab_$v.json"
       step "$ab/ab_call_$v" 150 python3 -m sparse_mla_tuner.kernels.bench_call --concurrency "${AB_LEVELS:-16,48,96}" \
-        --samples 5 --no-flashmla --out "$OUT/$ab/ab_call_$v.json"
+        --samples 5 --no-flashmla ${also:+--also "$also"} --out "$OUT/$ab/ab_call_$v.json"
     done
-    cp "$new" kernels/decode.py
+    for f in $swapped; do cp "$OUT/new_files/$f" "kernels/$f"; done
     python3 - "$OUT/$ab" <<'PY'
 import json, math, pathlib, sys
 out = pathlib.Path(sys.argv[1])
@@ -114,6 +126,18 @@ print(f"{'format':<12} {'C':>4} {'new us':>8} {'old us':>8} {'new2 us':>8} {'new
 for k in runs["old"]:
     n = math.sqrt(runs["new"][k] * runs["new2"][k])
     print(f"{k[0]:<12} {k[1]:>4} {runs['new'][k]:8.2f} {runs['old'][k]:8.2f} {runs['new2'][k]:8.2f} {n / runs['old'][k]:8.3f}")
+# the new runs' --also configs of the layer call (AB_ALSO), against the old kernel's layer call
+also = {}
+for v in ("new", "new2"):
+    try:
+        for r in json.loads((out / f"ab_call_{v}.json").read_text())["rows"]:
+            for name, a in r.get("also", {}).items():
+                also.setdefault((name, a["config"], r["C"]), []).append(a["us"])
+    except OSError:
+        pass
+for (name, cfg, c), us in also.items():
+    n = math.sqrt(us[0] * us[-1])
+    print(f"{name + ' ' + cfg:<40} C={c:>3} {n:8.2f} us, /old {n / runs['old'][('layer call', c)]:.3f}")
 PY
     exit 0 ;;
   call)
