@@ -56,6 +56,9 @@ CASES = [
         None,
         True,
     ),
+    # the merge in the split launch (MERGE=1): per-row and balanced deals
+    ("nope-merge", NOPE, None, SPLITS.replace(MERGE=1), 3, None, True),
+    ("v41-fp4-layer-merge-balanced", V41_WINDOW, FP4, BALANCED.replace(MERGE=1), 3, 2, True),
     ("v41-fp8-layer-one-loop", V41_WINDOW, V41_MAIN, PREFETCH.replace(PREFETCH=3), 3, None, True),
     ("v41-fp8-layer-two-page-sizes", V41_WINDOW, Workload("fp8_v41", 16, 100, 16, 300), SPLITS, 3, 2, True),
 ]
