@@ -1,4 +1,8 @@
-"""Sparse MLA decode (MQA form) over one or two paged FP8 KV caches, in Triton.
+"""Sparse MLA decode (MQA form) over one or two paged FP8 / FP4 KV caches, in Triton.
+
+The cache format is the constexpr ``FORMAT`` (``FORMAT_IDS``): fp8_model1 0, fp8_v32 1, fp8_v32_nope 2, fp8_v41 3,
+fp4_v41 4 (``kernels/kv_format.py``; docs/kernel.md, "The cache formats"). The formats without a bf16 part (2-4)
+are loaded and dequantized by their own helpers (``_gather_quant_tile``, ``_dequant_quant_tile``).
 
 Two kernels:
   ``_split_kernel``   One program takes BLOCK_H heads of one query token and one contiguous slice of its
@@ -43,8 +47,8 @@ Head blocking: BLOCK_H = max(16, next_pow2(H)) capped at 32 (tl.dot needs M >= 1
 fp32 accumulators [32, 512] are already 128 registers/thread at 4 warps), so head_blocks = ceil(H / 32)
 for H > 32. Every KV tile is read once per head block.
 
-KV loads: fp8_v32's 512 e4m3 bytes per token are loaded as 128 32-bit words when the tile loop is not
-staged (``WORDS``, see :func:`kv_words`); the tile is then dequantized as four interleaved slices (byte j
+KV loads: fp8_v32's (and fp8_v32_nope's) 512 e4m3 bytes per token are loaded as 128 32-bit words when the tile
+loop is not staged (``WORDS``, see :func:`kv_words`); the tile is then dequantized as four interleaved slices (byte j
 of word m is dim 4m + j), q is split the same way, and P.V fills four [BLOCK_H, 128] accumulators that are
 interleaved once per program, so no byte shuffle is left in the loop.
 
@@ -92,12 +96,13 @@ from sparse_mla_tuner.kernels.config import block_h_for
 from sparse_mla_tuner.kernels.config import split_grid
 from sparse_mla_tuner.kernels.kv_format import KVFormat
 from sparse_mla_tuner.kernels.kv_format import check_cache
+from sparse_mla_tuner.kernels.kv_format import check_pair
 from sparse_mla_tuner.kernels.kv_format import get_format
 from sparse_mla_tuner.kernels.table import lookup_config
 from sparse_mla_tuner.kernels.workload import Workload
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-FORMAT_IDS = {"fp8_model1": 0, "fp8_v32": 1}
+FORMAT_IDS = {"fp8_model1": 0, "fp8_v32": 1, "fp8_v32_nope": 2, "fp8_v41": 3, "fp4_v41": 4}
 
 # Fill outputs and workspace with NaN before launching, so an unwritten element fails the
 # correctness gate loudly (the tuner's gate and the tests set it; never needed in production).
@@ -207,7 +212,7 @@ def _gather_kv_tile(
         m_scale = m_tok[:, None] & (o_g[None, :] < 7)
         b_sc = tl.load(KV8 + o_scale[:, None] + o_g[None, :], mask=m_scale, other=127)
         b_rope = tl.load(KV16 + o_rope16[:, None] + o_rope[None, :], mask=m_tok[:, None], other=0.0)
-    else:
+    elif FORMAT == 1:
         b_idx = b_idx.to(tl.int64)
         o_g = tl.arange(0, 4)
         if WORDS:
@@ -220,6 +225,9 @@ def _gather_kv_tile(
             b_q8 = tl.load(KV8 + o_nope, mask=m_tok[:, None, None], other=0)
         b_sc = tl.load(KV32 + (b_idx * 164 + 128)[:, None] + o_g[None, :], mask=m_tok[:, None], other=0.0)
         b_rope = tl.load(KV16 + (b_idx * 328 + 264)[:, None] + o_rope[None, :], mask=m_tok[:, None], other=0.0)
+    else:  # the formats without a bf16 part (no rope tile: the scales stand in for it)
+        b_q8, b_sc = _gather_quant_tile(KV8, KV32, b_idx, m_tok, FORMAT, PAGE_SIZE, PAGE_BYTES, WORDS)
+        b_rope = b_sc
     return b_q8, b_sc, b_rope
 
 
@@ -231,6 +239,7 @@ def _dequant_kv_tile(
 
     fp8_model1: k is the whole 512-dim key (448 nope + 64 rope, which is also V); k_rope is unused.
     fp8_v32:    k is the 512 nope dims (also V) and k_rope the 64 rope dims (keys only).
+    fp8_v32_nope, fp8_v41, fp4_v41: k is the whole key (also V), every dim quantized; k_rope is unused.
     """
     if FORMAT == 0:
         o_g = tl.arange(0, 8)
@@ -239,10 +248,13 @@ def _dequant_kv_tile(
         b_k3 = tl.where((o_g == 7)[None, :, None], b_rope.to(b_nope.dtype)[:, None, :], b_nope)
         b_k = tl.reshape(b_k3, (BLOCK_T, 512))
         b_kr = tl.zeros((BLOCK_T, 64), dtype=b_k.dtype)
-    else:
+    elif FORMAT == 1:
         b_k3 = _dequant(b_q8, b_sc[:, :, None], NATIVE_FP8, DOT_F32)
         b_k = tl.reshape(b_k3, (BLOCK_T, 512))
         b_kr = b_rope.to(b_k.dtype)
+    else:
+        b_k = _dequant_quant_tile(b_q8, b_sc, FORMAT, BLOCK_T, DOT_F32, NATIVE_FP8)
+        b_kr = tl.zeros((BLOCK_T, 64), dtype=b_k.dtype)
     return b_k, b_kr
 
 
@@ -254,6 +266,106 @@ def _dequant_word_byte(
     b_u8 = ((b_w >> (8 * J)) & 0xFF).to(tl.uint8)
     b_x = _dequant(tl.reshape(b_u8, (BLOCK_T, 4, 32)), b_sc[:, :, None], NATIVE_FP8, DOT_F32)
     return tl.reshape(b_x, (BLOCK_T, 128))
+
+
+@triton.jit
+def _gather_block_split(
+    KV8, b_idx, m_tok, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr, ROW: tl.constexpr, G: tl.constexpr,
+    GROUP_BYTES: tl.constexpr,
+):  # fmt: skip
+    """A block-split page layout's tile: data [T, G, GROUP_BYTES] (token t's ROW-byte data row at ``t * ROW`` of its
+    page) and one scale byte per group [T, G] (its scale row at ``PAGE_SIZE * ROW + t * G``)."""
+    if (PAGE_SIZE & (PAGE_SIZE - 1)) == 0:  # int32 shift and mask (the indices are >= 0 here)
+        b_page = (b_idx >> (PAGE_SIZE.bit_length() - 1)).to(tl.int64)
+        b_tok = (b_idx & (PAGE_SIZE - 1)).to(tl.int64)
+    else:
+        b_idx = b_idx.to(tl.int64)
+        b_page = b_idx // PAGE_SIZE
+        b_tok = b_idx % PAGE_SIZE
+    o_g = tl.arange(0, G)
+    o_j = tl.arange(0, GROUP_BYTES)
+    o_data = b_page * PAGE_BYTES + b_tok * ROW  # [T] bytes
+    o_scale = b_page * PAGE_BYTES + PAGE_SIZE * ROW + b_tok * G
+    b_q8 = tl.load(
+        KV8 + o_data[:, None, None] + o_g[None, :, None] * GROUP_BYTES + o_j[None, None, :],
+        mask=m_tok[:, None, None],
+        other=0,
+    )
+    b_sc = tl.load(KV8 + o_scale[:, None] + o_g[None, :], mask=m_tok[:, None], other=0)
+    return b_q8, b_sc
+
+
+@triton.jit
+def _gather_quant_tile(
+    KV8, KV32, b_idx, m_tok, FORMAT: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr,
+    WORDS: tl.constexpr,
+):  # fmt: skip
+    """Issue the loads of one tile of a format with every dim quantized: (data bytes, scales as stored).
+
+    fp8_v32_nope (2): token rows of 528 bytes, bytes [T, 4, 128], or with ``WORDS`` the same 512 bytes as 128
+    32-bit words [T, 128] (as fp8_v32's, see :func:`kv_words`), and fp32 scales [T, 4] at byte 512 of the row.
+    fp8_v41 (3): block-split, bytes [T, 16, 32] and ue8m0 exponents [T, 16] (uint8).
+    fp4_v41 (4): block-split, bytes [T, 32, 8] (two e2m1 values each) and e4m3 scales [T, 32] (uint8).
+    Masked-out tokens (``m_tok`` false) are never read (see kernels/kv_format.py for the layouts).
+    """
+    if FORMAT == 2:
+        b_row = b_idx.to(tl.int64)
+        o_g = tl.arange(0, 4)
+        if WORDS:
+            o_w = tl.arange(0, 128)
+            b_q8 = tl.load(KV32 + b_row[:, None] * 132 + o_w[None, :], mask=m_tok[:, None], other=0.0)
+            b_q8 = b_q8.to(tl.int32, bitcast=True)  # [T, 128]
+        else:
+            o_j = tl.arange(0, 128)
+            b_q8 = tl.load(
+                KV8 + b_row[:, None, None] * 528 + o_g[None, :, None] * 128 + o_j[None, None, :],
+                mask=m_tok[:, None, None],
+                other=0,
+            )
+        b_sc = tl.load(KV32 + (b_row * 132 + 128)[:, None] + o_g[None, :], mask=m_tok[:, None], other=0.0)
+    elif FORMAT == 3:
+        b_q8, b_sc = _gather_block_split(KV8, b_idx, m_tok, PAGE_SIZE, PAGE_BYTES, 512, 16, 32)
+    else:
+        b_q8, b_sc = _gather_block_split(KV8, b_idx, m_tok, PAGE_SIZE, PAGE_BYTES, 256, 32, 8)
+    return b_q8, b_sc
+
+
+@triton.jit
+def _dequant_e2m1(b_u8, b_sc, NATIVE_FP8: tl.constexpr, DOT_F32: tl.constexpr):
+    """Packed e2m1 pairs [T, G, 8] (value 2i in byte i's low nibble) times their e4m3 scales [T, G]: [T, G, 16].
+
+    A code's magnitude bits (exponent e, mantissa m) are placed straight into an fp16: ``(c & 7) << 9`` plus
+    ``14 << 10`` rebiases the exponent (e2m1's bias is 1, fp16's 15) for e >= 1, and the one subnormal, 0.5 (code
+    1), is ``0x3800``; the sign is bit 3 -> bit 15. Exact, and so is the product with the e4m3 scale in fp16
+    (at most 2 + 4 significant bits, |value| <= 6 * 448).
+    """
+    b_c = tl.join(b_u8 & 0xF, b_u8 >> 4).to(tl.int32)  # [T, G, 8, 2]: value 2i, then 2i + 1
+    b_c = tl.reshape(b_c, (b_u8.shape[0], b_u8.shape[1], 16))
+    b_bits = tl.where((b_c & 6) == 0, (b_c & 1) * 0x3800, ((b_c & 7) << 9) + 0x3800) | ((b_c & 8) << 12)
+    b_x = b_bits.to(tl.uint16).to(tl.float16, bitcast=True)
+    if NATIVE_FP8 and not DOT_F32:
+        b_s = b_sc.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+    else:  # the e4m3 bit assembly of _dequant: the value times 2^-8, exact in fp16
+        b = b_sc.to(tl.uint16)
+        b_s = (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.float16, bitcast=True) * 256.0
+    if DOT_F32:
+        return b_x.to(tl.float32) * b_s.to(tl.float32)[:, :, None]
+    return b_x * b_s.to(tl.float16)[:, :, None]
+
+
+@triton.jit
+def _dequant_quant_tile(
+    b_q8, b_sc, FORMAT: tl.constexpr, BLOCK_T: tl.constexpr, DOT_F32: tl.constexpr, NATIVE_FP8: tl.constexpr
+):
+    """A tile of :func:`_gather_quant_tile` as the dots' operand, the whole key [BLOCK_T, 512]."""
+    if FORMAT == 2:  # fp32 scales, one per 128 values
+        b_k3 = _dequant(b_q8, b_sc[:, :, None], NATIVE_FP8, DOT_F32)
+    elif FORMAT == 3:  # ue8m0 scales, one per 32 values: 2^(e - 127) exactly
+        b_scale = (b_sc.to(tl.uint32) << 23).to(tl.float32, bitcast=True)
+        b_k3 = _dequant(b_q8, b_scale[:, :, None], NATIVE_FP8, DOT_F32)
+    else:  # e2m1 pairs, e4m3 scales, one per 16 values
+        b_k3 = _dequant_e2m1(b_q8, b_sc, NATIVE_FP8, DOT_F32)
+    return tl.reshape(b_k3, (BLOCK_T, 512))
 
 
 @triton.jit
@@ -300,7 +412,8 @@ def _tile_step(
         b_qa, b_qb = tl.split(tl.reshape(b_q, (b_q.shape[0], 128, 2, 2)))  # b = 0, 1
         b_q0, b_q2 = tl.split(b_qa)
         b_q1, b_q3 = tl.split(b_qb)
-        b_qr = tl.load(p_q + 512 + tl.arange(0, 64)[None, :], mask=m_h[:, None], other=0.0).to(dt)
+        if FORMAT == 1:  # fp8_v32's rope part (fp8_v32_nope has none)
+            b_qr = tl.load(p_q + 512 + tl.arange(0, 64)[None, :], mask=m_h[:, None], other=0.0).to(dt)
         if BLOCK_T >= 32:
             # five independent dots (short mma chains), each scaled before the sum: a dot added straight
             # to another would be fused back into one chain (Triton's combiner: dot(a, b, 0) + c -> dot(a, b, c))
@@ -308,15 +421,18 @@ def _tile_step(
             b_s1 = tl.dot(b_q1, tl.trans(b_k1)) * qk_scale
             b_s2 = tl.dot(b_q2, tl.trans(b_k2)) * qk_scale
             b_s3 = tl.dot(b_q3, tl.trans(b_k3)) * qk_scale
-            b_sr = tl.dot(b_qr, tl.trans(c_rope.to(dt))) * qk_scale
-            b_s = ((b_s0 + b_s1) + (b_s2 + b_s3)) + b_sr
+            b_s = (b_s0 + b_s1) + (b_s2 + b_s3)
+            if FORMAT == 1:
+                b_s = b_s + tl.dot(b_qr, tl.trans(c_rope.to(dt))) * qk_scale
         else:  # one chain: at BLOCK_T 16 the independent dots cost 14 registers, a CTA per SM (168 -> 182)
             b_s = tl.dot(b_q0, tl.trans(b_k0))
             b_s = tl.dot(b_q1, tl.trans(b_k1), b_s)
             b_s = tl.dot(b_q2, tl.trans(b_k2), b_s)
             b_s = tl.dot(b_q3, tl.trans(b_k3), b_s)
-            b_s = tl.dot(b_qr, tl.trans(c_rope.to(dt)), b_s) * qk_scale
-    elif FORMAT == 0:
+            if FORMAT == 1:
+                b_s = tl.dot(b_qr, tl.trans(c_rope.to(dt)), b_s)
+            b_s = b_s * qk_scale
+    elif FORMAT == 0 or FORMAT >= 3:  # fp8_model1, fp8_v41, fp4_v41
         # four dots of 128 contiguous dims each, so that no dot's q operand is the whole [BLOCK_H, 512]
         # (chunk j = dims 128j..128j+127; the reshape's dims are (a, b) with j = 2a + b)
         b_k, b_kr = _dequant_kv_tile(c_q8, c_sc, c_rope, FORMAT, BLOCK_T, DOT_F32, NATIVE_FP8)
@@ -359,7 +475,7 @@ def _tile_step(
     b_p = tl.exp2(b_s - b_m_use[:, None])
     b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
     b_pk = b_p.to(dt)
-    if WORDS or FORMAT == 0:
+    if WORDS or FORMAT == 0 or FORMAT >= 3:
         b_a0 = b_a0 * b_alpha[:, None] + tl.dot(b_pk, b_k0)  # [BLOCK_H, 128]: output dims 4m + 0 (chunks: 0..127)
         b_a1 = b_a1 * b_alpha[:, None] + tl.dot(b_pk, b_k1)
         b_a2 = b_a2 * b_alpha[:, None] + tl.dot(b_pk, b_k2)
@@ -604,11 +720,11 @@ def _attend(
     p_q = Q + i_b * stride_qb + i_q * stride_qs + o_h[:, None] * stride_qh
     qk_scale = sm_scale * 1.4426950408889634  # softmax in base 2
     # the empty softmax: the output accumulates in a0 [BLOCK_H, 512], or with WORDS as four interleaved
-    # slices a_j [BLOCK_H, 128] (output dims 4m + j), or for fp8_model1 as four chunks a_j [BLOCK_H, 128]
-    # (output dims 128j..128j+127); unused ones are [1, 1]
+    # slices a_j [BLOCK_H, 128] (output dims 4m + j), or for fp8_model1 and the V4.1 formats as four chunks
+    # a_j [BLOCK_H, 128] (output dims 128j..128j+127); unused ones are [1, 1]
     b_m = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
     b_l = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    if WORDS or FORMAT == 0:
+    if WORDS or FORMAT == 0 or FORMAT >= 3:
         b_a0 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
         b_a1 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
         b_a2 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
@@ -628,11 +744,13 @@ def _attend(
         x_begin = tl.maximum(t_begin - span, 0)
         x_end = tl.minimum(t_stop - span, x_valid)
         # one loop over both: one format and, for fp8_model1, one page layout or page strides of whole 16-byte
-        # units (see _gather_kv_tile); fp8_v32's rows are addressed by token, not by page
+        # units (see _gather_kv_tile), for fp8_v41 one page layout; fp8_v32's and fp8_v32_nope's rows are
+        # addressed by token, not by page
         if X_FORMAT == FORMAT and (
-            FORMAT != 0
+            FORMAT == 1
+            or FORMAT == 2
             or (X_PAGE_SIZE == PAGE_SIZE and X_PAGE_BYTES == PAGE_BYTES)
-            or (PAGE_BYTES % 16 == 0 and X_PAGE_BYTES % 16 == 0)
+            or (FORMAT == 0 and PAGE_BYTES % 16 == 0 and X_PAGE_BYTES % 16 == 0)
         ):
             b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _walk(
                 p_q, m_h, qk_scale, b_m, b_l, b_a0, b_a1, b_a2, b_a3, KV8, KV16, KV32, p_idx, t_begin, t_end,
@@ -663,7 +781,7 @@ def _attend(
 
     if WORDS:  # dims 4m + 2a + b <- slice 2a + b: one interleave per program, outside the tile loop
         b_acc = tl.reshape(tl.join(tl.join(b_a0, b_a2), tl.join(b_a1, b_a3)), (BLOCK_H, 512))
-    elif FORMAT == 0:  # the four chunks side by side: [a0 | a1 | a2 | a3]
+    elif FORMAT == 0 or FORMAT >= 3:  # the four chunks side by side: [a0 | a1 | a2 | a3]
         b_a01 = tl.reshape(tl.permute(tl.join(b_a0, b_a1), (0, 2, 1)), (BLOCK_H, 256))
         b_a23 = tl.reshape(tl.permute(tl.join(b_a2, b_a3), (0, 2, 1)), (BLOCK_H, 256))
         b_acc = tl.reshape(tl.permute(tl.join(b_a01, b_a23), (0, 2, 1)), (BLOCK_H, 512))
@@ -1024,6 +1142,7 @@ def _check_cache_args(name, kv_cache, indices, topk_length, fmt, B, s_q, squeeze
 
 def _validate(q, fmt, main, extra, attn_sink) -> bool:
     """Check a call's arguments; returns True for the 3-D form (one query token per request)."""
+    check_pair(fmt.name, None)  # an extra-only format as the main cache
     if q.dim() not in (3, 4) or q.shape[-1] != fmt.d_qk or q.dtype != torch.bfloat16:
         raise ValueError(
             f"q must be [B, H, {fmt.d_qk}] or [B, s_q, H, {fmt.d_qk}] bf16 for {fmt.name}, "
@@ -1043,6 +1162,7 @@ def _validate(q, fmt, main, extra, attn_sink) -> bool:
                 f"the extra cache's format {efmt.name} has D_qk={efmt.d_qk} but {fmt.name} has D_qk={fmt.d_qk}: "
                 "both caches must share q's head dim"
             )
+        check_pair(fmt.name, efmt.name)
         _check_cache_args("extra_indices", kv, idx, tl_, efmt, B, s_q, squeeze)
         tensors += [kv, idx, tl_]
     if attn_sink is not None:
@@ -1098,9 +1218,10 @@ def kv_words(fmt: KVFormat, config: KernelConfig) -> bool:
     pipeliner leaves alone): 4x fewer loads and no byte shuffle (measured -15 to -21 % at C >= 48 on
     the H200, docs/benchmarks.md, kernel v6). A staged loop keeps the byte tile: staged as words it
     grows to 109 824 B of shared memory at BLOCK_T 64, over sm_120's 101 376 B, where the byte tile fits.
-    fp8_model1 keeps its byte path (a 448-byte nope part in 64-byte groups).
+    fp8_model1 keeps its byte path (a 448-byte nope part in 64-byte groups). fp8_v32_nope's rows are fp8_v32's
+    first 528 bytes, loaded the same way (132 words a row); fp8_v41 and fp4_v41 keep their byte paths.
     """
-    return fmt.name == "fp8_v32" and (config.num_stages == 1 or config.PREFETCH in (1, 3))
+    return fmt.name in ("fp8_v32", "fp8_v32_nope") and (config.num_stages == 1 or config.PREFETCH in (1, 3))
 
 
 def device_name(device: torch.device) -> str:
@@ -1189,8 +1310,7 @@ def _plan(
     head_blocks = -(-H // block_h)
     main = caches[0]
     extra = caches[1] if len(caches) > 1 else None
-    if extra is not None and extra.fmt.name != main.fmt.name:  # _validate: both share q's head dim
-        raise ValueError(f"the extra cache's format {extra.fmt.name} must be the main cache's {main.fmt.name}")
+    check_pair(main.fmt.name, None if extra is None else extra.fmt.name)  # _validate: both share q's head dim
     topk = main.indices.shape[-1]
     x_topk = 0 if extra is None else extra.indices.shape[-1]
     grid = split_grid(config, rows, H, topk, x_topk)
@@ -1332,13 +1452,15 @@ def sparse_mla_decode(
 
     Args:
         q: ``[B, H, D_qk]`` bf16 (one query token per request), or ``[B, s_q, H, D_qk]`` (s_q tokens
-            per request, e.g. MTP); dims ordered nope then rope (D_qk = 512 for fp8_model1, 576 for fp8_v32).
-        kv_cache: ``[num_pages, page_size, bytes_per_token]`` uint8, contiguous, or for fp8_model1 with padded
-            pages (``stride(0) > page_size * 584``, read in place; see ``kernels.kv_format``).
+            per request, e.g. MTP); dims ordered nope then rope (D_qk = 576 for fp8_v32, 512 for the others).
+        kv_cache: ``[num_pages, page_size, bytes_per_token]`` uint8, contiguous, or for a block-split format
+            (fp8_model1, fp8_v41, fp4_v41) with padded pages (``stride(0) > page_size * bytes_per_token``, read in
+            place; see ``kernels.kv_format``).
         indices: ``[B, topk]`` int32 (``[B, s_q, topk]`` with a 4-D q): flat token positions
             ``page * page_size + offset``; negative values and values ``>= num_pages * page_size`` are
             masked and never read.
-        kv_format: ``"fp8_model1"`` or ``"fp8_v32"``.
+        kv_format: ``"fp8_model1"``, ``"fp8_v32"``, ``"fp8_v32_nope"`` or ``"fp8_v41"`` (``"fp4_v41"`` is an
+            extra cache only, next to an fp8_v41 main cache).
         sm_scale: softmax scale, default ``D_qk ** -0.5``.
         topk_length: optional ``[B]`` int32; only the first ``topk_length[b]`` indices of request b count
             (for every query token of the request).

@@ -30,6 +30,16 @@
 #                                               # at the 15 capture sizes; $OUT/sglang_check_v32_h200.json
 #   OUT=out PHASE=feasibility bash results/h200.sh   # the cold feasibility check of the shipped spaces, as a
 #                                               # search compiles it (benchmarks/bench_feasibility.py); JSON in $OUT
+#   OUT=out PHASE=checks bash results/h200.sh   # one call for the GPU checks: the merged layer call's GPU test,
+#                                               # bench_call against FlashMLA with the MERGE variants (CHECK_ALSO) at
+#                                               # CHECK_LEVELS, the V3.2/GLM-5 hook, the new formats; JSON in $OUT
+#   OUT=out PHASE=formats bash results/h200.sh  # the cache formats of issue 57 (V4.1 fp8 + fp4, GLM-5.3's no-RoPE):
+#                                               # their kernel tests on the GPU, then benchmarks/bench_formats.py at
+#                                               # the 15 levels (each checked against the fp32 reference first; the
+#                                               # no-RoPE cache against FlashMLA's V32_NO_ROPE kernel, V4.1 against
+#                                               # our V4 path); $OUT/bench_formats_h200.json, a short table printed
+#                                               # last; LIMIT defaults to 240 s here. Their cold re-tunes:
+#                                               # PHASE=retune RETUNES="v41 nope"
 # Every search resumes what results/h200.db holds, so a phase cut short by LIMIT (seconds, default 540; each
 # search gets SIGINT and stops after its running trial) goes on where it stopped when run again.
 # $OUT (default results/out, ignored by git) has the layout of results/: a run's files replace the committed ones
@@ -40,7 +50,7 @@ OUT=${OUT:-results/out}
 # a device run may carry the database gzipped (the working tree that travels is limited): unpack it in place
 if [ ! -e results/h200.db ] && [ -e .dbcarry/h200.db.gz ]; then gunzip -c .dbcarry/h200.db.gz > results/h200.db; fi
 DB=${TUNER_DB:-sqlite:///results/h200.db}
-LIMIT=${LIMIT:-$([ "${PHASE:-grids}" = call ] && echo 350 || echo 540)}  # PHASE=call: 350
+LIMIT=${LIMIT:-$(case "${PHASE:-grids}" in call) echo 350 ;; formats) echo 240 ;; *) echo 540 ;; esac)}
 mkdir -p "$OUT"
 . "$(dirname "$0")/step.sh"
 deadline=$(( $(date +%s) + LIMIT ))
@@ -65,7 +75,9 @@ case "${PHASE:-grids}" in
       v4) retune retune_h200/v4_flash_tp4 search_spaces/v4_flash_tp4.yaml ;;
       v32) retune retune_h200/v32_tp8 search_spaces/v32_tp8.yaml ;;
       layer) retune retune_h200/v4_flash_layer_tp4 search_spaces/v4_flash_layer_tp4.yaml ;;
-      *) echo "unknown retune $g (allowed: v4, v32, layer)"; exit 2 ;;
+      v41) retune retune_h200/v41_flash_layer_tp4 search_spaces/v41_flash_layer_tp4.yaml ;;
+      nope) retune retune_h200/glm53_nope_tp4 search_spaces/glm53_nope_tp4.yaml ;;
+      *) echo "unknown retune $g (allowed: v4, v32, layer, v41, nope)"; exit 2 ;;
     esac; done ;;
   grids)  # every level by default (GRID_LEVELS=1,96 picks some), continuing the cold default searches of the database
     GRID_LEVELS=${GRID_LEVELS:-1,2,4,8,16,24,32,40,48,56,64,72,80,88,96}
@@ -179,7 +191,25 @@ PY
       --out "$OUT/sglang_check_v32_h200.json"
     tail -20 "$OUT/sglang_check_v32.log" | cut -c1-150
     exit 0 ;;
-  *) echo "unknown PHASE=$PHASE (allowed: grids, search, retune, ab, call, feasibility, sglang_v32)"; exit 2 ;;
+  formats)
+    step formats_tests 75 python3 -m pytest -q -p no:cacheprovider tests/test_formats.py -k kernel_matches_reference
+    step bench_formats "$(left)" python3 benchmarks/bench_formats.py --samples 5 --out "$OUT/bench_formats_h200.json"
+    for f in "$OUT"/formats_tests.log "$OUT"/bench_formats.log; do echo "== $f"; tail -16 "$f" | cut -c1-150; done
+    exit 0 ;;
+  checks)  # one device call for the kernel's and the engines' GPU checks, each step within what is left of LIMIT:
+    # the merged layer call's GPU test, the layer call against FlashMLA with the merge variants (shipped tables, MERGE=1
+    # on them, fewer fuller splits), the V3.2/GLM-5 hook and the new cache formats
+    levels=${CHECK_LEVELS:-1,2,4,8,16,24,32,40,48,56,64,72,80,88,96}
+    step merged_tests 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py -k merged
+    step bench_call_merge $(( $(left) * 2 / 5 )) python3 -m sparse_mla_tuner.kernels.bench_call --concurrency "$levels" \
+      --samples 5 --also "${CHECK_ALSO:-table-merge,T32-w4-s1-c16-p3-m1,T16-w4-s1-c16-p2-m1}" \
+      --out "$OUT/bench_call_merge_h200.json"
+    step sglang_check_v32 $(( $(left) / 3 )) python3 -m sparse_mla_tuner.kernels.sglang_check_v32 \
+      --out "$OUT/sglang_check_v32_h200.json"
+    step bench_formats "$(left)" python3 benchmarks/bench_formats.py --samples 5 --out "$OUT/bench_formats_h200.json"
+    for f in merged_tests bench_call_merge sglang_check_v32 bench_formats; do echo "== $f"; tail -14 "$OUT/$f.log" | cut -c1-160; done
+    exit 0 ;;
+  *) echo "unknown PHASE=$PHASE (allowed: grids, search, retune, ab, call, feasibility, sglang_v32, formats, checks)"; exit 2 ;;
 esac
 for f in "$OUT"/*.log "$OUT"/*/*.log; do [ -e "$f" ] || continue; echo "== $f"; tail -22 "$f" | cut -c1-150; done
 # the database, gzipped, in parts of at most 15 MiB (a device run returns files of up to 16 MiB):

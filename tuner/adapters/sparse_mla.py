@@ -29,6 +29,7 @@ from ...kernels.coverage import Coverage
 from ...kernels.coverage import coverage
 from ...kernels.coverage import inventory
 from ...kernels.kv_format import FORMATS
+from ...kernels.kv_format import check_pair
 from ...kernels.kv_format import get_format
 from ...kernels.models import MAX_BATCH as MODEL_MAX_BATCH
 from ...kernels.models import MAX_Q_TOKENS as MODEL_MAX_Q_TOKENS
@@ -236,7 +237,12 @@ class SparseMlaAdapter(KernelAdapter):
         }
         if vals["heads"] % vals["tp"]:
             raise _err(path, f"{key}.tp", f"must divide heads ({vals['heads']}), got {vals['tp']}")
-        return WorkloadSpec(wname, kv_format, **vals, **_call(path, key, w, kv_format))
+        call = _call(path, key, w, kv_format)
+        try:  # an extra-only format (fp4_v41) as the main cache, or a pair FlashMLA does not have
+            check_pair(kv_format, call["extra"][0] if "extra" in call else None)
+        except ValueError as e:
+            raise _err(path, f"{key}.extra.kv_format" if "extra" in call else f"{key}.kv_format", str(e)) from None
+        return WorkloadSpec(wname, kv_format, **vals, **call)
 
     def encode(self, cfg: KernelConfig, wl: Workload, concurrency: int) -> list[float]:
         """log2 C, the parameters (log2), PREFETCH one-hot, the split geometry of every cache at this batch."""
