@@ -361,7 +361,10 @@ def _dequant_e2m1(b_u8, b_sc, NATIVE_FP8: tl.constexpr, DOT_F32: tl.constexpr):
     1), is ``0x3800``; the sign is bit 3 -> bit 15. Exact, and so is the product with the e4m3 scale in fp16
     (at most 2 + 4 significant bits, |value| <= 6 * 448).
     """
-    b_c = tl.join(b_u8 & 0xF, b_u8 >> 4).to(tl.int32)  # [T, G, 8, 2]: value 2i, then 2i + 1
+    # [T, G, 8, 2]: value 2i (low nibble), then 2i + 1, by a broadcast shift, not tl.join: Triton 3.6 halves the
+    # dot operand's load width for a join in its chain (kWidth 8 from bytes), which a dot of K = 16 (P.V at
+    # BLOCK_T 16) computes wrongly (see MIN_BLOCK_T); without it the tile gets fp8's kWidth 4
+    b_c = (b_u8[:, :, :, None].to(tl.int32) >> (tl.arange(0, 2) * 4)[None, None, None, :]) & 0xF
     b_c = tl.reshape(b_c, (b_u8.shape[0], b_u8.shape[1], 16))
     b_bits = tl.where((b_c & 6) == 0, (b_c & 1) * 0x3800, ((b_c & 7) << 9) + 0x3800) | ((b_c & 8) << 12)
     b_x = b_bits.to(tl.uint16).to(tl.float16, bitcast=True)
