@@ -40,6 +40,7 @@ from sparse_mla_tuner.kernels.bench import import_flash_mla
 from sparse_mla_tuner.kernels.bench import time_graph
 from sparse_mla_tuner.kernels.config import kernel_source_hash
 from sparse_mla_tuner.kernels.decode import device_name
+from sparse_mla_tuner.kernels.decode import min_block_t
 from sparse_mla_tuner.kernels.decode import sparse_mla_decode
 from sparse_mla_tuner.kernels.reference import compare
 from sparse_mla_tuner.kernels.reference import sparse_mla_decode_ref
@@ -127,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
             row = {"call": name, "format": new.kv_format, "C": C, "sets": n_sets, "bytes": new.min_bytes(C)}
             sets = _sets(pools["new"], C, n_sets)
             sibling = lookup_config(dev, sib_fmt, H, sib_topk, C)
+            # at least the BLOCK_T the call's extra cache needs (fp4_v41: 32, kernels.decode.MIN_BLOCK_T)
+            need = min_block_t(new.extra.kv_format if new.extra is not None else None)
+            sibling = sibling.replace(BLOCK_T=max(sibling.BLOCK_T, need))
             for label, cfg in (("table", None), ("sibling", sibling)):
                 res, ref = measure(sets, cfg, args.samples)
                 row[label] = {**res, "config": "table" if cfg is None else str(cfg)}

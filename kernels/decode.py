@@ -129,6 +129,28 @@ COMBINE_UNROLL_MAX_ROWS = 1024
 # saved 0.3-2.5 us on V4 from C=24 up and 1.4-4.4 us on V3.2 from C=4 up, and cost up to 1.4 us with fewer
 # programs than SMs.
 
+# The smallest BLOCK_T of a call with this extra cache format (others: 16). Triton 3.6 computes P @ V over the
+# fp4_v41 tile wrongly at BLOCK_T 16 (H200: out garbage, lse right; docs/kernel.md, "The cache formats"): the
+# tile's def chain starts from bytes, so the compiler gives the dot's fp16 operands kWidth 8, which a dot of K = 16
+# (the tile's tokens) cannot hold (4 lanes x 8 > 16; fixed upstream after 3.6, triton-lang/triton#11691).
+MIN_BLOCK_T = {"fp4_v41": 32}
+
+
+def min_block_t(extra_format: str | None) -> int:
+    """The smallest BLOCK_T a call with an extra cache of ``extra_format`` (None: no extra cache) may use."""
+    return MIN_BLOCK_T.get(extra_format, 16) if extra_format else 16
+
+
+def check_block_t(config: KernelConfig, extra_format: str | None) -> None:
+    """ValueError in one sentence when ``config``'s BLOCK_T is below :func:`min_block_t` for this extra cache."""
+    need = min_block_t(extra_format)
+    if config.BLOCK_T < need:
+        raise ValueError(
+            f"config {config}: a call with an {extra_format} extra cache needs BLOCK_T >= {need} (Triton 3.6 "
+            f"computes its P.V wrongly at BLOCK_T 16 on the GPU), got BLOCK_T {config.BLOCK_T}"
+        )
+
+
 # Called as fn(kernel_name, config, grid) before every launch; the tests count and inspect launches with it.
 LAUNCH_LISTENERS: list[Callable[[str, KernelConfig, tuple], None]] = []
 
@@ -339,7 +361,10 @@ def _dequant_e2m1(b_u8, b_sc, NATIVE_FP8: tl.constexpr, DOT_F32: tl.constexpr):
     1), is ``0x3800``; the sign is bit 3 -> bit 15. Exact, and so is the product with the e4m3 scale in fp16
     (at most 2 + 4 significant bits, |value| <= 6 * 448).
     """
-    b_c = tl.join(b_u8 & 0xF, b_u8 >> 4).to(tl.int32)  # [T, G, 8, 2]: value 2i, then 2i + 1
+    # [T, G, 8, 2]: value 2i (low nibble), then 2i + 1, by a broadcast shift, not tl.join: Triton 3.6 halves the
+    # dot operand's load width for a join in its chain (kWidth 8 from bytes), which a dot of K = 16 (P.V at
+    # BLOCK_T 16) computes wrongly (see MIN_BLOCK_T); without it the tile gets fp8's kWidth 4
+    b_c = (b_u8[:, :, :, None].to(tl.int32) >> (tl.arange(0, 2) * 4)[None, None, None, :]) & 0xF
     b_c = tl.reshape(b_c, (b_u8.shape[0], b_u8.shape[1], 16))
     b_bits = tl.where((b_c & 6) == 0, (b_c & 1) * 0x3800, ((b_c & 7) << 9) + 0x3800) | ((b_c & 8) << 12)
     b_x = b_bits.to(tl.uint16).to(tl.float16, bitcast=True)
@@ -1311,6 +1336,7 @@ def _plan(
     main = caches[0]
     extra = caches[1] if len(caches) > 1 else None
     check_pair(main.fmt.name, None if extra is None else extra.fmt.name)  # _validate: both share q's head dim
+    check_block_t(config, None if extra is None else extra.fmt.name)
     topk = main.indices.shape[-1]
     x_topk = 0 if extra is None else extra.indices.shape[-1]
     grid = split_grid(config, rows, H, topk, x_topk)
@@ -1470,7 +1496,9 @@ def sparse_mla_decode(
             size and format, same D_qk; the format defaults to ``kv_format``) attended in the same softmax,
             with indices shaped like ``indices`` and the same rules.
         config: tunables; ``None`` looks the exported autotune table up (``kernels/configs``) by the main
-            cache's workload at batch ``B * s_q``, else :data:`kernels.config.DEFAULT_CONFIG`.
+            cache's workload at batch ``B * s_q``, else :data:`kernels.config.DEFAULT_CONFIG`, with BLOCK_T
+            raised to :func:`min_block_t` of the extra cache (32 for fp4_v41; an explicit config below it is a
+            ValueError).
 
     Returns:
         ``out [B, H, 512]`` bf16 and ``lse [B, H]`` fp32 (natural log) for a 3-D q; ``out [B, s_q, H, 512]``
@@ -1574,6 +1602,9 @@ def prepare_decode(
     if config is None:
         rows = B * s_q
         config = lookup_config(device_name(q.device), kv_format, H, topk, rows) if rows > 0 else DEFAULT_CONFIG
+        need = min_block_t(None if extra is None else extra[3].name)
+        if config.BLOCK_T < need:  # the default (T16) or a table tuned without this extra cache
+            config = config.replace(BLOCK_T=need)
     if sm_scale is None:
         sm_scale = fmt.d_qk**-0.5
     if B * s_q * H == 0:

@@ -192,7 +192,7 @@ PY
     tail -20 "$OUT/sglang_check_v32.log" | cut -c1-150
     exit 0 ;;
   formats)
-    step formats_tests 75 python3 -m pytest -q -p no:cacheprovider tests/test_formats.py -k kernel_matches_reference
+    step formats_tests 75 python3 -m pytest -q -p no:cacheprovider tests/test_formats.py -k "kernel_matches_reference or rule_lifted"
     step bench_formats "$(left)" python3 benchmarks/bench_formats.py --samples 5 --out "$OUT/bench_formats_h200.json"
     for f in "$OUT"/formats_tests.log "$OUT"/bench_formats.log; do echo "== $f"; tail -16 "$f" | cut -c1-150; done
     exit 0 ;;

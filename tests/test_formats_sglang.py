@@ -103,7 +103,7 @@ def test_the_kernel_reads_sglang_s_v41_layer(sglang_caches, device):
     sink = torch.randn(16, generator=g).to(device)
     kw = dict(kv_format="fp8_v41", attn_sink=sink, extra_kv_cache=compressed, extra_indices=x_idx)
     kw["extra_kv_format"] = "fp4_v41"
-    cfg = KernelConfig(BLOCK_T=16, num_warps=4, num_stages=1, TARGET_CTAS=8, PREFETCH=1)
+    cfg = KernelConfig(BLOCK_T=32, num_warps=4, num_stages=1, TARGET_CTAS=8, PREFETCH=1)
     ok, _, _, reason = compare(
         *sparse_mla_decode(q, window, idx, **kw, config=cfg), *sparse_mla_decode_ref(q, window, idx, **kw)
     )

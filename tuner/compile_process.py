@@ -134,6 +134,16 @@ def specs_of(job: dict) -> list:
     return adapter.compile_specs(cfg, wl, job["cc"])
 
 
+def refused(job: dict) -> dict | None:
+    """``{error}`` when the kernel's planning refuses the job's config for its call (a ValueError, e.g.
+    BLOCK_T 16 with an fp4_v41 extra cache: a verdict, not a crash of this process), else None."""
+    try:
+        specs_of(job)
+    except ValueError as e:
+        return {"error": f"ValueError: {str(e).splitlines()[0] if str(e) else ''}"}
+    return None
+
+
 def counts_resources(job: dict, spec) -> bool:
     """Whether a kernel's registers and stack frame are a job's (the adapter's ``resource_kernels``, else all)."""
     names = _adapter(job).resource_kernels
@@ -181,6 +191,9 @@ def compile_one(job: dict) -> dict:
     """``{config, workload, cc[, depth]}`` -> the call's numbers (:func:`combine`); ``{error}`` when the
     compiler refuses."""
     depth = job.get("depth", "cubin")
+    no = refused(job)
+    if no is not None:
+        return no
     results = []
     for spec in specs_of(job):
         results.append(compile_kernel(spec, job["cc"], depth, counts_resources(job, spec)))
@@ -226,8 +239,9 @@ def main() -> int:
     # every distinct kernel once: (job, kernel index) of its first use, and each job's kernels by key
     first: dict[tuple, tuple[int, int]] = {}
     kernels_of: list[list[tuple]] = []
+    results: list[dict | None] = [refused(job) for job in jobs]
     for j, job in enumerate(jobs):
-        keys = [(job["cc"], job.get("depth", "cubin"), spec.key()) for spec in specs_of(job)]
+        keys = [] if results[j] else [(job["cc"], job.get("depth", "cubin"), spec.key()) for spec in specs_of(job)]
         kernels_of.append(keys)
         for i, key in enumerate(keys):
             first.setdefault(key, (j, i))
@@ -237,7 +251,6 @@ def main() -> int:
         for key in set(keys):
             users.setdefault(key, []).append(j)
     numbers: dict[tuple, dict] = {}
-    results: list[dict | None] = [None] * len(jobs)
     done = 0
 
     def finished(key: tuple, value: dict) -> None:
@@ -251,9 +264,9 @@ def main() -> int:
                 done += 1
                 _report(done, len(jobs), job)
 
-    for j, keys in enumerate(kernels_of):  # a job without kernels (none planned) is done at once
+    for j, keys in enumerate(kernels_of):  # a job without kernels (none planned, or refused) is done at once
         if not keys:
-            results[j] = combine([], jobs[j].get("depth", "cubin"))
+            results[j] = results[j] or combine([], jobs[j].get("depth", "cubin"))
             done += 1
             _report(done, len(jobs), jobs[j])
     if n <= 1:
