@@ -108,6 +108,9 @@ multiprocessing.util.Finalize(None, _end_all, exitpriority=100)
 multiprocessing.util.register_after_fork(_FORKED, _in_forked_child)
 
 
+_SPAWN_ENV = threading.Lock()  # one worker's start at a time changes the environment it inherits
+
+
 def _ready() -> None:
     """Import what :func:`optimize` needs (in the worker, before the first optimization)."""
     import sklearn.gaussian_process  # noqa: F401
@@ -195,14 +198,24 @@ class Refitter:
 
     def _worker(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
-            # spawn: the search runs threads, and a forked child of a threaded process may deadlock. The spawned
-            # interpreter starts as `python -c`, with the working folder first on sys.path: PYTHONSAFEPATH (which it
-            # inherits) keeps that folder's json.py or torch.py from running in it
-            os.environ["PYTHONSAFEPATH"] = "1"
+            # spawn: the search runs threads, and a forked child of a threaded process may deadlock
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 1, mp_context=multiprocessing.get_context("spawn"), initializer=_watch_parent, initargs=(os.getpid(),)
             )
             _POOLS.add(self._pool)
+            # The spawned interpreter starts as `python -c`, with the working folder first on sys.path: it starts
+            # now (the pool's one worker, at its first task) with PYTHONSAFEPATH set, which keeps that folder's
+            # json.py or torch.py from running in it; the caller's environment is restored at once
+            with _SPAWN_ENV:
+                before = os.environ.get("PYTHONSAFEPATH")
+                os.environ["PYTHONSAFEPATH"] = "1"
+                try:
+                    self._pool.submit(_ready)
+                finally:
+                    if before is None:
+                        os.environ.pop("PYTHONSAFEPATH", None)
+                    else:
+                        os.environ["PYTHONSAFEPATH"] = before
         return self._pool
 
     def close(self) -> None:
