@@ -12,9 +12,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from sqlalchemy.orm import selectinload
 
-from ..kernels.config import PARAMS
 from .errors import DatabaseError
 from .models import COLUMNS_ADAPTER
+from .models import PARAM_COLUMNS
 from .models import CalibrationModel
 from .models import EnvironmentModel
 from .models import FeasibilityModel
@@ -190,7 +190,7 @@ def history(
     from sqlalchemy.orm import aliased
 
     fin, scr = aliased(StatisticModel), aliased(StatisticModel)
-    names = [p.name for p in PARAMS]
+    names = list(PARAM_COLUMNS)
     q = (
         select(
             TrialModel.study_id,

@@ -252,14 +252,13 @@ def test_check_rows_per_compiled_binary_with_progress_lines(tiny):
 
 def test_check_all_lists_every_config_in_the_old_field_order(tiny):
     from sparse_mla_tuner.kernels.config import PARAM_NAMES
-    from sparse_mla_tuner.tuner.cli import CHECK_FIELDS
+    from sparse_mla_tuner.tuner.cli import VERDICT_FIELDS
 
     space, db, _ = tiny
     proc = cached_check(space, "--all", "-f", "json", "--db", db)
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)
-    assert len(rows) == 6 and all(list(r) == list(CHECK_FIELDS) for r in rows)
-    assert list(CHECK_FIELDS[: len(PARAM_NAMES)]) == list(PARAM_NAMES)
+    assert len(rows) == 6 and all(list(r) == [*PARAM_NAMES, *VERDICT_FIELDS] for r in rows)
     assert [r["TARGET_CTAS"] for r in rows] == [4, 8, 16, 4, 8, 16]
     assert "compile" not in proc.stderr  # cached by the first check
 

@@ -17,10 +17,6 @@ from ..db.errors import quote
 from ..db.verdicts import Phase
 from ..db.verdicts import Verdict
 from . import __version__
-from .adapters.sparse_mla import BENCH_MODULE
-from .adapters.sparse_mla import PARAM_NAMES
-from .adapters.sparse_mla import KernelConfig
-from .adapters.sparse_mla import SparseMlaAdapter
 from .errors import TunerError
 from .output import format_option
 from .output import pct
@@ -36,7 +32,9 @@ VERDICT_FIELDS = (  # a check row's fields after the config's parameters
     "feasible",
     "reason",
 )
-CHECK_FIELDS = PARAM_NAMES + VERDICT_FIELDS  # our kernel's check rows
+# The built-in kernel (adapters/sparse_mla.py) is imported by the commands that use it, never at import: `--help`,
+# `--version`, a completion and a bad option's error load no kernel, torch or Triton (tests/test_architecture.py).
+BENCH_MODULE = "sparse_mla_tuner.kernels.bench"  # adapters.sparse_mla.BENCH_MODULE, for the help text (tested equal)
 
 
 INT64_MAX = 2**63 - 1  # SQLite's INTEGER and PostgreSQL's BIGINT: the largest integer the database stores
@@ -184,6 +182,9 @@ def _values_text(v) -> str:
 
 
 def _check_brief(rows: list[dict], adapter=None) -> list[dict]:
+    from .adapters.sparse_mla import KernelConfig
+    from .adapters.sparse_mla import SparseMlaAdapter
+
     params = (adapter or SparseMlaAdapter()).params
     out = []
     for r in rows:
@@ -349,13 +350,15 @@ def check(
     once Triton has allocated shared memory: the verdict is the compiler's own shared size for the
     target, and registers and spills stay empty; --registers compiles through ptxas for them.
     """
-    from ..db.store import Store
-    from .feasibility import check_many
-    from .progress import Progress
     from .space import TARGETS
     from .space import load_space
 
-    space = load_space(space_file)
+    space = load_space(space_file)  # a bad space file's error comes before the check's modules load
+
+    from ..db.store import Store
+    from .feasibility import check_many
+    from .progress import Progress
+
     adapter = space.adapter
     store = Store(db_url)
     target = target or space.target
@@ -535,14 +538,16 @@ def search(
     Ctrl-C stops after the running trial. A trial whose heartbeat (every 2 s) is silent for 10 s belongs to a
     dead host and is retried; $TUNER_HEARTBEAT_GRACE_S sets those 10 s (whole seconds, more than 2).
     """
+    from .space import load_space
+
+    space = load_space(space_file)  # a bad space file's error comes before the search's modules load
+
     from ..db.store import Store
     from .heartbeat import grace_s
     from .search import Options
     from .search import run_search
-    from .space import load_space
     from .summary import time_lines
 
-    space = load_space(space_file)
     _replay_kernel(space, backend)
     levels = _levels(concurrency)
     first_configs = _first_configs(first, space)
@@ -770,6 +775,8 @@ def _bytes_moved(wl, concurrency: int) -> int | None:
     from ..db.models import COLUMNS_ADAPTER
 
     if wl.adapter == COLUMNS_ADAPTER:
+        from .adapters.sparse_mla import SparseMlaAdapter
+
         return SparseMlaAdapter().bytes_moved(wl.workload(), concurrency)
     from .adapter import adapter_named
 
@@ -855,6 +862,7 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
     from sqlalchemy import select
 
     from ..db import queries
+    from ..db.models import PARAM_COLUMNS
     from ..db.models import TrialModel
     from ..db.store import Store
 
@@ -882,7 +890,7 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
             )
     key = {
         "id": lambda r: r["trial"],
-        "config": lambda r: tuple(r.get(p, 0) for p in PARAM_NAMES) + (r["config"],),
+        "config": lambda r: tuple(r.get(p, 0) for p in PARAM_COLUMNS) + (r["config"],),
         "median_us": lambda r: (r["median_us"] is None, r["median_us"] or 0),
     }[sort]
     rows.sort(key=key)
@@ -1017,6 +1025,7 @@ def report(output, plots_dir, bench_files, db_url):
 @expected_errors
 def show(trial_id, fmt, db_url):
     """Everything about trial TRIAL_ID (see `tuner trials`), raw samples included."""
+    from ..db.models import PARAM_COLUMNS
     from ..db.models import TrialModel
     from ..db.store import Store
 
@@ -1028,7 +1037,7 @@ def show(trial_id, fmt, db_url):
         info = {c.name: getattr(t, c.name) for c in TrialModel.__table__.columns}
         info.pop("params")
         if t.params is not None:  # another adapter's trial: its own parameters, not the built-in kernel's columns
-            info = {k: v for k, v in info.items() if k not in PARAM_NAMES}
+            info = {k: v for k, v in info.items() if k not in PARAM_COLUMNS}
             at = list(info).index("config_key") + 1
             items = list(info.items())
             info = dict(items[:at] + list(t.param_values().items()) + items[at:])
@@ -1131,7 +1140,9 @@ def compare(config_a, config_b, space, fmt, db_url):
     click.echo(render(rows, fmt, _compare_brief))
 
 
-def _parse_config(text: str) -> KernelConfig:
+def _parse_config(text: str):
+    from .adapters.sparse_mla import KernelConfig
+
     try:
         return KernelConfig.parse(text)
     except ValueError as e:
