@@ -233,7 +233,7 @@ def test_best_in_every_format(smoke_db, fmt):
         (row,) = json.loads(proc.stdout)
         assert {"BLOCK_T", "num_warps", "num_stages", "TARGET_CTAS"} <= set(row)
         assert row["concurrency"] == 1 and row["backend"] == "interpreter" and row["ci_low_us"] <= row["median_us"]
-        assert row["verdict"] in ("win", "flat", "regression")
+        assert row["effect"] in ("win", "flat", "regression")
     elif fmt == "csv":
         (row,) = list(csv.DictReader(io.StringIO(proc.stdout)))
         assert row["device"] == "cpu-interpreter"

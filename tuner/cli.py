@@ -149,8 +149,9 @@ def _best_brief(rows: list[dict]) -> list[dict]:
             "median_us": r["median_us"],
             "95% CI us": _ci(r["ci_low_us"], r["ci_high_us"]),
             "ratio": r["ratio"],
-            "verdict": r["verdict"],
+            "effect": r["effect"],
             "band": _pct(r["noise_band"]),
+            "kernel": r["kernel"],
             "ties": _ties(r["tied_with"]),
         }
         for r in rows
@@ -158,7 +159,18 @@ def _best_brief(rows: list[dict]) -> list[dict]:
 
 
 def _trials_brief(rows: list[dict]) -> list[dict]:
-    keys = ("trial", *varying(rows, "space"), "C", "config", "verdict", "median_us", "ratio", "effect", "reason")
+    keys = (
+        "trial",
+        *varying(rows, "space"),
+        "C",
+        "config",
+        "verdict",
+        "median_us",
+        "ratio",
+        "effect",
+        *varying(rows, "kernel"),
+        "reason",
+    )
     return [{k: r[k] for k in keys} for r in rows]
 
 
@@ -227,7 +239,7 @@ def _search_brief(rows: list[dict]) -> list[dict]:
                 "best": r["best"],
                 "median_us": r["median_us"],
                 "ratio (95% CI)": r["ratio vs baseline (95% CI)"],
-                "verdict": r["verdict"],
+                "effect": r["effect"],
                 "band": r["noise band"],
                 "ok": r["ok"],
                 "infeasible": others.get(V.INFEASIBLE, 0),
@@ -245,7 +257,7 @@ def _compare_brief(rows: list[dict]) -> list[dict]:
             **{k: r[k] for k in keys},
             "95% CI": _ci(r["ci_low"], r["ci_high"], 4),
             "band": _pct(r["noise_band"]),
-            "verdict": r["verdict"],
+            "effect": r["effect"],
         }
         for r in rows
     ]
@@ -746,7 +758,7 @@ def _best_row(t) -> dict:
         "ratio": round(st.ratio, 4),
         "ratio_ci_low": round(st.ratio_ci_low, 4),
         "ratio_ci_high": round(st.ratio_ci_high, 4),
-        "verdict": st.classification,
+        "effect": st.classification,
         "noise_band": round(st.noise_band, 4),
         "n": st.n,
         "phase": st.phase,
@@ -762,6 +774,7 @@ def _best_row(t) -> dict:
         concurrency=t.concurrency,
         device=env.gpu_name,
         backend=t.backend,
+        kernel=t.study.kernel.source_hash[:12],
         trial=t.id,
         date=t.created_at.strftime("%Y-%m-%d %H:%M"),
     )
@@ -787,7 +800,7 @@ def _bytes_moved(wl, concurrency: int) -> int | None:
         return None
 
 
-@cli.command(short_help="The best ok config at a concurrency, with its CI, ratio to baseline, verdict and ties.")
+@cli.command(short_help="The best ok config at a concurrency, with its CI, ratio to baseline, effect, kernel and ties.")
 @click.option("--concurrency", type=DB_INT, required=True, help="Batch size (concurrency level).")
 @click.option("--space", default=None, help="Only this search space's results (its `name`, e.g. v4_flash_tp4).")
 @click.option("--workload", default=None, help="Only this workload's results (its name in the space, e.g. v4_flash).")
@@ -798,17 +811,28 @@ def _bytes_moved(wl, concurrency: int) -> int | None:
     default=None,
     help="Only results measured on this backend (default: any).",
 )
+@click.option(
+    "--kernel",
+    default="newest",
+    show_default=True,
+    help="Whose trials: `newest`, each level's newest kernel (what `trials` lists and `export` deploys), or the "
+    "kernel whose source hash starts with this (the `kernel` column; `tuner db compact --help` lists them).",
+)
 @format_option
 @db_option
 @expected_errors
-def best(concurrency, space, workload, device, backend, fmt, db_url):
-    """The best `ok` config at a concurrency, with its CI, ratio to baseline and noise verdict."""
+def best(concurrency, space, workload, device, backend, kernel, fmt, db_url):
+    """The best `ok` config at a concurrency, with its CI, ratio to baseline, effect (win, flat, loss against
+    the baseline, beyond the noise band) and kernel: each level's newest kernel unless --kernel names one."""
     from ..db import queries
     from ..db.store import Store
 
     store = Store(db_url, readonly=True)
     with store.session() as s:
-        found = queries.best(s, concurrency, space=space, workload=workload, device=device, backend=backend)
+        kernel_id = None if kernel == "newest" else queries.kernel_named(s, kernel).id
+        found = queries.best(
+            s, concurrency, space=space, workload=workload, device=device, backend=backend, kernel_id=kernel_id
+        )
         rows = [
             {**_best_row(t), "tied_with": " ".join(x.config_key for x in queries.tied(s, t) if x.id != t.id)}
             for t in found
@@ -837,14 +861,21 @@ def _no_level(store, concurrency: int, **where) -> str:
     )
 
 
-@cli.command(short_help="Every trial: config, verdict, reason, median and ratio.")
+@cli.command(short_help="Every trial of each level's newest kernel: config, verdict, reason, median, ratio, effect.")
 @click.option("--concurrency", type=DB_INT, default=None, help="Only this concurrency level (default: every level).")
 @click.option(
     "--verdict",
     type=click.Choice([v.value for v in Verdict] + ["all"]),
     default="all",
     show_default=True,
-    help="Only trials with this verdict.",
+    help="Only trials with this verdict (ok, or why the trial has no measurement).",
+)
+@click.option(
+    "--kernel",
+    default="newest",
+    show_default=True,
+    help="Whose trials: `newest`, each level's newest kernel (the trials `best` ranks), `all` (every kernel's), or "
+    "the kernel whose source hash starts with this (the `kernel` column).",
 )
 @click.option("--space", default=None, help="Only this search space's trials (its `name`, e.g. v4_flash_tp4).")
 @click.option(
@@ -857,8 +888,9 @@ def _no_level(store, concurrency: int, **where) -> str:
 @format_option
 @db_option
 @expected_errors
-def trials(concurrency, verdict, space, sort, fmt, db_url):
-    """Every trial: config, verdict, reason, feasibility numbers, median and ratio."""
+def trials(concurrency, verdict, space, kernel, sort, fmt, db_url):
+    """Every trial: config, verdict (ok, infeasible, ...), reason, feasibility numbers, median, ratio and effect
+    (win, flat, loss). Each level's newest kernel only, as `best` ranks them, unless --kernel says otherwise."""
     from sqlalchemy import select
 
     from ..db import queries
@@ -869,7 +901,9 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
     store = Store(db_url, readonly=True)
     with store.session() as s:
         rows = []
-        for t in queries.trials(s, concurrency=concurrency, verdict=verdict, space=space):
+        kernel_id = None if kernel in ("newest", "all") else queries.kernel_named(s, kernel).id
+        found = queries.trials(s, concurrency=concurrency, verdict=verdict, space=space, kernel_id=kernel_id)
+        for t in queries.newest_per_level(found) if kernel == "newest" else found:
             st = t.evidence().statistic()  # a duplicate shows its original's numbers
             rows.append(
                 {
@@ -885,6 +919,7 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
                     "effect": st.classification if st else None,
                     "shared_bytes": t.shared_bytes,
                     "registers": t.registers,
+                    "kernel": t.study.kernel.source_hash[:12],
                     "reason": t.reason,
                 }
             )
@@ -1078,7 +1113,7 @@ def show(trial_id, fmt, db_url):
     click.echo(render(samples, "table", lambda rows: rows))
 
 
-@cli.command(short_help="CONFIG_A against CONFIG_B at every concurrency both have (paired ratio, CI, verdict).")
+@cli.command(short_help="CONFIG_A against CONFIG_B at every concurrency both have (paired ratio, CI, effect).")
 @click.argument("config_a")
 @click.argument("config_b")
 @click.option("--space", default=None, help="Only this search space's studies (its `name`, e.g. v4_flash_tp4).")
@@ -1114,7 +1149,7 @@ def compare(config_a, config_b, space, fmt, db_url):
                 continue
             r, lo, hi = stats.ratio_of_ratios(ra, rb, seed=a.id)
             band = a.study.noise_band or 0.0
-            verdict = "A faster" if hi < 1 - band else "A slower" if lo > 1 + band else "flat"
+            effect = "A faster" if hi < 1 - band else "A slower" if lo > 1 + band else "flat"
             rows.append(
                 {
                     "space": a.study.space.name,
@@ -1129,7 +1164,7 @@ def compare(config_a, config_b, space, fmt, db_url):
                     "ci_low": round(lo, 4),
                     "ci_high": round(hi, 4),
                     "noise_band": round(band, 4),
-                    "verdict": verdict,
+                    "effect": effect,
                 }
             )
     if unsampled:

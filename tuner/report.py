@@ -322,7 +322,7 @@ def _summary(last: TrialModel, by_c, levels) -> tuple[list[str], list[_Level]]:
     env = last.environment
     wl = last.workload.workload()
     out = [
-        "| C | noise band | best | median µs | % copy BW | ratio vs baseline (95 % CI) | verdict | "
+        "| C | noise band | best | median µs | % copy BW | ratio vs baseline (95 % CI) | effect | "
         + " | ".join(map(str, Verdict))
         + " |",
         "|---|---|---|---|---|---|---|" + "---|" * len(Verdict),
