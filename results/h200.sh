@@ -29,10 +29,13 @@
 # search gets SIGINT and stops after its running trial) goes on where it stopped when run again.
 # $OUT (default results/out, ignored by git) has the layout of results/: a run's files replace the committed ones
 # by name. What each step printed goes to $OUT/NAME.log; the database comes back gzipped in 15-MiB parts,
-# $OUT/h200.db.gz.part00, part01, ...
+# $OUT/h200.db.gz.part00, part01, ... results/h200.db is built first (results/h200_db.py: the committed base and
+# deltas); back home, the returned database becomes the next delta, the only file of it to commit:
+#   cat h200.db.gz.part* | gunzip > /tmp/run.db && python results/h200_db.py delta /tmp/run.db
 set -u
 OUT=${OUT:-results/out}
 DB=${TUNER_DB:-sqlite:///results/h200.db}
+python3 "$(dirname "$0")/h200_db.py" build || exit 2  # results/h200.db from its base and deltas (a no-op when current)
 LIMIT=${LIMIT:-$([ "${PHASE:-grids}" = call ] && echo 350 || echo 540)}  # PHASE=call: 350
 mkdir -p "$OUT"
 . "$(dirname "$0")/step.sh"

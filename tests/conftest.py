@@ -23,6 +23,21 @@ if not torch.cuda.is_available():
 
 HAS_CUDA = torch.cuda.is_available()
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _build_results_db() -> None:
+    """results/h200.db is a build product (results/h200_db.py: its base and deltas): built here, once per change
+    of its parts, before any test reads it (under a lock: the xdist workers import this file at once)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("h200_db", ROOT / "results" / "h200_db.py")
+    h200_db = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(h200_db)
+    with FileLock(ROOT / "results" / ".h200.db.lock"):
+        h200_db.build()
+
+
+_build_results_db()
 PG = os.environ.get("TUNER_TEST_PG")  # e.g. postgresql+psycopg://postgres:postgres@127.0.0.1/postgres
 
 
