@@ -99,6 +99,9 @@ def figures(path: Path) -> tuple[str, dict, dict]:
         d = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise LedgerError(f"{path}: not a readable JSON file ({e})") from None
+    if isinstance(d, dict) and "replay_kernel" in d and "wall_s" in d:  # bench_search.py --overhead
+        keys = ("wall_s", "model_s", "waiting_s", "database_s", "levels_s", "optimizations")
+        return "search_overhead", {k: _r(d[k]) for k in keys if k in d}, {"kernel": d["replay_kernel"]}
     if isinstance(d, list) and d and "levels" in d[0]:
         return "bench_search", _bench_search(d), {}
     if isinstance(d, list) and d and "best" in d[0]:
@@ -118,7 +121,7 @@ def figures(path: Path) -> tuple[str, dict, dict]:
         return "feasibility", _feasibility(d), about
     raise LedgerError(
         f"{path}: not a benchmark output the ledger knows "
-        "(bench, bench_call, sglang_check, feasibility, retune, bench_search)"
+        "(bench, bench_call, sglang_check, feasibility, retune, bench_search, its --overhead)"
     )
 
 
@@ -190,11 +193,11 @@ def readme_headline(text: str) -> str:
 
 def write_readme() -> bool:
     text = README.read_text()
-    old = readme_headline(text)
     new = headline()
-    if old == new:
+    if readme_headline(text) == new:
         return False
-    README.write_text(text.replace(BEGIN + "\n" + old + END, BEGIN + "\n" + new + END))
+    before, rest = text.split(BEGIN, 1)
+    README.write_text(before + BEGIN + "\n" + new + END + rest.split(END, 1)[1])
     return True
 
 
