@@ -16,7 +16,7 @@
 #                                               # tables), same run, in the order new, old, new: the single-cache
 #                                               # bench of both formats and the V4 layer call at AB_LEVELS (default
 #                                               # 16,48,96); JSON and logs in
-#                                               # $OUT/$AB (default ab_h200; name it for the change: AB=ab_qk_dots_h200)
+#                                               # $OUT/$AB (default ab_h200; its figures go to the ledger, results/ledger.py add)
 #   OUT=out PHASE=call bash results/h200.sh     # the V4 layer call (window + compressed cache + sink, one
 #                                               # split launch) against FlashMLA: its GPU tests, kernels.bench_call at
 #                                               # the 15 levels, the single-cache bench of both formats at the 15 levels

@@ -193,3 +193,9 @@ def test_every_yaml_and_toml_example_parses(block):
         yaml.safe_load(block.text)
     else:
         tomllib.loads(block.text)
+
+
+def test_the_readme_and_the_benchmarks_are_short():
+    """A user's page and the current state; the history is in git and results/ledger.jsonl."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 150
+    assert len((ROOT / "docs" / "benchmarks.md").read_text().splitlines()) <= 250
