@@ -155,8 +155,8 @@ def pytest_cmdline_main(config):
     """Three workers, each running whole test files in order, when pytest-xdist is installed (the dev extra)
     and no ``-n`` was given: the suite is mostly one process waiting on another (searches, compiles, killed
     hosts' grace periods), so on 2 cores two workers left about a third of the CPU idle (14.4 CPU-minutes in
-    11.1 minutes) and a third worker fills it (the same work in 7.6 minutes: `git show 315e042:README.md`, Tests). ``-n 0`` runs
-    it in one process; without xdist it runs in one."""
+    11.1 minutes) and a third worker fills it (the same work in 7.6 minutes: `git show 315e042:README.md`, Tests).
+    ``-n 0`` runs it in one process; without xdist it runs in one."""
     if config.pluginmanager.hasplugin("xdist") and config.option.numprocesses is None:
         if not hasattr(config, "workerinput"):
             config.option.numprocesses = 3
