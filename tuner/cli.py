@@ -298,6 +298,12 @@ def _statistics_brief(rows: list[dict]) -> list[dict]:
     ]
 
 
+results_backend_option = click.option(  # the listings' and export's filter (a search's --backend picks where it runs)
+    "--backend",
+    type=click.Choice(["cuda", "interpreter"]),
+    default=None,
+    help="Only results measured on this backend (default: any).",
+)
 db_option = click.option(
     "--db",
     "db_url",
@@ -805,12 +811,7 @@ def _bytes_moved(wl, concurrency: int) -> int | None:
 @click.option("--space", default=None, help="Only this search space's results (its `name`, e.g. v4_flash_tp4).")
 @click.option("--workload", default=None, help="Only this workload's results (its name in the space, e.g. v4_flash).")
 @click.option("--device", default=None, help="GPU name as stored, e.g. 'NVIDIA H200'.")
-@click.option(
-    "--backend",
-    type=click.Choice(["cuda", "interpreter"]),
-    default=None,
-    help="Only results measured on this backend (default: any).",
-)
+@results_backend_option
 @click.option(
     "--kernel",
     default="newest",
@@ -956,12 +957,7 @@ def trials(concurrency, verdict, space, kernel, sort, fmt, db_url):
     help="engine: flat JSON tables {batch: config} the kernel reads, with a provenance sidecar; "
     "sglang: the same in a triton_<version>/ folder; triton: an importable list of triton.Config.",
 )
-@click.option(
-    "--backend",
-    type=click.Choice(["cuda", "interpreter"]),
-    default=None,
-    help="Only results measured on this backend (default: any).",
-)
+@results_backend_option
 @click.option(
     "--record",
     is_flag=True,
