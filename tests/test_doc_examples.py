@@ -178,12 +178,20 @@ def test_no_example_imports_the_checkouts_folders_as_packages(block):
 RUN = [b for b in CODE if not b.marks]
 
 
+def _interpret() -> str:
+    return os.environ.get("TRITON_INTERPRET", "0")
+
+
 @pytest.mark.parametrize("block", RUN, ids=_ids(RUN))
 def test_every_python_example_runs(block):
     proc = subprocess.run(
-        [sys.executable, "-c", block.text], capture_output=True, text=True, cwd=ROOT, timeout=600,
-        env={**os.environ, "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "0")},
-    )  # fmt: skip
+        [sys.executable, "-c", block.text],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+        env={**{k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}, "TRITON_INTERPRET": _interpret()},
+    )  # fmt: skip  (the working folder on sys.path, as a reader's `python` in a checkout: examples/ imports)
     assert proc.returncode == 0, f"{block.id}:\n{proc.stderr[-2000:]}"
 
 

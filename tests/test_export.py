@@ -209,6 +209,13 @@ def test_triton_module_picks_the_tuned_config_per_batch_without_timing(h200, eng
         assert cfg.kwargs == want.meta() and cfg.num_warps == want.num_warps and cfg.num_stages == want.num_stages
         assert mod.target_ctas(name, batch) == want.TARGET_CTAS
     assert mod.TABLES[name]["devices"] == ["NVIDIA H200"] and mod.TABLES[name]["triton"] == ["3.6.0"]
+    # each config's comment names the config tuned at each of its batch sizes (not its first batch's, repeated)
+    text = path.read_text().split(f"CONFIGS_{name} = [", 1)[1].split("]", 1)[0]
+    named = {int(c): key for c, key in re.findall(r"C=(\d+) (\S+?)(?=,|$)", text, flags=re.M)}
+    assert set(named) == set(index)
+    for batch, key in named.items():
+        want = kt.lookup_config("NVIDIA H200", "fp8_v32", 16, 2048, batch, config_dir=engine)
+        assert key == str(want), (batch, key, str(want))
 
     timed, ran = [], []
 

@@ -394,7 +394,7 @@ def triton_module(store: Store, backend: str | None = None) -> str:
                 kw = t.config().triton_config_kwargs()
                 options = "".join(f", {k}={int(v)!r}" for k, v in kw.items() if k != "kwargs")
                 meta = {str(k): int(v) for k, v in kw["kwargs"].items()}
-                keys = ", ".join(f"C={c} {t.config()}" for c in cs)
+                keys = ", ".join(f"C={c} {by_c[c].config()}" for c in cs)  # each batch's own pick
                 body.append(f"    triton.Config({meta!r}{options}),  # {keys}")
             body += [
                 "]",
