@@ -979,6 +979,7 @@ def export(out_dir, export_format, backend, record, shapes, db_url):
     from .export import export_tables
     from .export import parse_shape
     from .export import triton_module
+    from .progress import Progress
 
     store = Store(db_url, create=False) if record and export_format != "triton" else Store(db_url, readonly=True)
     if export_format == "triton" and shapes:
@@ -988,7 +989,7 @@ def export(out_dir, export_format, backend, record, shapes, db_url):
             from .export import check_output
 
             check_output(Path(out_dir))
-        text = triton_module(store, backend)
+        text = triton_module(store, backend, Progress(False))
         if out_dir is None:
             click.echo(text, nl=False)
             return
@@ -999,7 +1000,8 @@ def export(out_dir, export_format, backend, record, shapes, db_url):
         return
     try:
         named = [parse_shape(x) for x in shapes]
-        paths = export_tables(store, out_dir, backend, export_format, record=record, shapes=named)
+        progress = Progress(False)  # the reading (when slow) and the tables written, on stderr
+        paths = export_tables(store, out_dir, backend, export_format, record=record, shapes=named, progress=progress)
     except OSError as e:
         raise TunerError(f"cannot write {e.filename or out_dir}: {e.strerror}") from None
     for path in paths:
@@ -1025,6 +1027,7 @@ def report(output, plots_dir, bench_files, db_url):
     import os.path
 
     from ..db.store import Store
+    from .progress import Progress
     from .report import load_bench
     from .report import render_report
 
@@ -1037,7 +1040,7 @@ def report(output, plots_dir, bench_files, db_url):
         prefix = os.path.relpath(plots_dir, os.path.dirname(os.path.abspath(output)) or ".") + "/"
     try:
         benches = tuple(load_bench(f) for f in bench_files)
-        text = render_report(Store(db_url, readonly=True), plots_dir, prefix, benches)
+        text = render_report(Store(db_url, readonly=True), plots_dir, prefix, benches, Progress(False))
     except OSError as e:
         raise TunerError(f"cannot write {e.filename or plots_dir}: {e.strerror}") from None
     if output:
