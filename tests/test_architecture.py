@@ -471,13 +471,6 @@ def _cpu_s(argv: list[str]) -> float:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def test_the_help_names_the_adapters_bench_module():
-    from sparse_mla_tuner.tuner import cli
-    from sparse_mla_tuner.tuner.adapters import sparse_mla
-
-    assert cli.BENCH_MODULE == sparse_mla.BENCH_MODULE
-
-
 def test_help_costs_a_fraction_of_a_torch_import():
     """`tuner --help` costs less CPU than a third of `import torch` on the same machine (a ratio, not seconds: a
     busy or slow machine slows both); before the imports were lazy it cost more than one whole torch import."""

@@ -34,8 +34,6 @@ VERDICT_FIELDS = (  # a check row's fields after the config's parameters
 )
 # The built-in kernel (adapters/sparse_mla.py) is imported by the commands that use it, never at import: `--help`,
 # `--version`, a completion and a bad option's error load no kernel, torch or Triton (tests/test_architecture.py).
-BENCH_MODULE = "sparse_mla_tuner.kernels.bench"  # adapters.sparse_mla.BENCH_MODULE, for the help text (tested equal)
-
 
 INT64_MAX = 2**63 - 1  # SQLite's INTEGER and PostgreSQL's BIGINT: the largest integer the database stores
 LONG_TOKEN = re.compile(rf"\S{{{QUOTE_MAX + 50},}}")  # longer than what quote() leaves
@@ -1016,9 +1014,8 @@ def export(out_dir, export_format, backend, record, shapes, db_url):
     "bench_files",
     multiple=True,
     type=click.Path(dir_okay=False),
-    help=f"A same-run benchmark of ours against FlashMLA (JSON of python -m {BENCH_MODULE} or "
-    "kernels.bench_call; "
-    "repeatable): the median plot of its device and call shows FlashMLA from it.",
+    help="A same-run benchmark of ours against FlashMLA (the JSON of the built-in kernel's `bench` or `bench_call` "
+    "module; repeatable): the median plot of its device and call shows FlashMLA from it.",
 )
 @db_option
 @expected_errors
