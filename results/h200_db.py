@@ -2,8 +2,8 @@
 
 The committed H200 results database is 59 MiB; committed again at every re-tune, each version stayed in every clone's
 pack. Now git holds ``results/h200_db/base.sqlite`` (the database as it was when this file came, never rewritten)
-and one small gzip'd JSON delta per run (``results/h200_db/deltas/NNNN-DATE.json.gz``: the rows that run added or
-changed, the rows it removed), and ``results/h200.db`` is a build product, ignored by git::
+and one small xz'd JSON delta per run (``results/h200_db/deltas/NNNN-DATE.json.xz``: the rows that run added or
+changed, column by column, and the rows it removed), and ``results/h200.db`` is a build product, ignored by git::
 
     python results/h200_db.py build              # results/h200.db from the base and every delta (a no-op when current)
     python results/h200_db.py delta NEW.db       # a returned database's changes as the next delta, then build
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import gzip
 import json
+import lzma
 import os
 import shutil
 import sqlite3
@@ -40,7 +40,7 @@ class DeltaError(Exception):
 
 
 def _parts() -> list[Path]:
-    return [BASE, *sorted(DELTAS.glob("*.json.gz"))]
+    return [BASE, *sorted(DELTAS.glob("*.json.xz"))]
 
 
 def _stamp() -> str:
@@ -74,8 +74,8 @@ def _plain(value):
 
 
 def make_delta(old: sqlite3.Connection, new: sqlite3.Connection) -> dict:
-    """What turns ``old`` into ``new``: new tables and indexes, and per table the rows added or changed (whole, by
-    rowid) and the rowids removed."""
+    """What turns ``old`` into ``new``: new tables and indexes, and per table the rows added or changed (whole: their
+    rowids, and their values column by column, which compress twice as well as rows) and the rowids removed."""
     old_tables, new_tables = _tables(old), _tables(new)
     changed = sorted(t for t in old_tables.keys() & new_tables.keys() if old_tables[t] != new_tables[t])
     if changed or old_tables.keys() - new_tables.keys():
@@ -89,10 +89,12 @@ def make_delta(old: sqlite3.Connection, new: sqlite3.Connection) -> dict:
     for table in sorted(new_tables):
         columns, now = _rows(new, table)
         before = _rows(old, table)[1] if table in old_tables else {}
-        upsert = [[rowid, *map(_plain, row)] for rowid, row in now.items() if before.get(rowid) != row]
+        upsert = [(rowid, row) for rowid, row in now.items() if before.get(rowid) != row]
         delete = sorted(rowid for rowid in before if rowid not in now)
         if upsert or delete:
-            delta["rows"][table] = {"columns": columns, "upsert": upsert, "delete": delete}
+            values = [[_plain(row[i]) for _, row in upsert] for i in range(len(columns))]
+            rowids = [rowid for rowid, _ in upsert]
+            delta["rows"][table] = {"columns": columns, "rowids": rowids, "values": values, "delete": delete}
     return delta
 
 
@@ -103,7 +105,8 @@ def apply_delta(con: sqlite3.Connection, delta: dict) -> None:
         con.executemany(f'DELETE FROM "{table}" WHERE rowid = ?', [(r,) for r in d["delete"]])
         names = ", ".join(f'"{c}"' for c in ["rowid", *d["columns"]])
         marks = ", ".join("?" * (len(d["columns"]) + 1))
-        con.executemany(f'INSERT OR REPLACE INTO "{table}" ({names}) VALUES ({marks})', d["upsert"])
+        rows = zip(d["rowids"], *d["values"], strict=True) if d["values"] else ((r,) for r in d["rowids"])
+        con.executemany(f'INSERT OR REPLACE INTO "{table}" ({names}) VALUES ({marks})', rows)
     for sql in delta["indexes"].values():
         con.execute(sql)
 
@@ -120,7 +123,7 @@ def build(db: Path = DB, force: bool = False) -> bool:
         try:
             con.execute("BEGIN")
             for path in _parts()[1:]:
-                apply_delta(con, json.loads(gzip.decompress(path.read_bytes())))
+                apply_delta(con, json.loads(lzma.decompress(path.read_bytes())))
             con.execute("COMMIT")
         finally:
             con.close()
@@ -146,9 +149,9 @@ def write_delta(new_db: Path, date: str | None = None) -> Path | None:
     if not delta["rows"] and not delta["tables"] and not delta["indexes"]:
         return None
     DELTAS.mkdir(parents=True, exist_ok=True)
-    number = 1 + max((int(p.name[:4]) for p in DELTAS.glob("*.json.gz")), default=0)
-    path = DELTAS / f"{number:04d}-{date or dt.date.today().isoformat()}.json.gz"
-    path.write_bytes(gzip.compress(json.dumps(delta, separators=(",", ":")).encode(), 9, mtime=0))
+    number = 1 + max((int(p.name[:4]) for p in DELTAS.glob("*.json.xz")), default=0)
+    path = DELTAS / f"{number:04d}-{date or dt.date.today().isoformat()}.json.xz"
+    path.write_bytes(lzma.compress(json.dumps(delta, separators=(",", ":")).encode(), preset=9))
     build()
     return path
 

@@ -1,10 +1,10 @@
 """results/h200.db is built from a base that never changes and deltas that are only ever added
 (results/h200_db.py): a run's changes, turned into a delta and applied, give back that run's database exactly."""
 
-import gzip
 import hashlib
 import importlib.util
 import json
+import lzma
 import shutil
 import sqlite3
 import subprocess
@@ -55,14 +55,14 @@ def test_a_runs_changes_round_trip_through_a_delta(small, tmp_path):
     delta = h200_db.make_delta(old, fresh)
     old.close(), fresh.close()
     assert set(delta["rows"]) == {"tuner_kernels", "tuner_statistics", "tuner_samples", "tuner_extra"}
-    assert len(delta["rows"]["tuner_samples"]["delete"]) == 3 and not delta["rows"]["tuner_samples"]["upsert"]
-    assert len(delta["rows"]["tuner_statistics"]["upsert"]) == 1  # only what changed, not the table
-    text = gzip.compress(json.dumps(delta).encode())
+    assert len(delta["rows"]["tuner_samples"]["delete"]) == 3 and not delta["rows"]["tuner_samples"]["rowids"]
+    assert len(delta["rows"]["tuner_statistics"]["rowids"]) == 1  # only what changed, not the table
+    text = lzma.compress(json.dumps(delta).encode())
     applied = tmp_path / "applied.db"
     shutil.copy(small, applied)
     con = sqlite3.connect(applied)
     with con:
-        h200_db.apply_delta(con, json.loads(gzip.decompress(text)))
+        h200_db.apply_delta(con, json.loads(lzma.decompress(text)))
     con.close()
     assert _dump(applied) == _dump(new)
 
