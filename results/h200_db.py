@@ -9,8 +9,8 @@ changed, column by column, and the rows it removed), and ``results/h200.db`` is 
     python results/h200_db.py delta NEW.db       # a returned database's changes as the next delta, then build
 
 A GPU run (``results/h200.sh``) writes into ``results/h200.db``; ``delta`` turns the database it returns into the
-next delta file (commit that file). A schema change (a new migration) is not a delta: the base is made anew then
-(``git mv`` the old one out of the way is not needed; it stays in history). Only the standard library is used.
+next delta file (commit that file). A migration's schema change is a delta too (its changed tables whole). Only
+the standard library is used.
 """
 
 from __future__ import annotations
@@ -57,8 +57,10 @@ def _tables(con: sqlite3.Connection) -> dict[str, str]:
     return dict(rows)
 
 
-def _indexes(con: sqlite3.Connection) -> dict[str, str]:
-    return dict(con.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"))
+def _indexes(con: sqlite3.Connection) -> dict[str, tuple[str, str]]:
+    """Every index made by a statement: its table and its SQL, by name."""
+    rows = con.execute("SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL")
+    return {name: (table, sql) for name, table, sql in rows}
 
 
 def _rows(con: sqlite3.Connection, table: str) -> tuple[list[str], dict[int, tuple]]:
@@ -74,21 +76,25 @@ def _plain(value):
 
 
 def make_delta(old: sqlite3.Connection, new: sqlite3.Connection) -> dict:
-    """What turns ``old`` into ``new``: new tables and indexes, and per table the rows added or changed (whole: their
-    rowids, and their values column by column, which compress twice as well as rows) and the rowids removed."""
+    """What turns ``old`` into ``new``: per table the rows added or changed (whole: their rowids, and their values
+    column by column, which compress twice as well as rows) and the rowids removed; and the schema's changes (a
+    migration): a new or changed table is made anew from its statement and holds all its rows in the delta, a table
+    gone is dropped, and an index new, changed or on a table made anew is made again."""
     old_tables, new_tables = _tables(old), _tables(new)
-    changed = sorted(t for t in old_tables.keys() & new_tables.keys() if old_tables[t] != new_tables[t])
-    if changed or old_tables.keys() - new_tables.keys():
-        what = changed or sorted(old_tables.keys() - new_tables.keys())
-        raise DeltaError(f"the schema of table {what[0]} changed (a migration): make a new base, not a delta")
+    old_indexes, new_indexes = _indexes(old), _indexes(new)
+    remade = {t for t, sql in new_tables.items() if old_tables.get(t) != sql}
     delta = {
-        "tables": {t: new_tables[t] for t in sorted(new_tables.keys() - old_tables.keys())},
-        "indexes": {i: s for i, s in sorted(_indexes(new).items()) if i not in _indexes(old)},
+        "drop": sorted(old_tables.keys() - new_tables.keys()),
+        "tables": {t: new_tables[t] for t in sorted(remade)},
+        "drop_indexes": sorted(i for i in old_indexes if i not in new_indexes and old_indexes[i][0] in new_tables),
+        "indexes": {
+            i: sql for i, (t, sql) in sorted(new_indexes.items()) if t in remade or old_indexes.get(i) != (t, sql)
+        },
         "rows": {},
     }
     for table in sorted(new_tables):
         columns, now = _rows(new, table)
-        before = _rows(old, table)[1] if table in old_tables else {}
+        before = {} if table in remade else _rows(old, table)[1]
         upsert = [(rowid, row) for rowid, row in now.items() if before.get(rowid) != row]
         delete = sorted(rowid for rowid in before if rowid not in now)
         if upsert or delete:
@@ -99,7 +105,12 @@ def make_delta(old: sqlite3.Connection, new: sqlite3.Connection) -> dict:
 
 
 def apply_delta(con: sqlite3.Connection, delta: dict) -> None:
-    for sql in delta["tables"].values():
+    for table in delta.get("drop", []):
+        con.execute(f'DROP TABLE IF EXISTS "{table}"')
+    for index in delta.get("drop_indexes", []):
+        con.execute(f'DROP INDEX IF EXISTS "{index}"')
+    for table, sql in delta["tables"].items():  # made anew (its indexes go with it, and come back below)
+        con.execute(f'DROP TABLE IF EXISTS "{table}"')
         con.execute(sql)
     for table, d in delta["rows"].items():
         con.executemany(f'DELETE FROM "{table}" WHERE rowid = ?', [(r,) for r in d["delete"]])
@@ -107,7 +118,8 @@ def apply_delta(con: sqlite3.Connection, delta: dict) -> None:
         marks = ", ".join("?" * (len(d["columns"]) + 1))
         rows = zip(d["rowids"], *d["values"], strict=True) if d["values"] else ((r,) for r in d["rowids"])
         con.executemany(f'INSERT OR REPLACE INTO "{table}" ({names}) VALUES ({marks})', rows)
-    for sql in delta["indexes"].values():
+    for index, sql in delta["indexes"].items():
+        con.execute(f'DROP INDEX IF EXISTS "{index}"')
         con.execute(sql)
 
 
@@ -146,7 +158,7 @@ def write_delta(new_db: Path, date: str | None = None) -> Path | None:
     finally:
         old.close()
         new.close()
-    if not delta["rows"] and not delta["tables"] and not delta["indexes"]:
+    if not any(delta[k] for k in ("rows", "tables", "indexes", "drop", "drop_indexes")):
         return None
     DELTAS.mkdir(parents=True, exist_ok=True)
     number = 1 + max((int(p.name[:4]) for p in DELTAS.glob("*.json.xz")), default=0)
