@@ -53,6 +53,7 @@ CONFIG_COLUMNS: dict[str, int] = {
     "maxnreg": 0,
     "PREFETCH": 0,
     "BALANCED": 0,
+    "MERGE": 0,
 }
 PARAM_COLUMNS = tuple(CONFIG_COLUMNS)
 

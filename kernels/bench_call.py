@@ -17,7 +17,8 @@ request sets (different cache pages and indices), all captured in one CUDA graph
 in L2. Times are µs per call, the median of ``--samples`` samples of many replays, ours and FlashMLA in the
 same run on the same sets. Errors: each output against the fp32 reference, and ours against FlashMLA's.
 ``--also`` times other configs of our call on the same sets (``single-table``: the compressed cache's own
-single-cache table, a candidate for the layer call's rows until the layer space is re-tuned).
+single-cache table, a candidate for the layer call's rows until the layer space is re-tuned; ``table-merge``: the
+layer's table with ``MERGE=1``, the merge in the split launch).
 
 The JSON (``--out``; default ``$OUT/bench_call_<device>.json`` when ``$OUT`` is set, else
 ``results/bench_call_<device>.json``, the committed file's name) holds the device, date, command and kernel hash,
@@ -94,9 +95,14 @@ def _levels(text: str) -> list[int]:
     return levels
 
 
+ALSO_NAMES = ("single-table", "table-merge")
+
+
 def _also_config(name: str, rows: int) -> KernelConfig:
     if name == "single-table":
         return lookup_config(torch.cuda.get_device_name(0), "fp8_model1", HEADS, COMPRESSED.topk, rows)
+    if name == "table-merge":  # the layer's own table with the merge in the split launch
+        return lookup_config(torch.cuda.get_device_name(0), "fp8_model1", HEADS, WINDOW.topk, rows).replace(MERGE=1)
     return KernelConfig.parse(name)
 
 
@@ -114,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--also",
         default="",
-        help="comma list of other configs to time on the same sets: config keys (T32-w4-s1-c512-p1) or "
-        "single-table (the single-cache table of the compressed cache, topk 512, at the same batch)",
+        help="comma list of other configs to time on the same sets: config keys (T32-w4-s1-c512-p1), "
+        "single-table (the single-cache table of the compressed cache, topk 512, at the same batch) or "
+        "table-merge (the layer's table with MERGE=1)",
     )
     ap.add_argument("--no-flashmla", action="store_true", help="skip FlashMLA even when it imports")
     ap.add_argument("--out", default=None, help="the JSON file (default: see the module docstring)")
@@ -123,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     levels = _levels(args.concurrency)
     also = [a for a in args.also.split(",") if a]
     for name in also:
-        if name != "single-table":
+        if name not in ALSO_NAMES:
             try:
                 KernelConfig.parse(name)
             except ValueError as e:

@@ -169,6 +169,20 @@ PARAMS: tuple[Param, ...] = (
         "alike. A target of no more programs than rows runs the 0 kernel",
         always_in_key=False,
     ),
+    Param(
+        "MERGE",
+        "m",
+        0,
+        Role.META,
+        0,
+        1,
+        "0 or 1",
+        _any,
+        "1: the split launch merges a row's partials itself (the last of the row's programs to finish, by an "
+        "atomic counter per row) and there is no combine launch; 0: a separate combine launch merges them. "
+        "One split per row runs the 0 kernel (no merge at all)",
+        always_in_key=False,
+    ),
 )
 PARAM_NAMES: tuple[str, ...] = tuple(p.name for p in PARAMS)
 BY_NAME: dict[str, Param] = {p.name: p for p in PARAMS}
@@ -322,8 +336,13 @@ class SplitGrid:
 
     def binary(self, config: KernelConfig) -> KernelConfig:
         """The config whose kernel runs on this grid: ``BALANCED=1`` that fell back to the per-row deal
-        (a target of no more programs than rows) runs the ``BALANCED=0`` binary."""
-        return config.replace(BALANCED=0) if config.BALANCED and not self.balanced else config
+        (a target of no more programs than rows) runs the ``BALANCED=0`` binary, and ``MERGE=1`` with one
+        slot per row (nothing to merge: the split kernel writes the output) the ``MERGE=0`` one."""
+        if config.BALANCED and not self.balanced:
+            config = config.replace(BALANCED=0)
+        if config.MERGE and self.slots == 1:
+            config = config.replace(MERGE=0)
+        return config
 
 
 def split_grid(config: KernelConfig, batch: int, heads: int, topk: int, extra_topk: int = 0) -> SplitGrid:

@@ -1,4 +1,8 @@
-"""Sparse MLA decode (MQA form) over one or two paged FP8 KV caches, in Triton.
+"""Sparse MLA decode (MQA form) over one or two paged FP8 / FP4 KV caches, in Triton.
+
+The cache format is the constexpr ``FORMAT`` (``FORMAT_IDS``): fp8_model1 0, fp8_v32 1, fp8_v32_nope 2, fp8_v41 3,
+fp4_v41 4 (``kernels/kv_format.py``; docs/kernel.md, "The cache formats"). The formats without a bf16 part (2-4)
+are loaded and dequantized by their own helpers (``_gather_quant_tile``, ``_dequant_quant_tile``).
 
 Two kernels:
   ``_split_kernel``   One program takes BLOCK_H heads of one query token and one contiguous slice of its
@@ -11,7 +15,15 @@ Two kernels:
                       (programs, head_blocks), the batch's tiles cut into equal runs that may cross a
                       row's end (one partial per row touched), so no partial wave of whole rows' splits.
   ``_combine_kernel`` grid (B * s_q * H,). Merges the splits of one (query token, head) by log-sum-exp
-                      in fp32, then applies the attention sink. Not launched when the call is a single split.
+                      in fp32, then applies the attention sink. Not launched when the call is a single split,
+                      nor with ``MERGE=1``.
+
+The merge in the split launch (``MERGE``, searched): each program of a row, its partial stored, takes a ticket
+from the row's counter (one int32 per row and head block, an acquire/release atomic); the one that gets the last
+ticket sets the counter back to 0 and merges the row's slots in slot order, whichever program it is (the same
+bits on a repeat), and adds the sink (:func:`_merge_row`). The counters are zeroed once and left at zero by every
+call (:func:`merge_counters`), so a captured graph replays without a memset. It reads every partial in one CTA
+(splits x heads x 1 KB), so it pays with few splits per row; the combine spreads many over the GPU.
 
 Latency hiding (``PREFETCH``, searched per concurrency level): a tile needs two dependent global loads,
 its indices and then the KV bytes they point to. 0: both wait at the top of the tile. 1: tile i+1's indices
@@ -26,8 +38,8 @@ Programmatic dependent launch (sm_90+, sm_120 included): both kernels are launch
 wait for the kernel before them (``griddepcontrol.wait``) before reading anything and then let the next
 one launch, so each launch overlaps the tail of the kernel before it.
 
-A call launches the split kernel once (over both caches when there is an extra one) and, unless a row is one split,
-the combine once; see :func:`sparse_mla_decode`.
+A call launches the split kernel once (over both caches when there is an extra one) and, unless a row is one split
+or ``MERGE=1``, the combine once; see :func:`sparse_mla_decode`.
 Partial outputs are bf16, like the final output: at V4 C=96 they halve the split's own traffic
 (about 19 MB written and read back in fp32), while the lse that weights them stays fp32.
 
@@ -35,8 +47,8 @@ Head blocking: BLOCK_H = max(16, next_pow2(H)) capped at 32 (tl.dot needs M >= 1
 fp32 accumulators [32, 512] are already 128 registers/thread at 4 warps), so head_blocks = ceil(H / 32)
 for H > 32. Every KV tile is read once per head block.
 
-KV loads: fp8_v32's 512 e4m3 bytes per token are loaded as 128 32-bit words when the tile loop is not
-staged (``WORDS``, see :func:`kv_words`); the tile is then dequantized as four interleaved slices (byte j
+KV loads: fp8_v32's (and fp8_v32_nope's) 512 e4m3 bytes per token are loaded as 128 32-bit words when the tile
+loop is not staged (``WORDS``, see :func:`kv_words`); the tile is then dequantized as four interleaved slices (byte j
 of word m is dim 4m + j), q is split the same way, and P.V fills four [BLOCK_H, 128] accumulators that are
 interleaved once per program, so no byte shuffle is left in the loop.
 
@@ -84,12 +96,13 @@ from sparse_mla_tuner.kernels.config import block_h_for
 from sparse_mla_tuner.kernels.config import split_grid
 from sparse_mla_tuner.kernels.kv_format import KVFormat
 from sparse_mla_tuner.kernels.kv_format import check_cache
+from sparse_mla_tuner.kernels.kv_format import check_pair
 from sparse_mla_tuner.kernels.kv_format import get_format
 from sparse_mla_tuner.kernels.table import lookup_config
 from sparse_mla_tuner.kernels.workload import Workload
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-FORMAT_IDS = {"fp8_model1": 0, "fp8_v32": 1}
+FORMAT_IDS = {"fp8_model1": 0, "fp8_v32": 1, "fp8_v32_nope": 2, "fp8_v41": 3, "fp4_v41": 4}
 
 # Fill outputs and workspace with NaN before launching, so an unwritten element fails the
 # correctness gate loudly (the tuner's gate and the tests set it; never needed in production).
@@ -199,7 +212,7 @@ def _gather_kv_tile(
         m_scale = m_tok[:, None] & (o_g[None, :] < 7)
         b_sc = tl.load(KV8 + o_scale[:, None] + o_g[None, :], mask=m_scale, other=127)
         b_rope = tl.load(KV16 + o_rope16[:, None] + o_rope[None, :], mask=m_tok[:, None], other=0.0)
-    else:
+    elif FORMAT == 1:
         b_idx = b_idx.to(tl.int64)
         o_g = tl.arange(0, 4)
         if WORDS:
@@ -212,6 +225,9 @@ def _gather_kv_tile(
             b_q8 = tl.load(KV8 + o_nope, mask=m_tok[:, None, None], other=0)
         b_sc = tl.load(KV32 + (b_idx * 164 + 128)[:, None] + o_g[None, :], mask=m_tok[:, None], other=0.0)
         b_rope = tl.load(KV16 + (b_idx * 328 + 264)[:, None] + o_rope[None, :], mask=m_tok[:, None], other=0.0)
+    else:  # the formats without a bf16 part (no rope tile: the scales stand in for it)
+        b_q8, b_sc = _gather_quant_tile(KV8, KV32, b_idx, m_tok, FORMAT, PAGE_SIZE, PAGE_BYTES, WORDS)
+        b_rope = b_sc
     return b_q8, b_sc, b_rope
 
 
@@ -223,6 +239,7 @@ def _dequant_kv_tile(
 
     fp8_model1: k is the whole 512-dim key (448 nope + 64 rope, which is also V); k_rope is unused.
     fp8_v32:    k is the 512 nope dims (also V) and k_rope the 64 rope dims (keys only).
+    fp8_v32_nope, fp8_v41, fp4_v41: k is the whole key (also V), every dim quantized; k_rope is unused.
     """
     if FORMAT == 0:
         o_g = tl.arange(0, 8)
@@ -231,10 +248,13 @@ def _dequant_kv_tile(
         b_k3 = tl.where((o_g == 7)[None, :, None], b_rope.to(b_nope.dtype)[:, None, :], b_nope)
         b_k = tl.reshape(b_k3, (BLOCK_T, 512))
         b_kr = tl.zeros((BLOCK_T, 64), dtype=b_k.dtype)
-    else:
+    elif FORMAT == 1:
         b_k3 = _dequant(b_q8, b_sc[:, :, None], NATIVE_FP8, DOT_F32)
         b_k = tl.reshape(b_k3, (BLOCK_T, 512))
         b_kr = b_rope.to(b_k.dtype)
+    else:
+        b_k = _dequant_quant_tile(b_q8, b_sc, FORMAT, BLOCK_T, DOT_F32, NATIVE_FP8)
+        b_kr = tl.zeros((BLOCK_T, 64), dtype=b_k.dtype)
     return b_k, b_kr
 
 
@@ -246,6 +266,106 @@ def _dequant_word_byte(
     b_u8 = ((b_w >> (8 * J)) & 0xFF).to(tl.uint8)
     b_x = _dequant(tl.reshape(b_u8, (BLOCK_T, 4, 32)), b_sc[:, :, None], NATIVE_FP8, DOT_F32)
     return tl.reshape(b_x, (BLOCK_T, 128))
+
+
+@triton.jit
+def _gather_block_split(
+    KV8, b_idx, m_tok, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr, ROW: tl.constexpr, G: tl.constexpr,
+    GROUP_BYTES: tl.constexpr,
+):  # fmt: skip
+    """A block-split page layout's tile: data [T, G, GROUP_BYTES] (token t's ROW-byte data row at ``t * ROW`` of its
+    page) and one scale byte per group [T, G] (its scale row at ``PAGE_SIZE * ROW + t * G``)."""
+    if (PAGE_SIZE & (PAGE_SIZE - 1)) == 0:  # int32 shift and mask (the indices are >= 0 here)
+        b_page = (b_idx >> (PAGE_SIZE.bit_length() - 1)).to(tl.int64)
+        b_tok = (b_idx & (PAGE_SIZE - 1)).to(tl.int64)
+    else:
+        b_idx = b_idx.to(tl.int64)
+        b_page = b_idx // PAGE_SIZE
+        b_tok = b_idx % PAGE_SIZE
+    o_g = tl.arange(0, G)
+    o_j = tl.arange(0, GROUP_BYTES)
+    o_data = b_page * PAGE_BYTES + b_tok * ROW  # [T] bytes
+    o_scale = b_page * PAGE_BYTES + PAGE_SIZE * ROW + b_tok * G
+    b_q8 = tl.load(
+        KV8 + o_data[:, None, None] + o_g[None, :, None] * GROUP_BYTES + o_j[None, None, :],
+        mask=m_tok[:, None, None],
+        other=0,
+    )
+    b_sc = tl.load(KV8 + o_scale[:, None] + o_g[None, :], mask=m_tok[:, None], other=0)
+    return b_q8, b_sc
+
+
+@triton.jit
+def _gather_quant_tile(
+    KV8, KV32, b_idx, m_tok, FORMAT: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr,
+    WORDS: tl.constexpr,
+):  # fmt: skip
+    """Issue the loads of one tile of a format with every dim quantized: (data bytes, scales as stored).
+
+    fp8_v32_nope (2): token rows of 528 bytes, bytes [T, 4, 128], or with ``WORDS`` the same 512 bytes as 128
+    32-bit words [T, 128] (as fp8_v32's, see :func:`kv_words`), and fp32 scales [T, 4] at byte 512 of the row.
+    fp8_v41 (3): block-split, bytes [T, 16, 32] and ue8m0 exponents [T, 16] (uint8).
+    fp4_v41 (4): block-split, bytes [T, 32, 8] (two e2m1 values each) and e4m3 scales [T, 32] (uint8).
+    Masked-out tokens (``m_tok`` false) are never read (see kernels/kv_format.py for the layouts).
+    """
+    if FORMAT == 2:
+        b_row = b_idx.to(tl.int64)
+        o_g = tl.arange(0, 4)
+        if WORDS:
+            o_w = tl.arange(0, 128)
+            b_q8 = tl.load(KV32 + b_row[:, None] * 132 + o_w[None, :], mask=m_tok[:, None], other=0.0)
+            b_q8 = b_q8.to(tl.int32, bitcast=True)  # [T, 128]
+        else:
+            o_j = tl.arange(0, 128)
+            b_q8 = tl.load(
+                KV8 + b_row[:, None, None] * 528 + o_g[None, :, None] * 128 + o_j[None, None, :],
+                mask=m_tok[:, None, None],
+                other=0,
+            )
+        b_sc = tl.load(KV32 + (b_row * 132 + 128)[:, None] + o_g[None, :], mask=m_tok[:, None], other=0.0)
+    elif FORMAT == 3:
+        b_q8, b_sc = _gather_block_split(KV8, b_idx, m_tok, PAGE_SIZE, PAGE_BYTES, 512, 16, 32)
+    else:
+        b_q8, b_sc = _gather_block_split(KV8, b_idx, m_tok, PAGE_SIZE, PAGE_BYTES, 256, 32, 8)
+    return b_q8, b_sc
+
+
+@triton.jit
+def _dequant_e2m1(b_u8, b_sc, NATIVE_FP8: tl.constexpr, DOT_F32: tl.constexpr):
+    """Packed e2m1 pairs [T, G, 8] (value 2i in byte i's low nibble) times their e4m3 scales [T, G]: [T, G, 16].
+
+    A code's magnitude bits (exponent e, mantissa m) are placed straight into an fp16: ``(c & 7) << 9`` plus
+    ``14 << 10`` rebiases the exponent (e2m1's bias is 1, fp16's 15) for e >= 1, and the one subnormal, 0.5 (code
+    1), is ``0x3800``; the sign is bit 3 -> bit 15. Exact, and so is the product with the e4m3 scale in fp16
+    (at most 2 + 4 significant bits, |value| <= 6 * 448).
+    """
+    b_c = tl.join(b_u8 & 0xF, b_u8 >> 4).to(tl.int32)  # [T, G, 8, 2]: value 2i, then 2i + 1
+    b_c = tl.reshape(b_c, (b_u8.shape[0], b_u8.shape[1], 16))
+    b_bits = tl.where((b_c & 6) == 0, (b_c & 1) * 0x3800, ((b_c & 7) << 9) + 0x3800) | ((b_c & 8) << 12)
+    b_x = b_bits.to(tl.uint16).to(tl.float16, bitcast=True)
+    if NATIVE_FP8 and not DOT_F32:
+        b_s = b_sc.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+    else:  # the e4m3 bit assembly of _dequant: the value times 2^-8, exact in fp16
+        b = b_sc.to(tl.uint16)
+        b_s = (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.float16, bitcast=True) * 256.0
+    if DOT_F32:
+        return b_x.to(tl.float32) * b_s.to(tl.float32)[:, :, None]
+    return b_x * b_s.to(tl.float16)[:, :, None]
+
+
+@triton.jit
+def _dequant_quant_tile(
+    b_q8, b_sc, FORMAT: tl.constexpr, BLOCK_T: tl.constexpr, DOT_F32: tl.constexpr, NATIVE_FP8: tl.constexpr
+):
+    """A tile of :func:`_gather_quant_tile` as the dots' operand, the whole key [BLOCK_T, 512]."""
+    if FORMAT == 2:  # fp32 scales, one per 128 values
+        b_k3 = _dequant(b_q8, b_sc[:, :, None], NATIVE_FP8, DOT_F32)
+    elif FORMAT == 3:  # ue8m0 scales, one per 32 values: 2^(e - 127) exactly
+        b_scale = (b_sc.to(tl.uint32) << 23).to(tl.float32, bitcast=True)
+        b_k3 = _dequant(b_q8, b_scale[:, :, None], NATIVE_FP8, DOT_F32)
+    else:  # e2m1 pairs, e4m3 scales, one per 16 values
+        b_k3 = _dequant_e2m1(b_q8, b_sc, NATIVE_FP8, DOT_F32)
+    return tl.reshape(b_k3, (BLOCK_T, 512))
 
 
 @triton.jit
@@ -292,7 +412,8 @@ def _tile_step(
         b_qa, b_qb = tl.split(tl.reshape(b_q, (b_q.shape[0], 128, 2, 2)))  # b = 0, 1
         b_q0, b_q2 = tl.split(b_qa)
         b_q1, b_q3 = tl.split(b_qb)
-        b_qr = tl.load(p_q + 512 + tl.arange(0, 64)[None, :], mask=m_h[:, None], other=0.0).to(dt)
+        if FORMAT == 1:  # fp8_v32's rope part (fp8_v32_nope has none)
+            b_qr = tl.load(p_q + 512 + tl.arange(0, 64)[None, :], mask=m_h[:, None], other=0.0).to(dt)
         if BLOCK_T >= 32:
             # five independent dots (short mma chains), each scaled before the sum: a dot added straight
             # to another would be fused back into one chain (Triton's combiner: dot(a, b, 0) + c -> dot(a, b, c))
@@ -300,15 +421,18 @@ def _tile_step(
             b_s1 = tl.dot(b_q1, tl.trans(b_k1)) * qk_scale
             b_s2 = tl.dot(b_q2, tl.trans(b_k2)) * qk_scale
             b_s3 = tl.dot(b_q3, tl.trans(b_k3)) * qk_scale
-            b_sr = tl.dot(b_qr, tl.trans(c_rope.to(dt))) * qk_scale
-            b_s = ((b_s0 + b_s1) + (b_s2 + b_s3)) + b_sr
+            b_s = (b_s0 + b_s1) + (b_s2 + b_s3)
+            if FORMAT == 1:
+                b_s = b_s + tl.dot(b_qr, tl.trans(c_rope.to(dt))) * qk_scale
         else:  # one chain: at BLOCK_T 16 the independent dots cost 14 registers, a CTA per SM (168 -> 182)
             b_s = tl.dot(b_q0, tl.trans(b_k0))
             b_s = tl.dot(b_q1, tl.trans(b_k1), b_s)
             b_s = tl.dot(b_q2, tl.trans(b_k2), b_s)
             b_s = tl.dot(b_q3, tl.trans(b_k3), b_s)
-            b_s = tl.dot(b_qr, tl.trans(c_rope.to(dt)), b_s) * qk_scale
-    elif FORMAT == 0:
+            if FORMAT == 1:
+                b_s = tl.dot(b_qr, tl.trans(c_rope.to(dt)), b_s)
+            b_s = b_s * qk_scale
+    elif FORMAT == 0 or FORMAT >= 3:  # fp8_model1, fp8_v41, fp4_v41
         # four dots of 128 contiguous dims each, so that no dot's q operand is the whole [BLOCK_H, 512]
         # (chunk j = dims 128j..128j+127; the reshape's dims are (a, b) with j = 2a + b)
         b_k, b_kr = _dequant_kv_tile(c_q8, c_sc, c_rope, FORMAT, BLOCK_T, DOT_F32, NATIVE_FP8)
@@ -351,7 +475,7 @@ def _tile_step(
     b_p = tl.exp2(b_s - b_m_use[:, None])
     b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
     b_pk = b_p.to(dt)
-    if WORDS or FORMAT == 0:
+    if WORDS or FORMAT == 0 or FORMAT >= 3:
         b_a0 = b_a0 * b_alpha[:, None] + tl.dot(b_pk, b_k0)  # [BLOCK_H, 128]: output dims 4m + 0 (chunks: 0..127)
         b_a1 = b_a1 * b_alpha[:, None] + tl.dot(b_pk, b_k1)
         b_a2 = b_a2 * b_alpha[:, None] + tl.dot(b_pk, b_k2)
@@ -596,11 +720,11 @@ def _attend(
     p_q = Q + i_b * stride_qb + i_q * stride_qs + o_h[:, None] * stride_qh
     qk_scale = sm_scale * 1.4426950408889634  # softmax in base 2
     # the empty softmax: the output accumulates in a0 [BLOCK_H, 512], or with WORDS as four interleaved
-    # slices a_j [BLOCK_H, 128] (output dims 4m + j), or for fp8_model1 as four chunks a_j [BLOCK_H, 128]
-    # (output dims 128j..128j+127); unused ones are [1, 1]
+    # slices a_j [BLOCK_H, 128] (output dims 4m + j), or for fp8_model1 and the V4.1 formats as four chunks
+    # a_j [BLOCK_H, 128] (output dims 128j..128j+127); unused ones are [1, 1]
     b_m = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
     b_l = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    if WORDS or FORMAT == 0:
+    if WORDS or FORMAT == 0 or FORMAT >= 3:
         b_a0 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
         b_a1 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
         b_a2 = tl.zeros((BLOCK_H, 128), dtype=tl.float32)
@@ -620,11 +744,13 @@ def _attend(
         x_begin = tl.maximum(t_begin - span, 0)
         x_end = tl.minimum(t_stop - span, x_valid)
         # one loop over both: one format and, for fp8_model1, one page layout or page strides of whole 16-byte
-        # units (see _gather_kv_tile); fp8_v32's rows are addressed by token, not by page
+        # units (see _gather_kv_tile), for fp8_v41 one page layout; fp8_v32's and fp8_v32_nope's rows are
+        # addressed by token, not by page
         if X_FORMAT == FORMAT and (
-            FORMAT != 0
+            FORMAT == 1
+            or FORMAT == 2
             or (X_PAGE_SIZE == PAGE_SIZE and X_PAGE_BYTES == PAGE_BYTES)
-            or (PAGE_BYTES % 16 == 0 and X_PAGE_BYTES % 16 == 0)
+            or (FORMAT == 0 and PAGE_BYTES % 16 == 0 and X_PAGE_BYTES % 16 == 0)
         ):
             b_m, b_l, b_a0, b_a1, b_a2, b_a3 = _walk(
                 p_q, m_h, qk_scale, b_m, b_l, b_a0, b_a1, b_a2, b_a3, KV8, KV16, KV32, p_idx, t_begin, t_end,
@@ -655,7 +781,7 @@ def _attend(
 
     if WORDS:  # dims 4m + 2a + b <- slice 2a + b: one interleave per program, outside the tile loop
         b_acc = tl.reshape(tl.join(tl.join(b_a0, b_a2), tl.join(b_a1, b_a3)), (BLOCK_H, 512))
-    elif FORMAT == 0:  # the four chunks side by side: [a0 | a1 | a2 | a3]
+    elif FORMAT == 0 or FORMAT >= 3:  # the four chunks side by side: [a0 | a1 | a2 | a3]
         b_a01 = tl.reshape(tl.permute(tl.join(b_a0, b_a1), (0, 2, 1)), (BLOCK_H, 256))
         b_a23 = tl.reshape(tl.permute(tl.join(b_a2, b_a3), (0, 2, 1)), (BLOCK_H, 256))
         b_acc = tl.reshape(tl.permute(tl.join(b_a01, b_a23), (0, 2, 1)), (BLOCK_H, 512))
@@ -680,6 +806,81 @@ def _attend(
         o_row = (i_r * total_splits + i_slot) * H + o_h
         tl.store(OPart + o_row[:, None] * 512 + o_d[None, :], b_o.to(OPart.dtype.element_ty), mask=m_h[:, None])
         tl.store(LPart + o_row, tl.where(m_empty, float("-inf"), b_lse), mask=m_h)
+
+
+@triton.jit
+def _row_slots(i_r, row_tiles, n_progs, n_units):
+    """The balanced deal's programs that touch row ``i_r``: the owner of its last tile minus the owner of its
+    first, plus one (unit u belongs to program ``((u + 1) * programs - 1) // units``)."""
+    first = ((i_r * row_tiles + 1) * n_progs - 1) // n_units
+    last = ((i_r + 1) * row_tiles * n_progs - 1) // n_units
+    return (last - first + 1).to(tl.int32)
+
+
+@triton.jit
+def _merge_row(
+    Out,
+    Lse,
+    OPart,
+    LPart,
+    Sink,
+    Count,
+    i_r,
+    i_hb,
+    n_slots,
+    total_splits,
+    q_tokens,
+    H: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    UNROLL: tl.constexpr,
+):
+    """The merge in the split launch (``MERGE``): called by each of row ``i_r``'s ``n_slots`` programs (head
+    block ``i_hb``) once its partial is stored. Each takes a ticket from the row's counter (acquire/release, so
+    that the last one sees every partial); the one that gets the last ticket sets the counter back to 0 for the
+    next call (no host round trip, graph-safe) and merges slots 0..n_slots-1 in that order, whichever program it
+    is, so the same inputs give the same bits: out = sum_s exp(lse_s - lse) * o_s, lse = logsumexp_s(lse_s), then
+    the sink, as the combine kernel does. Under the interpreter the programs run one by one and the last one
+    merges. The partials are read through L2 (``.cg``): they were written by other SMs."""
+    head_blocks: tl.constexpr = (H + BLOCK_H - 1) // BLOCK_H
+    p_cnt = Count + i_r * head_blocks + i_hb
+    tl.debug_barrier()  # every thread's partial stores are issued before the release
+    ticket = tl.atomic_add(p_cnt, 1, sem="acq_rel", scope="gpu")
+    if ticket == n_slots - 1:
+        tl.store(p_cnt, 0)
+        o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
+        m_h = o_h < H
+        o_base = i_r * total_splits
+        # lse over the slots, 16 at a time (one iteration up to 16 splits)
+        o_c = tl.arange(0, 16)
+        b_max = tl.full((BLOCK_H,), float("-inf"), dtype=tl.float32)
+        b_sum = tl.zeros((BLOCK_H,), dtype=tl.float32)
+        for i_s in range(0, n_slots, 16):
+            m_c = (i_s + o_c) < n_slots
+            p_l = LPart + ((o_base + i_s + o_c) * H)[:, None] + o_h[None, :]
+            b_ls = tl.load(p_l, mask=m_c[:, None] & m_h[None, :], other=float("-inf"), cache_modifier=".cg")
+            b_new = tl.maximum(b_max, tl.max(b_ls, axis=0))  # [BLOCK_H]
+            b_use = tl.where(b_new == float("-inf"), 0.0, b_new)
+            b_sum = b_sum * tl.exp(b_max - b_use) + tl.sum(tl.exp(b_ls - b_use[None, :]), axis=0)
+            b_max = b_new
+        m_empty = b_max == float("-inf")
+        b_lse = tl.where(m_empty, 0.0, b_max) + tl.log(tl.where(m_empty, 1.0, b_sum))
+        o_d = tl.arange(0, 512)
+        b_out = tl.zeros((BLOCK_H, 512), dtype=tl.float32)
+        for i_s in range(0, n_slots, UNROLL):
+            for i_u in tl.static_range(UNROLL):  # loads independent of each other and of the weights
+                m_s = m_h & (i_s + i_u < n_slots)
+                o_row = (o_base + i_s + i_u) * H + o_h
+                b_w = tl.exp(tl.load(LPart + o_row, mask=m_s, other=float("-inf"), cache_modifier=".cg") - b_lse)
+                p_o = OPart + o_row[:, None] * 512 + o_d[None, :]
+                b_o = tl.load(p_o, mask=m_s[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
+                b_out += tl.where(b_w[:, None] > 0.0, b_w[:, None] * b_o, 0.0)
+        if HAS_SINK:
+            b_sink = tl.load(Sink + o_h, mask=m_h, other=0.0)
+            b_out = b_out * tl.where(m_empty, 0.0, 1.0 / (1.0 + tl.exp(b_sink - b_lse)))[:, None]
+        tl.store(Out + (i_r * H + o_h)[:, None] * 512 + o_d[None, :], b_out.to(tl.bfloat16), mask=m_h[:, None])
+        p_lse = Lse + ((i_r // q_tokens) * H + o_h) * q_tokens + i_r % q_tokens  # Lse [B, H, s_q]
+        tl.store(p_lse, tl.where(m_empty, float("inf"), b_lse), mask=m_h)
 
 
 # Integer arguments are not value-specialized (==1, %16): one compile per config and format serves
@@ -715,6 +916,7 @@ def _split_kernel(
     XKV32,
     XIdx,
     XTopkLen,
+    Count,
     stride_qb,
     stride_qs,
     stride_qh,
@@ -736,6 +938,8 @@ def _split_kernel(
     BLOCK_T: tl.constexpr,
     PREFETCH: tl.constexpr,
     BALANCED: tl.constexpr,
+    MERGE: tl.constexpr,
+    MERGE_UNROLL: tl.constexpr,
     WORDS: tl.constexpr,
     HAS_TOPK_LEN: tl.constexpr,
     HAS_SINK: tl.constexpr,
@@ -783,7 +987,13 @@ def _split_kernel(
             H, FORMAT, PAGE_SIZE, PAGE_BYTES, BLOCK_H, BLOCK_T, PREFETCH, WORDS, HAS_TOPK_LEN, False, False, DOT_F32,
             NATIVE_FP8, HAS_EXTRA, X_FORMAT, X_PAGE_SIZE, X_PAGE_BYTES, X_HAS_TOPK_LEN,
         )  # fmt: skip
-        if seg_end == row_end:  # the row's last program marks the slots no program of this row uses
+        if MERGE:  # the row's last program to finish merges its slots
+            _merge_row(
+                Out, Lse, OPart, LPart, Sink, Count, i_r.to(tl.int64), i_hb,
+                _row_slots(i_r.to(tl.int64), row_tiles, n_progs, n_units), total_splits, q_tokens, H, BLOCK_H, HAS_SINK,
+                MERGE_UNROLL,
+            )  # fmt: skip
+        elif seg_end == row_end:  # the row's last program marks the slots no program of this row uses
             o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
             for i_k in range(i_slot + 1, slots):
                 o_row = (i_r.to(tl.int64) * total_splits + i_k) * H + o_h
@@ -797,6 +1007,12 @@ def _split_kernel(
                 H, FORMAT, PAGE_SIZE, PAGE_BYTES, BLOCK_H, BLOCK_T, PREFETCH, WORDS, HAS_TOPK_LEN, False, False,
                 DOT_F32, NATIVE_FP8, HAS_EXTRA, X_FORMAT, X_PAGE_SIZE, X_PAGE_BYTES, X_HAS_TOPK_LEN,
             )  # fmt: skip
+            if MERGE:
+                _merge_row(
+                    Out, Lse, OPart, LPart, Sink, Count, i_r.to(tl.int64) + 1, i_hb,
+                    _row_slots(i_r.to(tl.int64) + 1, row_tiles, n_progs, n_units), total_splits, q_tokens, H, BLOCK_H,
+                    HAS_SINK, MERGE_UNROLL,
+                )  # fmt: skip
     else:  # grid (rows * head_blocks, splits): split i_s of one row takes tiles_per_split tiles
         i_bh = tl.program_id(0).to(tl.int64)
         i_s = tl.program_id(1).to(tl.int64)
@@ -810,6 +1026,11 @@ def _split_kernel(
             H, FORMAT, PAGE_SIZE, PAGE_BYTES, BLOCK_H, BLOCK_T, PREFETCH, WORDS, HAS_TOPK_LEN, HAS_SINK, WRITE_FINAL,
             DOT_F32, NATIVE_FP8, HAS_EXTRA, X_FORMAT, X_PAGE_SIZE, X_PAGE_BYTES, X_HAS_TOPK_LEN,
         )  # fmt: skip
+        if MERGE:  # every split of the row is a slot (WRITE_FINAL is false)
+            _merge_row(
+                Out, Lse, OPart, LPart, Sink, Count, i_bh // head_blocks, i_bh % head_blocks, total_splits,
+                total_splits, q_tokens, H, BLOCK_H, HAS_SINK, MERGE_UNROLL,
+            )  # fmt: skip
     if USE_PDL and LATE_TRIGGER:  # the next launch (the combine) starts as this program's stores are issued
         gdc_launch_dependents()
 
@@ -921,6 +1142,7 @@ def _check_cache_args(name, kv_cache, indices, topk_length, fmt, B, s_q, squeeze
 
 def _validate(q, fmt, main, extra, attn_sink) -> bool:
     """Check a call's arguments; returns True for the 3-D form (one query token per request)."""
+    check_pair(fmt.name, None)  # an extra-only format as the main cache
     if q.dim() not in (3, 4) or q.shape[-1] != fmt.d_qk or q.dtype != torch.bfloat16:
         raise ValueError(
             f"q must be [B, H, {fmt.d_qk}] or [B, s_q, H, {fmt.d_qk}] bf16 for {fmt.name}, "
@@ -940,6 +1162,7 @@ def _validate(q, fmt, main, extra, attn_sink) -> bool:
                 f"the extra cache's format {efmt.name} has D_qk={efmt.d_qk} but {fmt.name} has D_qk={fmt.d_qk}: "
                 "both caches must share q's head dim"
             )
+        check_pair(fmt.name, efmt.name)
         _check_cache_args("extra_indices", kv, idx, tl_, efmt, B, s_q, squeeze)
         tensors += [kv, idx, tl_]
     if attn_sink is not None:
@@ -981,6 +1204,13 @@ def sm_count(device: torch.device) -> int | None:
     return _properties(device).multi_processor_count if device.type == "cuda" else None
 
 
+def merge_unroll(block_h: int, num_warps: int) -> int:
+    """Partials the merge loads per iteration (``MERGE``): each iteration is one L2 round trip, so as many as fit
+    in 512 B of registers per thread (128 registers; the accumulator [BLOCK_H, 512] fp32 takes half as many
+    again): 4 at 16 heads and 4 warps, 8 at 8 warps, from 1 to 8."""
+    return max(1, min(8, 512 * 32 * num_warps // (block_h * 512 * 2)))
+
+
 def kv_words(fmt: KVFormat, config: KernelConfig) -> bool:
     """Whether the split kernel loads the cache's e4m3 bytes as 32-bit words (``WORDS``).
 
@@ -988,9 +1218,10 @@ def kv_words(fmt: KVFormat, config: KernelConfig) -> bool:
     pipeliner leaves alone): 4x fewer loads and no byte shuffle (measured -15 to -21 % at C >= 48 on
     the H200, docs/benchmarks.md, kernel v6). A staged loop keeps the byte tile: staged as words it
     grows to 109 824 B of shared memory at BLOCK_T 64, over sm_120's 101 376 B, where the byte tile fits.
-    fp8_model1 keeps its byte path (a 448-byte nope part in 64-byte groups).
+    fp8_model1 keeps its byte path (a 448-byte nope part in 64-byte groups). fp8_v32_nope's rows are fp8_v32's
+    first 528 bytes, loaded the same way (132 words a row); fp8_v41 and fp4_v41 keep their byte paths.
     """
-    return fmt.name == "fp8_v32" and (config.num_stages == 1 or config.PREFETCH in (1, 3))
+    return fmt.name in ("fp8_v32", "fp8_v32_nope") and (config.num_stages == 1 or config.PREFETCH in (1, 3))
 
 
 def device_name(device: torch.device) -> str:
@@ -1017,6 +1248,27 @@ class _Plan:
     lse: torch.Tensor  # [B, H, s_q]
     workspace: tuple[torch.Tensor, ...]
     launches: list[Launch]
+    counters: torch.Tensor | None = None  # [rows * head_blocks] int32 (MERGE): zero before and after every call
+
+
+# The merge's counters, one int32 per (row, head block), one buffer per device: zeroed once, when a call first needs
+# them, and set back to zero by every call that uses them, so a call launches no memset, and a call of another
+# shape (another CUDA-graph batch size) finds them allocated (a prepared call with ``buffers`` shares that call's).
+# COUNTERS_MIN covers rows x head blocks of every decode batch an engine captures; a larger call allocates more.
+# Two calls must not run at once on two streams of one device (they would share the counters).
+COUNTERS_MIN = 1 << 16
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def merge_counters(device: torch.device, n: int) -> torch.Tensor:
+    """The merge's ``n`` counters on ``device`` (all zero between calls): on a GPU the first ``n`` of the device's
+    buffer; elsewhere (the interpreter, meta tensors) a zeroed buffer of their own."""
+    if device.type != "cuda":
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    key = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+    if key not in _COUNTERS or _COUNTERS[key].numel() < n:
+        _COUNTERS[key] = torch.zeros(max(n, COUNTERS_MIN), dtype=torch.int32, device=key)
+    return _COUNTERS[key][:n]
 
 
 def _plan(
@@ -1039,7 +1291,8 @@ def _plan(
 
     One split launch for the whole call: a row's tiles are the main cache's, then the extra cache's
     (``split_grid`` with both topks), each cache walked with its own format, page size and constexprs; the
-    combine merges the splits and applies the sink. A call of one split per row skips the combine (the
+    combine merges the splits and applies the sink, or with ``MERGE=1`` the split kernel does (its counters:
+    :func:`merge_counters`, or ``buffers``' own). A call of one split per row skips the combine (the
     split kernel then writes the output and applies the sink itself).
 
     ``buffers``: a plan of the same shapes and config whose output and workspace this one writes (the
@@ -1057,8 +1310,7 @@ def _plan(
     head_blocks = -(-H // block_h)
     main = caches[0]
     extra = caches[1] if len(caches) > 1 else None
-    if extra is not None and extra.fmt.name != main.fmt.name:  # _validate: both share q's head dim
-        raise ValueError(f"the extra cache's format {extra.fmt.name} must be the main cache's {main.fmt.name}")
+    check_pair(main.fmt.name, None if extra is None else extra.fmt.name)  # _validate: both share q's head dim
     topk = main.indices.shape[-1]
     x_topk = 0 if extra is None else extra.indices.shape[-1]
     grid = split_grid(config, rows, H, topk, x_topk)
@@ -1077,6 +1329,12 @@ def _plan(
     pdl_option = {"launch_pdl": True} if pdl else {}
     num_pages, page_size, _ = main.kv.shape
     effective = grid.binary(config)
+    merge = bool(effective.MERGE)  # the merge in the split launch (binary(): never with one split per row)
+    counters = None
+    if merge:
+        n_counters = rows * head_blocks
+        shared = None if buffers is None else buffers.counters
+        counters = shared if shared is not None and shared.numel() == n_counters else merge_counters(dev, n_counters)
     # without an extra cache its pointers are the main cache's and its sizes 0 (never read)
     xc = main if extra is None else extra
     x_pages, x_page_size, _ = xc.kv.shape
@@ -1102,6 +1360,7 @@ def _plan(
                 "XKV32": xc.kv.view(torch.float32),
                 "XIdx": xc.indices,
                 "XTopkLen": xc.indices if xc.topk_length is None else xc.topk_length,
+                "Count": lse if counters is None else counters,  # a placeholder pointer without the merge
                 "stride_qb": q.stride(0),
                 "stride_qs": q.stride(1),
                 "stride_qh": q.stride(2),
@@ -1123,9 +1382,10 @@ def _plan(
                 "PAGE_BYTES": main.kv.stride(0),  # fp8_model1: the byte stride between pages (may be padded)
                 "BLOCK_H": block_h,
                 **effective.meta(),
+                "MERGE_UNROLL": merge_unroll(block_h, effective.num_warps) if merge else 1,
                 "WORDS": kv_words(main.fmt, effective),
                 "HAS_TOPK_LEN": main.topk_length is not None,
-                "HAS_SINK": write_final and attn_sink is not None,
+                "HAS_SINK": (write_final or merge) and attn_sink is not None,
                 "WRITE_FINAL": write_final,
                 "DOT_F32": INTERPRET,
                 "NATIVE_FP8": native,
@@ -1142,7 +1402,7 @@ def _plan(
             {**config.options(), **pdl_option},
         )
     ]
-    if not write_final:
+    if not write_final and not merge:
         chunk_s, block_d = combine_shape(rows, H, total_splits)
         launches.append(
             Launch(
@@ -1170,7 +1430,7 @@ def _plan(
             )
         )
     workspace = () if write_final else (o_part, l_part)
-    return _Plan(out, lse, workspace, launches)
+    return _Plan(out, lse, workspace, launches, counters)
 
 
 def sparse_mla_decode(
@@ -1192,13 +1452,15 @@ def sparse_mla_decode(
 
     Args:
         q: ``[B, H, D_qk]`` bf16 (one query token per request), or ``[B, s_q, H, D_qk]`` (s_q tokens
-            per request, e.g. MTP); dims ordered nope then rope (D_qk = 512 for fp8_model1, 576 for fp8_v32).
-        kv_cache: ``[num_pages, page_size, bytes_per_token]`` uint8, contiguous, or for fp8_model1 with padded
-            pages (``stride(0) > page_size * 584``, read in place; see ``kernels.kv_format``).
+            per request, e.g. MTP); dims ordered nope then rope (D_qk = 576 for fp8_v32, 512 for the others).
+        kv_cache: ``[num_pages, page_size, bytes_per_token]`` uint8, contiguous, or for a block-split format
+            (fp8_model1, fp8_v41, fp4_v41) with padded pages (``stride(0) > page_size * bytes_per_token``, read in
+            place; see ``kernels.kv_format``).
         indices: ``[B, topk]`` int32 (``[B, s_q, topk]`` with a 4-D q): flat token positions
             ``page * page_size + offset``; negative values and values ``>= num_pages * page_size`` are
             masked and never read.
-        kv_format: ``"fp8_model1"`` or ``"fp8_v32"``.
+        kv_format: ``"fp8_model1"``, ``"fp8_v32"``, ``"fp8_v32_nope"`` or ``"fp8_v41"`` (``"fp4_v41"`` is an
+            extra cache only, next to an fp8_v41 main cache).
         sm_scale: softmax scale, default ``D_qk ** -0.5``.
         topk_length: optional ``[B]`` int32; only the first ``topk_length[b]`` indices of request b count
             (for every query token of the request).
@@ -1219,9 +1481,9 @@ def sparse_mla_decode(
     an extra cache, one split launch walks both: a row is the main cache's top-k tiles followed by the
     extra cache's (a tile never holds tokens of both; each cache keeps its page size and topk_length,
     as constexprs and arguments of its own), so the splits are dealt over the whole row at once and
-    one online softmax per split spans the caches; the log-sum-exp combine merges the splits and
-    applies the sink once, on the final lse. With one split per row the split kernel applies the sink
-    itself and there is no combine.
+    one online softmax per split spans the caches; the log-sum-exp combine (or with ``MERGE=1`` the row's
+    last split program) merges the splits and applies the sink once, on the final lse. With one split per
+    row the split kernel applies the sink itself and there is no combine.
 
     No host synchronisation and a workspace sized from shapes only, so the call is CUDA-graph capturable.
     """

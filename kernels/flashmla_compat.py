@@ -17,13 +17,15 @@ signatures, parameter for parameter (``tests/fixtures/flashmla_interface.json``,
 with (b, s_q, h_q, page size, h_k, causal, is_fp8_kvcache, topk, the extra cache's page size and topk) and
 checks every later call against it.
 
-Every call runs :func:`kernels.sparse_mla_decode` (config from the exported autotune table). The KV format,
-this kernel's one extension, is not an argument: it comes from ``k_cache``'s bytes per token (584 is
-FlashMLA's "V4"/MODEL1 layout, our ``fp8_model1``; 656 its "V32" layout, ``fp8_v32``), and
-:func:`kv_format_of` tells which. What FlashMLA ignores in sparse decode (``block_table``,
-``cache_seqlens``) is ignored here too. What this kernel cannot do (dense decode, a bf16 cache,
-``head_dim_v`` other than 512, pages with a stride other than ``page_block_size * bytes_per_token``)
-raises one :class:`ValueError` sentence.
+Every call runs :func:`kernels.sparse_mla_decode` (config from the exported autotune table). The KV format
+comes, as in FlashMLA (the ``sgl-flash-mla`` 1.0.0 interface), from ``k_cache``'s bytes per token: 584 is
+FlashMLA's "V4"/MODEL1 layout, our ``fp8_model1``; 656 its "V32" layout, ``fp8_v32``; 528 its "V41", our
+``fp8_v41``, unless ``kv_format="V32_NO_ROPE"`` names the V3.2-without-RoPE layout of the same size
+(``fp8_v32_nope``); 288, FlashMLA's V4.1 fp4, our ``fp4_v41``, only as ``extra_k_cache`` next to a V41 one. An
+extra cache of 528 bytes has the main cache's format. :func:`kv_format_of` tells which. What FlashMLA ignores
+in sparse decode (``block_table``, ``cache_seqlens``) is ignored here too. What this kernel cannot do (dense
+decode, a bf16 cache, ``head_dim_v`` other than 512, pages with a stride other than ``page_block_size *
+bytes_per_token``) raises one :class:`ValueError` sentence.
 
 Semantics match FlashMLA's, with one widening: FlashMLA treats only ``-1`` as invalid and does not
 bounds-check, while here every negative index and every index past the cache is masked.
@@ -36,10 +38,12 @@ import dataclasses
 import torch
 
 from .decode import sparse_mla_decode
+from .kv_format import FLASHMLA_NAMES
 from .kv_format import FORMATS
 
-FORMAT_BY_BYTES = {fmt.bytes_per_token: name for name, fmt in FORMATS.items()}  # 584 -> fp8_model1, 656 -> fp8_v32
-FLASHMLA_NAMES = {"fp8_model1": "V4", "fp8_v32": "V32"}
+# bytes per token -> our format when ``kv_format`` is not given (FlashMLA: "528 Bytes per token means V4.1")
+FORMAT_BY_BYTES = {584: "fp8_model1", 656: "fp8_v32", 528: "fp8_v41", 288: "fp4_v41"}
+BY_FLASHMLA_NAME = {v: k for k, v in FLASHMLA_NAMES.items()}  # "V4" -> fp8_model1, ... "V32_NO_ROPE" -> fp8_v32_nope
 _BYTE_DTYPES = (torch.uint8, torch.int8, torch.float8_e4m3fn)
 _HELP = (
     " Your input arguments are inconsistent with sched_meta. Please make sure the input arguments are consistent"
@@ -96,10 +100,24 @@ def get_mla_metadata(*args, **kwargs) -> tuple[FlashMLASchedMeta, None]:
     return FlashMLASchedMeta(), None
 
 
-def kv_format_of(k_cache: torch.Tensor) -> str:
-    """The KV format a call on ``k_cache`` runs: ``fp8_model1`` (584 bytes per token, FlashMLA's V4) or
-    ``fp8_v32`` (656, V32); ValueError for any other cache."""
-    return _cache_format(k_cache, "k_cache")
+def kv_format_of(k_cache: torch.Tensor, kv_format: str | None = None) -> str:
+    """The KV format a call on ``k_cache`` runs: ``fp8_model1`` (584 bytes per token, FlashMLA's V4), ``fp8_v32``
+    (656, V32), ``fp8_v41`` (528, V41) or, with ``kv_format="V32_NO_ROPE"``, ``fp8_v32_nope`` (528); ValueError
+    for any other cache, or a ``kv_format`` that names another size."""
+    fmt = _cache_format(k_cache, "k_cache")
+    if fmt == "fp4_v41":
+        raise ValueError("k_cache has 288 bytes per token (V4.1 fp4), which FlashMLA takes only as extra_k_cache")
+    if kv_format is None:
+        return fmt
+    named = BY_FLASHMLA_NAME.get(kv_format)
+    if named is None:
+        raise ValueError(f"kv_format must be one of {sorted(BY_FLASHMLA_NAME)} or None, got {kv_format!r}")
+    if FORMATS[named].bytes_per_token != k_cache.shape[3]:
+        raise ValueError(
+            f"kv_format={kv_format!r} has {FORMATS[named].bytes_per_token} bytes per token, "
+            f"but k_cache has {k_cache.shape[3]}"
+        )
+    return named
 
 
 def _cache_format(cache: torch.Tensor, name: str) -> str:
@@ -111,7 +129,8 @@ def _cache_format(cache: torch.Tensor, name: str) -> str:
     fmt = FORMAT_BY_BYTES.get(cache.shape[3])
     if fmt is None:
         raise ValueError(
-            f"{name} has {cache.shape[3]} bytes per token; only 584 (V4) and 656 (V32) FP8 layouts are supported"
+            f"{name} has {cache.shape[3]} bytes per token; only 584 (V4), 656 (V32), 528 (V41 or V32_NO_ROPE) "
+            "and, for extra_k_cache, 288 (V4.1 fp4) are supported"
         )
     return fmt
 
@@ -136,18 +155,26 @@ def _extra_cache(fmt: str, extra_k_cache, extra_indices, extra_topk_length) -> d
             raise ValueError("extra_topk_length needs extra_k_cache and extra_indices_in_kvcache")
         return {}
     extra_fmt = _cache_format(extra_k_cache, "extra_k_cache")
+    if FORMATS[extra_fmt].bytes_per_token == FORMATS[fmt].bytes_per_token:
+        extra_fmt = fmt  # 528 bytes: the main cache's V41 or V32_NO_ROPE
     if FORMATS[extra_fmt].d_qk != FORMATS[fmt].d_qk:
         raise ValueError(
-            f"extra_k_cache holds {FLASHMLA_NAMES[extra_fmt]} tokens (head dim {FORMATS[extra_fmt].d_qk}) "
-            f"but k_cache holds {FLASHMLA_NAMES[fmt]} tokens (head dim {FORMATS[fmt].d_qk}); "
+            f"extra_k_cache holds {_name(extra_fmt)} tokens (head dim {FORMATS[extra_fmt].d_qk}) "
+            f"but k_cache holds {_name(fmt)} tokens (head dim {FORMATS[fmt].d_qk}); "
             "both caches must share the head dim"
         )
+    if extra_fmt != fmt and (extra_fmt != "fp4_v41" or fmt != "fp8_v41"):
+        raise ValueError(f"extra_k_cache holds {_name(extra_fmt)} tokens, which FlashMLA pairs only with {_name(fmt)}")
     return {
         "extra_kv_cache": _as_pages(extra_k_cache, "extra_k_cache"),
         "extra_indices": extra_indices,
         "extra_kv_format": extra_fmt,
         "extra_topk_length": extra_topk_length,
     }
+
+
+def _name(fmt: str) -> str:
+    return FLASHMLA_NAMES.get(fmt, "V4.1 fp4")
 
 
 def _check_sched_meta(sched_meta: FlashMLASchedMeta, config: FlashMLASchedMeta.Config) -> None:
@@ -191,13 +218,14 @@ def flash_mla_with_kvcache(
     extra_indices_in_kvcache: torch.Tensor | None = None,
     topk_length: torch.Tensor | None = None,
     extra_topk_length: torch.Tensor | None = None,
+    kv_format: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashMLA's sparse FP8 decode.
 
     Args:
-        q: ``[B, s_q, H, D_qk]`` bf16 (D_qk = 512 for V4, 576 for V32).
+        q: ``[B, s_q, H, D_qk]`` bf16 (D_qk = 576 for V32, 512 for the others).
         k_cache: ``[num_blocks, page_block_size, 1, bytes_per_token]`` uint8 (or float8_e4m3fn/int8 bytes);
-            584 bytes per token is V4, 656 is V32.
+            584 bytes per token is V4, 656 is V32, 528 V41 (or V32_NO_ROPE, see ``kv_format``).
         block_table, cache_seqlens: ignored, as FlashMLA ignores them for sparse decode (indices already
             hold flat token positions).
         head_dim_v: must be 512.
@@ -211,6 +239,8 @@ def flash_mla_with_kvcache(
         extra_k_cache, extra_indices_in_kvcache: a second cache (own page size, same head dim) attended
             in the same softmax.
         topk_length, extra_topk_length: ``[B]`` int32; only the leftmost entries count.
+        kv_format: ``"V32"``, ``"V32_NO_ROPE"``, ``"V4"`` or ``"V41"``, the layout of ``k_cache``; only needed for
+            ``"V32_NO_ROPE"``, which has V41's 528 bytes per token (None: from the bytes per token, 528 = V41).
 
     Returns:
         ``out [B, s_q, H, 512]`` bf16 and ``softmax_lse [B, H, s_q]`` fp32 (natural log); a query with
@@ -248,7 +278,7 @@ def flash_mla_with_kvcache(
     _require(bool(is_fp8_kvcache), "is_fp8_kvcache must be True when sparse attention is enabled")
     if head_dim_v != 512:
         raise ValueError(f"head_dim_v must be 512, got {head_dim_v}")
-    fmt = _cache_format(k_cache, "k_cache")
+    fmt = kv_format_of(k_cache, kv_format)
     extra = _extra_cache(fmt, extra_k_cache, extra_indices_in_kvcache, extra_topk_length)
     return sparse_mla_decode(
         q,

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 
 from .kv_format import KVFormat
+from .kv_format import decode_rows
+from .kv_format import gather_rows
 from .kv_format import get_format
 
 
@@ -82,6 +84,8 @@ def sparse_mla_decode_ref(
 
 def gather_dequant(kv_cache: torch.Tensor, idx: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
     """Dequantize only the cache rows at ``idx [..., K]`` (valid positions) -> ``[..., K, D_qk]`` float32."""
+    if fmt.d_rope == 0:  # fp8_v32_nope, fp8_v41, fp4_v41: every dim quantized
+        return decode_rows(*gather_rows(kv_cache, idx, fmt), fmt)
     num_pages, page_size, bpt = kv_cache.shape
     flat = kv_cache.view(-1)
     if fmt.name == "fp8_v32":

@@ -5,8 +5,12 @@ SGLang (0.5.23) loads the entry points of group ``sglang.srt.plugins`` (``pyproj
 ``sglang.kernels.ops.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120``, the function DeepSeek-V4's
 attention backend calls on sm_120 with keyword arguments only. The hook serves a call whose shape, format and
 device the tables cover (see :func:`leave_reason`) with :func:`kernels.sparse_mla_decode` and the tuned config,
-and hands every other call, unchanged, to the original. Each distinct call shape is logged once (logger
-``sglang.srt.plugins.sparse_mla``, which goes to SGLang's log): served with which table, or left and why.
+and hands every other call, unchanged, to the original. A second hook, :func:`sglang_v32_hook`, wraps
+:data:`V32_TARGET`, the call SGLang's DSA backend makes for DeepSeek-V3.2 / GLM-5 decode on sm_120 (the 656-byte
+``fp8_v32`` cache), by the same rules. Which shapes and tables serve is :func:`kernels.coverage.coverage`, the rule
+``tuner shapes`` prints; a call the kernel raises on goes back to SGLang (once said, then left). Each distinct
+call shape is logged once (logger ``sglang.srt.plugins.sparse_mla``, which goes to SGLang's log): served with which
+table, or left and why (with the command that tunes the shape's own table).
 
 - Off without uninstalling: ``SPARSE_MLA_SGLANG=0`` (also ``false``/``off``/``no``), read at load and at every
   call; or leave ``sparse_mla`` out of SGLang's ``SGLANG_PLUGINS`` allow-list.
@@ -37,24 +41,40 @@ import torch
 from . import decode
 from .config import DEFAULT_CONFIG
 from .config import KernelConfig
+from .coverage import SERVED_HEADS
+from .coverage import coverage
+from .coverage import shape_problem
 from .decode import INTERPRET
 from .decode import device_name
 from .kv_format import FORMATS
-from .table import candidates
+from .models import tune_command
 from .table import fit_config
-from .table import load_table
 from .table import lookup_config
-from .table import nearest_shape
-from .table import running_triton
-from .table import search_dirs
-from .table import sidecar_path
-from .table import tuned_shapes
 
 TARGET = "sglang.kernels.ops.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120"
 PLUGIN_NAME = "sparse_mla"  # the entry point's name, as SGLANG_PLUGINS lists it
 ENV_SWITCH = "SPARSE_MLA_SGLANG"
 KV_FORMAT = "fp8_model1"  # DeepSeek-V4's cache (FlashMLA's "V4"); 584 bytes per token
-SERVED_HEADS = (8, 16, 32, 64, 128)  # local heads from TP16 to TP1
+# DeepSeek-V3.2 and GLM-5 (the 656-byte "V32" cache): the call SGLang's DSA backend makes for decode on sm_120
+# (`_forward_flashinfer_sparse_mla`, imported inside the method, so the registry's patch takes effect)
+V32_TARGET = "sglang.kernels.ops.attention.flash_mla_sm120.flashinfer_sparse_mla_forward"
+V32_FORMAT = "fp8_v32"
+V32_KEYWORDS = frozenset(
+    {
+        "q",
+        "kv_cache",
+        "indices",
+        "seq_lens",
+        "workspace_buffer",
+        "page_size",
+        "kv_cache_dim",
+        "qk_nope_head_dim",
+        "kv_lora_rank",
+        "qk_rope_head_dim",
+        "sm_scale",
+        "skip_softmax_threshold_scale_factor",
+    }
+)
 MAX_Q_TOKENS = 8  # speculative decoding's verify step
 CAPTURE_SIZES = (1, 2, 4, 8, *range(16, 97, 8))  # SGLang's default CUDA-graph batch sizes up to 96 (15 sizes)
 KEYWORDS = frozenset(
@@ -104,6 +124,7 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookType
 
     HookRegistry.register(TARGET, sglang_hook, HookType.AROUND)
+    HookRegistry.register(V32_TARGET, sglang_v32_hook, HookType.AROUND)
     logger.info(
         "sparse-MLA plugin: wraps %s. Serves %s caches (584 B/token, pages padded or not, uint8 or e4m3) with "
         "q [B, s_q <= %d, H in %s, 512] bf16, head_dim_v 512, any top-k, on a GPU with an exported table for the "
@@ -112,6 +133,16 @@ def register() -> None:
         TARGET,
         KV_FORMAT,
         MAX_Q_TOKENS,
+        list(SERVED_HEADS),
+        ENV_SWITCH,
+    )
+    logger.info(
+        "sparse-MLA plugin: wraps %s (DeepSeek-V3.2 / GLM-5 DSA decode on sm_120). Serves %s caches (656 B/token, "
+        "kv_cache_dim 656, kv_lora_rank 512, RoPE 64) with q [T, H in %s, 576] bf16, any top-k, on a GPU with an "
+        "exported table for the format (the nearest tuned heads/top-k when the shape has none; T up to its largest "
+        "batch). Leaves V32_NO_ROPE (528 B), skip-softmax and every other call to SGLang. Off: %s=0.",
+        V32_TARGET,
+        V32_FORMAT,
         list(SERVED_HEADS),
         ENV_SWITCH,
     )
@@ -131,7 +162,10 @@ def sglang_hook(original_fn, *args, **kwargs):
         route = _route(key, kwargs)
     if isinstance(route, str):
         return original_fn(*args, **kwargs)
-    return _serve(route, kwargs)
+    try:
+        return _serve(route, kwargs)
+    except Exception as e:  # never the engine's crash: this shape goes back to SGLang from now on
+        return _fall_back(key, e, original_fn, kwargs)
 
 
 # --- which calls are served ----------------------------------------------------------------------------
@@ -214,10 +248,11 @@ def leave_reason(kw: dict) -> str | None:
     B, s_q, H, _ = q.shape
     if B < 1:
         return "the batch is empty"
-    if not 1 <= s_q <= MAX_Q_TOKENS:
-        return f"q has {s_q} query tokens per request (served: 1 to {MAX_Q_TOKENS})"
-    if H not in SERVED_HEADS:
-        return f"q has {H} heads (served: {', '.join(map(str, SERVED_HEADS))})"
+    idx = kw.get("indices")
+    topk = idx.shape[-1] if isinstance(idx, torch.Tensor) and idx.dim() else 1
+    problem = shape_problem(KV_FORMAT, H, topk, s_q)  # the rule `tuner shapes` prints
+    if problem:
+        return problem
     if kw.get("head_dim_v") != 512:
         return f"head_dim_v is {kw.get('head_dim_v')!r} (served: 512)"
     scale = kw.get("softmax_scale")
@@ -258,12 +293,13 @@ class _Route:
     """A served shape class (any batch size): which table serves it, and the config of each row count,
     resolved once."""
 
-    def __init__(self, device: torch.device, heads: int, topk: int, shape, max_rows):
-        self.device, self.heads, self.topk = device, heads, topk
+    def __init__(self, device: torch.device, heads: int, topk: int, shape, max_rows, kv_format: str = KV_FORMAT):
+        self.device, self.heads, self.topk, self.kv_format = device, heads, topk, kv_format
         self.shape = shape  # the tuned (heads, topk) whose table serves; None: the default config (interpreter)
         self.max_rows = max_rows  # B * s_q served up to this (the table's largest batch); None: no limit
         self.configs: dict[int, KernelConfig] = {}
         self.warm = False
+        self.origin, self.tune = "default", None
 
     def config(self, rows: int) -> KernelConfig:
         cfg = self.configs.get(rows)
@@ -271,7 +307,7 @@ class _Route:
             if self.shape is None:
                 cfg = DEFAULT_CONFIG
             else:
-                cfg = lookup_config(device_name(self.device), KV_FORMAT, *self.shape, rows)
+                cfg = lookup_config(device_name(self.device), self.kv_format, *self.shape, rows)
                 if self.shape[1] > self.topk:
                     cfg = fit_config(cfg, self.topk)
             self.configs[rows] = cfg
@@ -302,16 +338,11 @@ def _stamp(path) -> tuple[int, int] | None:
     return (st.st_mtime_ns, st.st_size)
 
 
-def largest_batch(device: str, heads: int, topk: int) -> int:
+def largest_batch(device: str, heads: int, topk: int, kv_format: str = KV_FORMAT) -> int:
     """The largest batch key of the table ``lookup_config`` reads for this shape (0: none usable)."""
-    version = running_triton()
-    for d in search_dirs():
-        for c in candidates(d, device, KV_FORMAT, heads, topk, version):
-            stamp = _stamp(c.path)
-            if stamp is not None:
-                table = load_table(str(c.path), stamp, _stamp(sidecar_path(c.path)))
-                return max(table.configs, default=0)
-    return 0
+    from .coverage import largest_batch as largest
+
+    return largest(device, kv_format, heads, topk)
 
 
 def _class_key(kw: dict) -> tuple:
@@ -323,21 +354,33 @@ def _class_key(kw: dict) -> tuple:
     return (q.device, tuple(q.shape[1:]), tuple(kc.shape[1:]), kc.stride(0), kc.dtype, idx.shape[-1], geometry, flags)
 
 
-def _table_for(device: torch.device, heads: int, topk: int) -> tuple[tuple[int, int], int] | str | None:
-    """The tuned shape whose table serves ``(heads, topk)`` on ``device`` and its largest batch; a reason when the
-    device has no usable table; None on the interpreter without a table (the default config serves)."""
-    key = (device, heads, topk)
+def _table_for(device: torch.device, heads: int, topk: int, kv_format: str = KV_FORMAT):
+    """:func:`kernels.coverage.coverage` of the shape on ``device`` (the rule ``tuner shapes`` prints): the tuned
+    shape whose table serves it and that table's largest batch, None on the interpreter without a table (the
+    default config serves), or why it is left (with the command that would tune it)."""
+    key = (device, kv_format, heads, topk)
     found = _SHAPES.get(key)
     if found is None and key not in _SHAPES:
-        name = device_name(device)
-        shape = nearest_shape(tuned_shapes(name, KV_FORMAT), heads, topk)
-        if shape is None:
-            found = None if device.type == "cpu" else f"no exported {KV_FORMAT} table for {name}"
+        c = coverage(kv_format, heads, topk, device_name=device_name(device))
+        if not c.served:
+            found = c.reason + (f" (to tune it: {c.tune})" if c.tune else "")
+        elif c.origin == "default":
+            found = None
         else:
-            largest = largest_batch(name, *shape)
-            found = (shape, largest) if largest else f"the table heads={shape[0]}, topk={shape[1]} has no usable entry"
+            found = (c.tuned, c.max_rows, c.origin, c.tune)
         _SHAPES[key] = found
     return found
+
+
+def _route_of(q: torch.Tensor, heads: int, topk: int, kv_format: str) -> _Route | str:
+    table = _table_for(q.device, heads, topk, kv_format)
+    if isinstance(table, str):
+        return table
+    if table is None:  # Triton's interpreter (tests) without a table: every legal call, the default config
+        return _Route(q.device, heads, topk, None, None, kv_format)
+    route = _Route(q.device, heads, topk, table[0], table[1], kv_format)
+    route.origin, route.tune = table[2], table[3]
+    return route
 
 
 def _shape_class(kw: dict) -> _Route | str:
@@ -346,16 +389,18 @@ def _shape_class(kw: dict) -> _Route | str:
     route = _CLASSES.get(key)
     if route is None:
         q = kw["q"]
-        heads, topk = q.shape[2], kw["indices"].shape[-1]
-        table = _table_for(q.device, heads, topk)
-        if isinstance(table, str):
-            route = table
-        elif table is None:  # Triton's interpreter (tests) without a table: every legal call, the default config
-            route = _Route(q.device, heads, topk, None, None)
-        else:
-            route = _Route(q.device, heads, topk, *table)
+        route = _route_of(q, q.shape[2], kw["indices"].shape[-1], KV_FORMAT)
         _CLASSES[key] = route
     return route
+
+
+def _how(route: _Route) -> str:
+    if route.shape is None:
+        return "the default config (interpreter)"
+    how = f"the table of heads={route.shape[0]}, topk={route.shape[1]}, B * s_q up to {route.max_rows}"
+    if route.origin != "measured":
+        how += f" ({route.origin}: to tune this shape's own table, {route.tune})"
+    return how
 
 
 def _route(key: tuple, kw: dict) -> _Route | str:
@@ -367,12 +412,13 @@ def _route(key: tuple, kw: dict) -> _Route | str:
         route = leave_reason(kw) or _shape_class(kw)
         if isinstance(route, _Route) and not route.serves(q.shape[0] * q.shape[1]):
             h, k = route.shape
-            route = f"B * s_q above the largest batch ({route.max_rows}) of the table of heads={h}, topk={k}"
+            route = (
+                f"B * s_q above the largest batch ({route.max_rows}) of the table of heads={h}, topk={k} (to tune "
+                f"larger batches: {tune_command(KV_FORMAT, route.heads, route.topk)}, with --max-batch)"
+            )
         shape = list(q.shape[1:]) if isinstance(q, torch.Tensor) else type(q).__name__
         if isinstance(route, _Route):
-            how = "the default config (interpreter)"
-            if route.shape is not None:
-                how = f"the table of heads={route.shape[0]}, topk={route.shape[1]}, B * s_q up to {route.max_rows}"
+            how = _how(route)
             extra = kw.get("extra_k_cache")
             _log_once(
                 ("serve", _class_key(kw)),
@@ -400,6 +446,15 @@ def _route(key: tuple, kw: dict) -> _Route | str:
 
 
 # --- serving -----------------------------------------------------------------------------------------
+
+
+def _fall_back(key: tuple, error: Exception, original_fn, kwargs: dict):
+    """A served call whose launch failed: said once (WARNING), the shape left to SGLang, and this call too."""
+    reason = f"the kernel failed on it ({type(error).__name__}: {' '.join(str(error).split())[:300]})"
+    with _LOCK:
+        _ROUTES[key] = reason
+    _log_once(("failed", key), logging.WARNING, "sparse-MLA plugin leaves this shape to SGLang: %s", reason)
+    return original_fn(**kwargs)
 
 
 def _pages(cache: torch.Tensor) -> torch.Tensor:
@@ -525,3 +580,221 @@ def warm_up(
         kw["extra_indices_in_kvcache"] = torch.full((1, q_tokens, extra_topk), -1, dtype=torch.int32, device=device)
         kw["extra_topk_length"] = torch.ones(1, dtype=torch.int32, device=device) if topk_length else None
     return warm_up_like(kw, batch_sizes)
+
+
+# --- DeepSeek-V3.2 / GLM-5: SGLang's DSA decode on sm_120 (flashinfer_sparse_mla_forward) -------------------
+
+
+def sglang_v32_hook(original_fn, *args, **kwargs):
+    """AROUND hook of ``flashinfer_sparse_mla_forward(q, kv_cache, indices, seq_lens, workspace_buffer, *, page_size,
+    kv_cache_dim, qk_nope_head_dim, kv_lora_rank, qk_rope_head_dim, sm_scale, skip_softmax_threshold_scale_factor)``:
+    ``out [T, H, 512]`` bf16 from the tuned kernel for a covered call, else whatever ``original_fn`` returns."""
+    if args or not enabled():
+        return original_fn(*args, **kwargs)
+    try:
+        key = _v32_signature(kwargs)
+    except Exception:  # an argument that is not what SGLang passes: not ours to judge
+        return original_fn(*args, **kwargs)
+    route = _ROUTES.get(key)
+    if route is None:
+        route = _v32_route(key, kwargs)
+    if isinstance(route, str):
+        return original_fn(*args, **kwargs)
+    try:
+        return _v32_serve(route, kwargs)
+    except Exception as e:  # never the engine's crash: this shape goes back to SGLang from now on
+        return _fall_back(key, e, original_fn, kwargs)
+
+
+def _v32_signature(kw: dict) -> tuple:
+    q, kv = kw.get("q"), kw.get("kv_cache")
+    scalars = tuple(
+        (k, kw.get(k)) for k in ("page_size", "kv_cache_dim", "qk_nope_head_dim", "kv_lora_rank", "qk_rope_head_dim")
+    )
+    return (
+        "v32",
+        tuple(sorted(kw)),
+        _tensor_sig(q),
+        tuple(q.stride()) if isinstance(q, torch.Tensor) else None,
+        _cache_sig(kv) if isinstance(kv, torch.Tensor) else ("not a tensor", type(kv).__name__),
+        kv.is_contiguous() if isinstance(kv, torch.Tensor) else None,
+        _tensor_sig(kw.get("indices")),
+        _tensor_sig(kw.get("seq_lens")),
+        scalars,
+        type(kw.get("sm_scale")).__name__,
+        kw.get("skip_softmax_threshold_scale_factor") is None,
+    )
+
+
+def v32_leave_reason(kw: dict) -> str | None:
+    """Why a ``flashinfer_sparse_mla_forward`` call goes to the original (None: the kernel serves it, subject to
+    the device's tables)."""
+    unknown = sorted(set(kw) - V32_KEYWORDS)
+    if unknown:
+        return f"unknown arguments {unknown}"
+    dim, rope, rank = kw.get("kv_cache_dim"), kw.get("qk_rope_head_dim"), kw.get("kv_lora_rank")
+    if dim == 528 or rope == 0:
+        return "kv_cache_dim 528 (V32_NO_ROPE, no RoPE part: not served yet)"
+    if dim != FORMATS[V32_FORMAT].bytes_per_token or rope != 64 or rank != 512:
+        return f"kv_cache_dim {dim!r}, kv_lora_rank {rank!r}, qk_rope_head_dim {rope!r} (served: 656, 512, 64)"
+    if kw.get("skip_softmax_threshold_scale_factor") is not None:
+        return "skip_softmax_threshold_scale_factor is set (FlashInfer's approximate softmax stays SGLang's)"
+    q = kw.get("q")
+    if not isinstance(q, torch.Tensor) or q.dim() != 3 or q.shape[-1] != 576 or q.dtype != torch.bfloat16:
+        return "q is not [T, H, 576] bf16"
+    if q.stride(-1) != 1:
+        return "q's last dimension is not contiguous"
+    T, H, _ = q.shape
+    if T < 1:
+        return "the batch is empty"
+    idx = kw.get("indices")
+    if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.shape[0] != T or idx.shape[1] < 1:
+        return f"indices is not [{T}, topk]"
+    if idx.dtype not in (torch.int32, torch.int64):
+        return f"indices is {idx.dtype} (served: int32 or int64)"
+    problem = shape_problem(V32_FORMAT, H, idx.shape[1], 1)  # the rule `tuner shapes` prints
+    if problem:
+        return problem
+    problem = _length_problem("seq_lens", kw.get("seq_lens"), T)
+    if problem:
+        return problem
+    page_size, kv = kw.get("page_size"), kw.get("kv_cache")
+    if not isinstance(page_size, int) or page_size < 1:
+        return f"page_size is {page_size!r} (served: a positive integer)"
+    if not isinstance(kv, torch.Tensor) or kv.dtype not in _CACHE_DTYPES or not kv.is_contiguous():
+        return "kv_cache is not a contiguous uint8 or float8_e4m3fn tensor"
+    if kv.numel() == 0 or kv.numel() % (page_size * 656):
+        return f"kv_cache holds {kv.numel()} bytes, not whole pages of {page_size} tokens of 656 bytes"
+    scale = kw.get("sm_scale")
+    if not isinstance(scale, (int, float)):
+        return "sm_scale is not a number"
+    tensors = [t for t in (q, kv, idx, kw.get("seq_lens")) if isinstance(t, torch.Tensor)]
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        return f"the tensors are on several devices ({sorted(map(str, devices))})"
+    if q.device.type == "cpu" and not INTERPRET:
+        return "tensors on the CPU without Triton's interpreter"
+    if q.device.type not in ("cpu", "cuda"):
+        return f"device {q.device.type} (served: CUDA GPUs)"
+    return None
+
+
+def _v32_class_key(kw: dict) -> tuple:
+    q = kw["q"]
+    return ("v32", q.device, q.shape[1], kw["indices"].shape[1], kw["seq_lens"] is None, kw["page_size"])
+
+
+def _v32_shape_class(kw: dict) -> _Route | str:
+    key = _v32_class_key(kw)
+    route = _CLASSES.get(key)
+    if route is None:
+        q = kw["q"]
+        route = _route_of(q, q.shape[1], kw["indices"].shape[1], V32_FORMAT)
+        _CLASSES[key] = route
+    return route
+
+
+def _v32_route(key: tuple, kw: dict) -> _Route | str:
+    with _LOCK:
+        route = _ROUTES.get(key)
+        if route is not None:
+            return route
+        q = kw.get("q")
+        route = v32_leave_reason(kw) or _v32_shape_class(kw)
+        if isinstance(route, _Route) and not route.serves(q.shape[0]):
+            h, k = route.shape
+            route = (
+                f"T above the largest batch ({route.max_rows}) of the table of heads={h}, topk={k} (to tune larger "
+                f"batches: {tune_command(V32_FORMAT, route.heads, route.topk)}, with --max-batch)"
+            )
+        shape = list(q.shape[1:]) if isinstance(q, torch.Tensor) else [type(q).__name__]
+        if isinstance(route, _Route):
+            _log_once(
+                ("serve", _v32_class_key(kw)),
+                logging.INFO,
+                "sparse-MLA plugin serves %s q [T, %s], kv_cache %s-token pages of 656 B, top-k %d with %s",
+                V32_FORMAT,
+                ", ".join(map(str, shape)),
+                kw["page_size"],
+                kw["indices"].shape[1],
+                _how(route),
+            )
+        else:
+            _log_once(
+                ("leave", "v32", str(shape), route),
+                logging.INFO,
+                "sparse-MLA plugin leaves %s q [T, %s] to SGLang: %s",
+                V32_FORMAT,
+                ", ".join(map(str, shape)),
+                route,
+            )
+        _ROUTES[key] = route
+        return route
+
+
+def _v32_serve(route: _Route, kw: dict, *, warming: bool = False):
+    q = kw["q"]
+    if not warming and not route.warm and q.device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
+        route.warm = True
+        warm_up_v32_like(kw)
+    pages = kw["kv_cache"].view(torch.uint8).view(-1, kw["page_size"], 656)
+    out, _ = decode.sparse_mla_decode(
+        q,
+        pages,
+        _idx(kw["indices"]),
+        kv_format=V32_FORMAT,
+        sm_scale=float(kw["sm_scale"]),
+        topk_length=_idx(kw.get("seq_lens")),
+        config=route.config(q.shape[0]),
+    )
+    return out
+
+
+def warm_up_v32_like(kw: dict, batch_sizes=None) -> list[tuple[int, KernelConfig]]:
+    """:func:`warm_up_like` for a ``flashinfer_sparse_mla_forward`` call: one launch at every ``T`` the plugin
+    serves for its shape (default: up to the table's largest batch, else :data:`CAPTURE_SIZES`), on its cache with
+    every index -1. Returns ``(T, config)`` per launch."""
+    with _LOCK:
+        route = v32_leave_reason(kw) or _v32_shape_class(kw)
+    if isinstance(route, str):
+        return []
+    q = kw["q"]
+    if batch_sizes is None:
+        batch_sizes = range(1, route.max_rows + 1) if route.max_rows else CAPTURE_SIZES
+    done = []
+    for t in batch_sizes:
+        if not route.serves(t):
+            continue
+        small = dict(kw)
+        small["q"] = q.new_zeros(t, q.shape[1], q.shape[2])
+        small["indices"] = torch.full((t, kw["indices"].shape[1]), -1, dtype=torch.int32, device=q.device)
+        if kw.get("seq_lens") is not None:
+            small["seq_lens"] = torch.ones(t, dtype=torch.int32, device=q.device)
+        _v32_serve(route, small, warming=True)
+        done.append((t, route.config(t)))
+    if q.device.type == "cuda":
+        torch.cuda.synchronize(q.device)
+    return done
+
+
+def v32_engine_call(
+    q: torch.Tensor, pages: torch.Tensor, indices: torch.Tensor, seq_lens=None, *, sm_scale: float | None = None
+) -> dict:
+    """SGLang's keyword arguments of ``flashinfer_sparse_mla_forward`` for a contiguous ``[num_pages, page_size,
+    656]`` cache: the cache passed as SGLang's pool buffer ``[tokens, 1, 656]`` float8_e4m3fn (for tests and
+    checks; the hook never copies a cache)."""
+    num_pages, page_size, bpt = pages.shape
+    return {
+        "q": q,
+        "kv_cache": pages.view(torch.float8_e4m3fn).view(num_pages * page_size, 1, bpt),
+        "indices": indices,
+        "seq_lens": seq_lens,
+        "workspace_buffer": torch.empty(0, dtype=torch.uint8, device=q.device),
+        "page_size": page_size,
+        "kv_cache_dim": bpt,
+        "qk_nope_head_dim": 192,
+        "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64,
+        "sm_scale": 576**-0.5 if sm_scale is None else sm_scale,
+        "skip_softmax_threshold_scale_factor": None,
+    }

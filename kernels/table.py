@@ -17,7 +17,8 @@ underscores, and every H200 variant (``NVIDIA H200 NVL``, ...) as ``NVIDIA_H200`
 not belong in a file name become ``_``. The RTX PRO 6000 Blackwell editions (Workstation, Server,
 Max-Q Workstation) are one chip: with no table of its own, an edition uses another edition's, with a warning.
 
-Where: the folder named by ``$SPARSE_MLA_CONFIG_DIR`` first, then the package's ``kernels/configs/``. In a
+Where: :func:`tables_dir` first (``$SPARSE_MLA_CONFIG_DIR``, else ``~/.local/share/sparse_mla_tuner/configs``),
+then the package's ``kernels/configs/``. In a
 folder, as SGLang looks: ``triton_<running version>/`` (``triton_3_9_0/``), then the flat file, then the
 ``triton_<version>/`` folders of older versions, newest first; a table tuned with another Triton version
 than the running one is used with a warning. The first folder that holds the file decides; a broken file
@@ -144,13 +145,24 @@ def nearest_key(keys, batch: int) -> int:
     return min(sorted(keys), key=lambda k: abs(k - batch))
 
 
+def tables_dir() -> Path:
+    """The one folder where exported tables live, for every engine's plugin (SGLang's and vLLM's) and for
+    ``tuner export --engine``: ``$SPARSE_MLA_CONFIG_DIR`` when set, else ``$XDG_DATA_HOME/sparse_mla_tuner/configs``
+    (``~/.local/share/sparse_mla_tuner/configs``). Both layouts may lie in it side by side: SGLang's
+    ``triton_<version>/`` folders and vLLM's flat files; :func:`lookup_config` reads both."""
+    user = os.environ.get(ENV_DIR)
+    if user:
+        return Path(user)
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "sparse_mla_tuner" / "configs"
+
+
 def search_dirs(config_dir: Path | None = None) -> list[Path]:
-    """Where tables are looked for, in order: ``config_dir`` alone when given, else the
-    ``$SPARSE_MLA_CONFIG_DIR`` folder (when set) and then the package's tables."""
+    """Where tables are looked for, in order: ``config_dir`` alone when given, else :func:`tables_dir` and then
+    the package's tables."""
     if config_dir is not None:
         return [Path(config_dir)]
-    user = os.environ.get(ENV_DIR)
-    return ([Path(user)] if user else []) + [CONFIG_DIR]
+    return [tables_dir(), CONFIG_DIR]
 
 
 def running_triton() -> str:

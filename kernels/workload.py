@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .kv_format import check_pair
 from .kv_format import get_format
 from .kv_format import quantize
 
@@ -43,6 +44,8 @@ class Workload:
                 raise ValueError("the extra cache is one plain cache with the workload's heads")
             if get_format(self.extra.kv_format).d_qk != get_format(self.kv_format).d_qk:
                 raise ValueError("the extra cache must have the main cache's head dim (one q serves both)")
+            # (an extra-only format is a valid Workload: the extra cache is one; the call refuses it as a main)
+            check_pair(self.kv_format, self.extra.kv_format)
 
     def caches(self) -> list[Workload]:
         """The caches the call attends: this one, then the extra one."""

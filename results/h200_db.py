@@ -78,8 +78,10 @@ def _plain(value):
 def make_delta(old: sqlite3.Connection, new: sqlite3.Connection) -> dict:
     """What turns ``old`` into ``new``: per table the rows added or changed (whole: their rowids, and their values
     column by column, which compress twice as well as rows) and the rowids removed; and the schema's changes (a
-    migration): a new or changed table is made anew from its statement and holds all its rows in the delta, a table
-    gone is dropped, and an index new, changed or on a table made anew is made again."""
+    migration): a new or changed table is made anew from its statement, a table gone is dropped, and an index new,
+    changed or on a table made anew is made again. A table made anew holds all its rows in the delta, but a column
+    whose every value is the old table's (a migration that adds a column keeps the others) is named in ``reuse``
+    and read back from the old table instead."""
     old_tables, new_tables = _tables(old), _tables(new)
     old_indexes, new_indexes = _indexes(old), _indexes(new)
     remade = {t for t, sql in new_tables.items() if old_tables.get(t) != sql}
@@ -94,17 +96,33 @@ def make_delta(old: sqlite3.Connection, new: sqlite3.Connection) -> dict:
     }
     for table in sorted(new_tables):
         columns, now = _rows(new, table)
-        before = {} if table in remade else _rows(old, table)[1]
+        old_columns, before = _rows(old, table) if table in old_tables else ([], {})
+        reuse = []
+        if table in remade:  # every row is written anew; a column the old table holds whole is read back from it
+            same_rows = before.keys() == now.keys()
+            for i, c in enumerate(columns):
+                if same_rows and c in old_columns:
+                    j = old_columns.index(c)
+                    if all(before[r][j] == row[i] for r, row in now.items()):
+                        reuse.append(c)
+            before = {}
         upsert = [(rowid, row) for rowid, row in now.items() if before.get(rowid) != row]
         delete = sorted(rowid for rowid in before if rowid not in now)
         if upsert or delete:
-            values = [[_plain(row[i]) for _, row in upsert] for i in range(len(columns))]
+            values = [[] if c in reuse else [_plain(row[i]) for _, row in upsert] for i, c in enumerate(columns)]
             rowids = [rowid for rowid, _ in upsert]
-            delta["rows"][table] = {"columns": columns, "rowids": rowids, "values": values, "delete": delete}
+            d = {"columns": columns, "rowids": rowids, "values": values, "delete": delete}
+            delta["rows"][table] = {**d, "reuse": reuse} if reuse else d
     return delta
 
 
 def apply_delta(con: sqlite3.Connection, delta: dict) -> None:
+    kept = {}  # a remade table's reused columns, read before it is dropped: {table: {rowid: {column: value}}}
+    for table, d in delta["rows"].items():
+        if d.get("reuse"):
+            names = ", ".join(f'"{c}"' for c in d["reuse"])
+            cur = con.execute(f'SELECT rowid, {names} FROM "{table}"')
+            kept[table] = {r[0]: dict(zip(d["reuse"], r[1:], strict=True)) for r in cur}
     for table in delta.get("drop", []):
         con.execute(f'DROP TABLE IF EXISTS "{table}"')
     for index in delta.get("drop_indexes", []):
@@ -116,7 +134,15 @@ def apply_delta(con: sqlite3.Connection, delta: dict) -> None:
         con.executemany(f'DELETE FROM "{table}" WHERE rowid = ?', [(r,) for r in d["delete"]])
         names = ", ".join(f'"{c}"' for c in ["rowid", *d["columns"]])
         marks = ", ".join("?" * (len(d["columns"]) + 1))
-        rows = zip(d["rowids"], *d["values"], strict=True) if d["values"] else ((r,) for r in d["rowids"])
+        if table in kept:
+            old = kept[table]
+            values = [
+                [old[r][c] for r in d["rowids"]] if c in old.get(d["rowids"][0], {}) else v
+                for c, v in zip(d["columns"], d["values"], strict=True)
+            ] if d["rowids"] else d["values"]  # fmt: skip
+        else:
+            values = d["values"]
+        rows = zip(d["rowids"], *values, strict=True) if values else ((r,) for r in d["rowids"])
         con.executemany(f'INSERT OR REPLACE INTO "{table}" ({names}) VALUES ({marks})', rows)
     for index, sql in delta["indexes"].items():
         con.execute(f'DROP INDEX IF EXISTS "{index}"')

@@ -93,6 +93,21 @@ def _bench_search(rows: list) -> dict:
     }
 
 
+def _generic(rows: list[dict]) -> dict:
+    """A row's numbers (rounded) under its words and small integers (``fp8_v32 C=96``), for a benchmark whose
+    output this file does not know by name."""
+    out = {}
+    for i, r in enumerate(rows):
+        words = [
+            f"{k}={v}" if isinstance(v, int) and not isinstance(v, bool) and k in ("C", "batch") else str(v)
+            for k, v in r.items()
+            if isinstance(v, str) or (k in ("C", "batch") and isinstance(v, int))
+        ]
+        numbers = {k: _r(v, 3) for k, v in r.items() if isinstance(v, float) and not isinstance(v, bool)}
+        out[" ".join(words) or f"row {i}"] = numbers
+    return out
+
+
 def figures(path: Path) -> tuple[str, dict, dict]:
     """The kind of a raw output file, its figures and what it says about its run (date, device, kernel, command)."""
     try:
@@ -113,12 +128,14 @@ def figures(path: Path) -> tuple[str, dict, dict]:
     rows = d.get("rows", []) if isinstance(d, dict) else []
     if rows and "hook_us" in rows[0]:
         return "sglang_check", _sglang_check(d), about
-    if rows and "ours_us" in rows[0]:
+    if rows and {"C", "ours_us", "config"} <= set(rows[0]):
         return "bench_call", _bench_call(d), about
-    if rows and "format" in rows[0]:
+    if rows and {"format", "config", "us"} <= set(rows[0]):
         return "bench_single", _bench_single(d), about
     if rows and "seconds" in rows[0]:
         return "feasibility", _feasibility(d), about
+    if rows and all(isinstance(r, dict) for r in rows):  # another benchmark's rows: its numbers, by its words
+        return path.stem.removesuffix("_h200"), _generic(rows), about
     raise LedgerError(
         f"{path}: not a benchmark output the ledger knows "
         "(bench, bench_call, sglang_check, feasibility, retune, bench_search, its --overhead)"

@@ -51,11 +51,17 @@ def test_roles_decide_compile_key_options_and_triton_config():
     assert cfg.compile_key() == cfg.replace(TARGET_CTAS=1).compile_key()  # the grid is not the binary
     assert cfg.compile_key() != cfg.replace(maxnreg=128).compile_key()
     kw = cfg.triton_config_kwargs()
-    assert kw == {"kwargs": {"BLOCK_T": 32, "PREFETCH": 0, "BALANCED": 0}, "num_warps": 8, "num_stages": 3}  # maxnreg 0
+    assert kw == {
+        "kwargs": {"BLOCK_T": 32, "PREFETCH": 0, "BALANCED": 0, "MERGE": 0},
+        "num_warps": 8,
+        "num_stages": 3,
+    }  # maxnreg 0
     assert cfg.compile_key() != cfg.replace(PREFETCH=1).compile_key()
     assert str(cfg.replace(PREFETCH=1)) == "T32-w8-s3-c512-p1"  # printed only when set: old keys still parse
     assert str(cfg.replace(BALANCED=1)) == "T32-w8-s3-c512-b1" and KernelConfig.parse("T32-w8-s3-c512-b1").BALANCED == 1
     assert cfg.compile_key() != cfg.replace(BALANCED=1).compile_key()
+    assert str(cfg.replace(MERGE=1)) == "T32-w8-s3-c512-m1" and KernelConfig.parse("T32-w8-s3-c512-m1").MERGE == 1
+    assert cfg.compile_key() != cfg.replace(MERGE=1).compile_key()
     assert cfg.replace(maxnreg=128).options()["maxnreg"] == 128
     assert str(cfg) == "T32-w8-s3-c512" and str(cfg.replace(maxnreg=128)) == "T32-w8-s3-c512-r128"
     assert cfg.compile_label() == "T32-w8-s3"
@@ -67,6 +73,10 @@ def test_launch_identity_merges_clamped_target_ctas():
     assert launch_identity(a, 16, 512, 8) == launch_identity(b, 16, 512, 8)
     assert launch_identity(a, 16, 512, 96) != launch_identity(b, 16, 512, 96)  # 2 vs 11 splits at C=96
     assert launch_identity(a, 16, 512, 8) != launch_identity(a.replace(num_warps=8), 16, 512, 8)
+    # MERGE changes the launch where a row has splits to merge, not at one split per row (the same binary runs)
+    assert launch_identity(a, 16, 512, 8) != launch_identity(a.replace(MERGE=1), 16, 512, 8)
+    one = KernelConfig(32, 4, 1, 1)
+    assert launch_identity(one, 16, 512, 8) == launch_identity(one.replace(MERGE=1), 16, 512, 8)
 
 
 def test_database_columns_come_from_the_declaration():

@@ -19,6 +19,7 @@ LAYERS = ("kernels", "db", "tuner")
 ELSEWHERE = {
     "tuner/search_spaces/": "where the wheel installs search_spaces/ (pyproject.toml)",
     ".sglang-site/": "the side folder .ci/run installs SGLang into",
+    ".vllm-site/": "the side folder .ci/run installs vLLM into",
 }
 # folders whose files CONTRIBUTING.md names as a whole (the folder), not one by one
 AS_A_WHOLE = ("db/migrations/versions",)

@@ -215,7 +215,8 @@ def test_eight_searches_start_at_once_on_a_new_file(tmp_path):
 def test_fixture_of_schema_0004_upgrades_to_the_declared_parameters(tmp_path):
     """0005 adds the declared maxnreg column (0 = no cap), 0006 launch identities and calibrations, 0007 calls,
     0008 the PREFETCH column (0: every old trial ran the loop without the prefetch), 0009 the BALANCED
-    column (0: every old trial split each row alike)."""
+    column (0: every old trial split each row alike), 0011 the MERGE column (0: every old trial merged its
+    splits in a combine launch)."""
     path = tmp_path / "old4.db"
     shutil.copy("tests/fixtures/schema_0004.db", path)
     url = f"sqlite:///{path}"
@@ -226,7 +227,8 @@ def test_fixture_of_schema_0004_upgrades_to_the_declared_parameters(tmp_path):
     with store.session() as s:
         trials = s.scalars(select(TrialModel)).all()
         assert trials and all(
-            t.maxnreg == 0 and t.PREFETCH == 0 and t.BALANCED == 0 and t.duplicate_of is None for t in trials
+            t.maxnreg == 0 and t.PREFETCH == 0 and t.BALANCED == 0 and t.MERGE == 0 and t.duplicate_of is None
+            for t in trials
         )
         assert {str(t.config()) for t in trials} == {t.config_key for t in trials}  # old keys parse unchanged
 

@@ -5,6 +5,7 @@ A fenced block's info string is its language and then its marks, visible in the 
     ```bash gpu        needs a CUDA GPU (its commands are probed with --help, not run)
     ```bash long       runs for minutes (the same)
     ```bash install    installs packages: .ci/run runs these lines (checked against it here)
+    ```python engine   a piece of an engine's own code (runs inside the engine: parsed, not run)
 
 Every line of a ``bash`` block is a command: ``tuner ...``, ``python -m sparse_mla_tuner...`` and ``python
 SCRIPT.py ...`` are run with ``--help`` appended (click and argparse refuse an unknown command or option before
@@ -34,7 +35,7 @@ from tests.conftest import ROOT
 from tests.conftest import tuner_in_process
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-MARKS = {"gpu", "long", "install"}
+MARKS = {"gpu", "long", "install", "engine"}
 FENCE = re.compile(r"^```(.*)$")
 
 

@@ -201,7 +201,7 @@ def _errors(device):
     return [
         ("causal", base, {**kw, "causal": True}, "causal must be False"),
         ("bf16-cache", base, {**kw, "is_fp8_kvcache": False}, "is_fp8_kvcache must be True"),
-        ("bytes600", (bt.q, odd, *base[2:]), kw, "600 bytes per token; only 584 .V4. and 656 .V32."),
+        ("bytes600", (bt.q, odd, *base[2:]), kw, "600 bytes per token; only 584 .V4., 656 .V32., 528 .V41"),
         ("head-dim-v", (*base[:4], 576, meta), kw, "head_dim_v must be 512, got 576"),
         ("no-indices", base, {}, "only sparse decode is supported"),
         (

@@ -39,6 +39,46 @@ def test_full_size_layer_call_matches_reference(batch, q_tokens):
     assert ok, reason
 
 
+@pytest.mark.parametrize(
+    "batch, config",
+    [
+        (1, "T16-w4-s1-c64-p2-m1"),  # 40 splits of one tile: 40 programs race for a row's last ticket
+        (1, "T32-w4-s1-c16-p3-m1"),  # 10 splits of 2 tiles
+        (8, "T64-w8-s1-c128-p3-m1"),  # 8 warps: 8 partials per iteration of the merge
+        (40, "T32-w4-s1-c256-p3-b1-m1"),  # the balanced deal: programs of two rows
+        (96, "T32-w4-s1-c512-p3-m1"),  # more programs than SMs: rows merged while others still run
+    ],
+)
+def test_full_size_merged_layer_call_is_the_same_bits_on_every_replay(batch, config):
+    """MERGE=1 where a row's programs really run at once: the layer call matches the reference, its counters are
+    zero after a call, and replays of a CUDA graph of it (no memset in it: the counters reset themselves) give the
+    first call's bits every time, whichever program of a row happened to finish last."""
+    from sparse_mla_tuner.kernels import KernelConfig
+    from sparse_mla_tuner.kernels import timing
+    from sparse_mla_tuner.kernels.decode import prepare_decode
+
+    window = Workload("fp8_model1", 16, 128, 64, 128)
+    compressed = Workload("fp8_model1", 16, 512, 64, 8192)
+    bt = make_batch(
+        window, batch, device="cuda", seed=11, invalid_fraction=0.05, extra=compressed, with_sink=True
+    )  # fmt: skip
+    call = prepare_decode(*bt.args(), **bt.kwargs(), config=KernelConfig.parse(config))
+    assert call.plan.counters is not None and [x.name for x in call.plan.launches] == ["split"]
+    got, got_lse = call()
+    torch.cuda.synchronize()
+    assert not call.plan.counters.any()
+    ok, rel, lse_err, reason = compare(got, got_lse, *sparse_mla_decode_ref(*bt.args(), **bt.kwargs()))
+    assert ok, reason
+    out, lse = call.plan.out.clone(), call.plan.lse.clone()
+    graph = timing.capture(lambda i: call(), 4)
+    for _ in range(20):
+        call.plan.out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(call.plan.out, out) and torch.equal(call.plan.lse, lse)
+        assert not call.plan.counters.any()
+
+
 def test_config_none_uses_the_exported_table_on_this_gpu(monkeypatch):
     monkeypatch.delenv("SPARSE_MLA_CONFIG_DIR", raising=False)  # the package's own tables
     name = device_name(torch.device("cuda"))

@@ -7,8 +7,8 @@ from sparse_mla_tuner.kernels.kv_format import get_format
 from sparse_mla_tuner.kernels.kv_format import quantize
 
 
-@pytest.mark.parametrize("kv_format", sorted(FORMATS))
-def test_round_trip_within_e4m3_precision(kv_format):
+@pytest.mark.parametrize("kv_format", sorted(name for name, fmt in FORMATS.items() if fmt.element == "e4m3"))
+def test_round_trip_within_e4m3_precision(kv_format):  # fp4_v41's: tests/test_formats.py
     fmt = get_format(kv_format)
     g = torch.Generator().manual_seed(0)
     kv = torch.randn(130, fmt.d_qk, generator=g) * torch.logspace(-3, 2, 130)[:, None]

@@ -66,6 +66,7 @@ def test_the_wheel_adds_one_top_level_package(wheel_install):
     entry = zipfile.ZipFile(wheel).read(meta).decode()
     assert "tuner = sparse_mla_tuner.tuner.cli:main" in entry
     assert "sparse_mla_tuner.kernels.sglang_plugin:register" in entry
+    assert "sparse_mla_tuner.kernels.vllm_plugin:register" in entry
 
 
 def test_a_shipped_space_by_name_from_a_wheel_install(wheel_install, tmp_path):

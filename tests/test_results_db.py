@@ -81,6 +81,9 @@ def test_a_migrations_schema_change_round_trips_too(small, tmp_path):
     delta = h200_db.make_delta(old, con)
     old.close(), con.close()
     assert set(delta["tables"]) == {"tuner_trials"} and delta["drop"] == ["tuner_exports"]
+    trials = delta["rows"]["tuner_trials"]  # remade whole, but only the new column's values travel
+    assert "id" in trials["reuse"] and "NEWPARAM" not in trials["reuse"]
+    assert all(not v for c, v in zip(trials["columns"], trials["values"], strict=True) if c in trials["reuse"])
     applied = tmp_path / "applied.db"
     shutil.copy(small, applied)
     con = sqlite3.connect(applied)

@@ -454,9 +454,28 @@ class _SearchCommand(click.Command):
 
 @cli.command(
     cls=_SearchCommand,
-    short_help="Tune every workload x concurrency of SPACE_FILE; every sample goes to the database.",
+    short_help="Tune every workload x concurrency of SPACE_FILE (or of --model's calls); samples go to the database.",
 )
-@click.argument("space_file", type=click.Path(dir_okay=False))
+@click.argument("space_file", type=click.Path(dir_okay=False), required=False)
+@click.option(
+    "--model",
+    default=None,
+    help="Instead of SPACE_FILE: the decode calls of a model preset (deepseek-v4-flash, deepseek-v3.2, glm-5) at "
+    "--tp, with the engines' CUDA-graph batch sizes (docs/engines.md).",
+)
+@click.option("--tp", type=click.IntRange(1, 16), default=None, help="--model: the tensor-parallel size (1..16).")
+@click.option(
+    "--q-tokens",
+    "q_tokens",
+    default=None,
+    help="--model: query tokens per request to tune, e.g. 1,2 (a speculative verify step; default 1).",
+)
+@click.option(
+    "--max-batch",
+    type=click.IntRange(1, 4096),
+    default=None,
+    help="--model: the largest CUDA-graph batch size to tune (default 96).",
+)
 @click.option(
     "--backend",
     type=click.Choice(["cuda", "interpreter", "replay"]),
@@ -529,6 +548,10 @@ class _SearchCommand(click.Command):
 @expected_errors
 def search(
     space_file,
+    model,
+    tp,
+    q_tokens,
+    max_batch,
     backend,
     replay_db,
     replay_device,
@@ -547,16 +570,16 @@ def search(
     fmt,
     db_url,
 ):
-    """Tune every workload x concurrency level of SPACE_FILE; every sample goes to the database.
+    """Tune every workload x concurrency level of SPACE_FILE, or with --model NAME --tp N of a model preset's decode
+    calls (no space file: docs/engines.md); every sample goes to the database.
 
     Re-running resumes: configs already measured for this kernel and environment are skipped, and a level
     an earlier run finished measures nothing (--redo searches it again; a larger --n-trials continues it).
     Ctrl-C stops after the running trial. A trial whose heartbeat (every 2 s) is silent for 10 s belongs to a
     dead host and is retried; $TUNER_HEARTBEAT_GRACE_S sets those 10 s (whole seconds, more than 2).
     """
-    from .space import load_space
-
-    space = load_space(space_file)  # a bad space file's error comes before the search's modules load
+    # a bad space file's error comes before the search's modules load
+    space = _search_space(space_file, model, tp, q_tokens, max_batch, backend, replay_db, replay_device)
 
     from ..db.store import Store
     from .heartbeat import grace_s
@@ -605,6 +628,32 @@ def search(
         click.echo(render(rows, fmt, _search_brief))
     if opts.interrupted:
         sys.exit(128 + (opts.stop_signal or 2))  # Ctrl-C 130, SIGTERM 143: every finished trial is recorded
+
+
+def _search_space(space_file, model, tp, q_tokens, max_batch, backend, replay_db, replay_device):
+    """SPACE_FILE's space, or the preset's (``--model``/``--tp``), cut under replay to what the database recorded."""
+    from .space import load_space
+
+    preset_options = [n for n, v in (("--tp", tp), ("--q-tokens", q_tokens), ("--max-batch", max_batch)) if v]
+    if (space_file is None) == (model is None):
+        raise TunerError("give a SPACE_FILE or --model NAME --tp N (one of them)")
+    if space_file is not None:
+        if preset_options:
+            raise TunerError(f"{', '.join(preset_options)} apply to --model, not to a SPACE_FILE")
+        return load_space(space_file)
+    from . import models
+
+    if tp is None:
+        raise TunerError(f"--model {model} needs --tp N, the tensor-parallel size")
+    kw = {"q_tokens": models.parse_q_tokens(q_tokens)}
+    if max_batch:
+        kw["max_batch"] = max_batch
+    if backend != "replay" or not replay_db:
+        return models.preset_space(model, tp, **kw)
+    space, notes = models.recorded_only(model, tp, replay_db, replay_device, **kw)
+    for line in notes:
+        click.echo(line, err=True)
+    return space
 
 
 def _first_configs(text: str | None, space) -> list:
@@ -944,15 +993,22 @@ def trials(concurrency, verdict, space, kernel, sort, fmt, db_url):
     "out_dir",
     type=click.Path(),
     default=None,
-    help="engine/sglang: directory for the tables (default: $SPARSE_MLA_CONFIG_DIR when set, else ./tuned_configs); "
-    "triton: the .py file to write (default stdout).",
+    help="engine/sglang: directory for the tables (default: $SPARSE_MLA_CONFIG_DIR when set, else ./tuned_configs; "
+    "with --engine, where the engine's plugin reads them); triton: the .py file to write (default stdout).",
+)
+@click.option(
+    "--engine",
+    type=click.Choice(["sglang", "vllm"]),
+    default=None,
+    help="Write the tables where that engine's plugin reads them: $SPARSE_MLA_CONFIG_DIR, else "
+    "~/.local/share/sparse_mla_tuner/configs (sglang: its triton_<version>/ layout; vllm: vLLM's flat layout).",
 )
 @click.option(
     "--format",
     "export_format",
     type=click.Choice(["engine", "sglang", "triton"]),
-    default="engine",
-    help="engine: flat JSON tables {batch: config} the kernel reads, with a provenance sidecar; "
+    default=None,
+    help="engine (default): flat JSON tables {batch: config} the kernel reads, with a provenance sidecar; "
     "sglang: the same in a triton_<version>/ folder; triton: an importable list of triton.Config.",
 )
 @results_backend_option
@@ -971,13 +1027,24 @@ def trials(concurrency, verdict, space, kernel, sort, fmt, db_url):
 )
 @db_option
 @expected_errors
-def export(out_dir, export_format, backend, record, shapes, db_url):
+def export(out_dir, engine, export_format, backend, record, shapes, db_url):
     """Write the kernel's autotune tables: the best ok config per concurrency, per device and workload."""
     from ..db.store import Store
     from .export import export_tables
     from .export import parse_shape
     from .export import triton_module
     from .progress import Progress
+
+    if engine is not None:
+        layout = {"sglang": "sglang", "vllm": "engine"}[engine]
+        if export_format not in (None, layout):
+            raise TunerError(f"--engine {engine} writes the {layout} layout; leave out --format {export_format}")
+        export_format = layout
+        if out_dir is None:
+            from .adapters.sparse_mla import tables_dir
+
+            out_dir = str(tables_dir())
+    export_format = export_format or "engine"
 
     store = Store(db_url, create=False) if record and export_format != "triton" else Store(db_url, readonly=True)
     if export_format == "triton" and shapes:
@@ -1107,6 +1174,87 @@ def show(trial_id, fmt, db_url):
     click.echo(render(stats_rows, "table", _statistics_brief))
     click.echo("")
     click.echo(render(samples, "table", lambda rows: rows))
+
+
+def _int_list(text: str | None, option: str, low: int, high: int) -> list[int] | None:
+    if not text:
+        return None
+    out = []
+    for x in str(text).split(","):
+        x = x.strip()
+        if not re.fullmatch(r"[0-9]{1,9}", x) or not low <= int(x) <= high:
+            raise TunerError(f"{option} must be a comma list of integers {low}..{high}, got {quote(text)}")
+        out.append(int(x))
+    return out
+
+
+def _shapes_brief(rows: list[dict]) -> list[dict]:
+    return [
+        {
+            "format": r["kv_format"],
+            "heads": r["heads"],
+            "topk": r["topk"],
+            "q_tokens": r["q_tokens"],
+            "served": "yes" if r["served"] else "no",
+            "config from": r["origin"] + (f" {r['tuned']}" if r["tuned"] and r["origin"] != "measured" else ""),
+            "rows up to": r["max_rows"] if r["max_rows"] is not None else "",
+            "why not / to tune": r["reason"] or r["tune"] or "",
+        }
+        for r in rows
+    ]
+
+
+@cli.command(short_help="Which decode shapes the kernel serves on this device, and whose table configures each.")
+@click.option("--device", default=None, help="GPU name as torch names it (default: this GPU, else cpu-interpreter).")
+@click.option("--kv-format", "formats", multiple=True, help="Only this cache format (repeatable; default both).")
+@click.option("--heads", default=None, help="Local heads, e.g. 8,16 (default 8,16,32,64,128).")
+@click.option("--topk", default=None, help="Top-k of the main cache, e.g. 256,1152 (default 64..2048).")
+@click.option("--q-tokens", "q_tokens", default=None, help="Query tokens per request, e.g. 1,2 (default 1).")
+@click.option("--model", default=None, help="Only the shapes of this model preset's calls at --tp.")
+@click.option("--tp", type=click.IntRange(1, 16), default=None, help="--model: the tensor-parallel size.")
+@format_option
+@expected_errors
+def shapes(device, formats, heads, topk, q_tokens, model, tp, fmt):
+    """Which decode shapes the kernel serves on this device, and whose table configures each.
+
+    The engine plugins decide with the same function (kernels.coverage.coverage), so what this prints is what
+    an engine's log says. `config from`: measured (this shape's own table, measured on this device), replayed
+    (drawn by --backend replay from recorded samples), unverified (a table without provenance, or of another
+    edition of the chip), nearest HxK (the nearest tuned shape's table), default (the interpreter without a
+    table), none (not served: `why not` names the argument).
+    """
+    from .adapters.sparse_mla import SERVED_FORMATS
+    from .adapters.sparse_mla import get_preset
+    from .adapters.sparse_mla import inventory
+
+    if device is None:
+        import torch
+
+        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu-interpreter"
+    kw = {}
+    for name, option, value in (("heads", "--heads", heads), ("topks", "--topk", topk)):
+        parsed = _int_list(value, option, 1, 999_999_999)
+        if parsed:
+            kw[name] = parsed
+    parsed = _int_list(q_tokens, "--q-tokens", 1, 64)
+    if parsed:
+        kw["q_tokens"] = parsed
+    bad = [f for f in formats if f not in SERVED_FORMATS]
+    if bad:
+        raise TunerError(f"--kv-format {bad[0]!r} is not a cache format the kernel has (formats: {SERVED_FORMATS})")
+    if formats:
+        kw["formats"] = formats
+    if (model is None) != (tp is None):
+        raise TunerError("--model and --tp go together")
+    if model is not None:
+        try:
+            preset = get_preset(model)
+            local = preset.heads_per_rank(tp)
+        except ValueError as e:
+            raise TunerError(str(e)) from None
+        kw.update(formats=[preset.kv_format], heads=[local], topks=[preset.topk])
+    rows = [c.as_dict() for c in inventory(device, **kw)]
+    click.echo(render(rows, fmt, _shapes_brief))
 
 
 @cli.command(short_help="CONFIG_A against CONFIG_B at every concurrency both have (paired ratio, CI, effect).")

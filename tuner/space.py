@@ -440,6 +440,20 @@ def load_space(path: str | Path) -> SearchSpace:
     :class:`SpaceError` with a clear message."""
     path = resolve_space(path)
     text, doc = _read(path)
+    return _space(path, text, doc)
+
+
+def load_space_text(text: str, label: str) -> SearchSpace:
+    """:func:`load_space` of a space's YAML text (a generated one: ``tuner search --model``); ``label`` stands
+    for the file's path in messages and in the database."""
+    try:
+        doc = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        raise SpaceError(f"{label}: not valid YAML: {e}") from None
+    return _space(label, text, doc)
+
+
+def _space(path: str, text: str, doc) -> SearchSpace:
     if not isinstance(doc, dict):
         raise SpaceError(f"{path}: must be a YAML mapping with keys {list(TOP_KEYS)}, got {type(doc).__name__}")
     _check_keys(path, "", doc, TOP_KEYS)

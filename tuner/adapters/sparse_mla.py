@@ -24,8 +24,19 @@ from ...kernels.config import head_blocks_for
 from ...kernels.config import kernel_source_hash
 from ...kernels.config import launch_identity
 from ...kernels.config import split_grid
+from ...kernels.coverage import SERVED_FORMATS
+from ...kernels.coverage import Coverage
+from ...kernels.coverage import coverage
+from ...kernels.coverage import inventory
 from ...kernels.kv_format import FORMATS
+from ...kernels.kv_format import check_pair
 from ...kernels.kv_format import get_format
+from ...kernels.models import MAX_BATCH as MODEL_MAX_BATCH
+from ...kernels.models import MAX_Q_TOKENS as MODEL_MAX_Q_TOKENS
+from ...kernels.models import PRESETS
+from ...kernels.models import capture_sizes
+from ...kernels.models import get_preset
+from ...kernels.models import rows
 from ...kernels.reference import compare
 from ...kernels.reference import sparse_mla_decode_ref
 from ...kernels.table import ENV_DIR
@@ -34,6 +45,7 @@ from ...kernels.table import nearest_shape
 from ...kernels.table import raw_slug
 from ...kernels.table import sidecar_path
 from ...kernels.table import table_name
+from ...kernels.table import tables_dir
 from ...kernels.table import triton_folder
 from ...kernels.table import version_tuple
 from ...kernels.workload import Workload
@@ -49,7 +61,12 @@ from ..space import _show
 
 __all__ = [
     "BENCH_MODULE",
+    "Coverage",
     "ENV_DIR",
+    "MODEL_MAX_BATCH",
+    "MODEL_MAX_Q_TOKENS",
+    "PRESETS",
+    "SERVED_FORMATS",
     "PARAMS",
     "PARAM_NAMES",
     "KernelConfig",
@@ -58,14 +75,20 @@ __all__ = [
     "Workload",
     "WorkloadSpec",
     "block_h_for",
+    "capture_sizes",
+    "coverage",
     "estimate_shared",
     "device_slug",
     "get_format",
+    "get_preset",
+    "inventory",
     "kernel_source_hash",
     "nearest_shape",
     "raw_slug",
+    "rows",
     "sidecar_path",
     "table_name",
+    "tables_dir",
     "triton_folder",
     "version_tuple",
 ]
@@ -214,7 +237,12 @@ class SparseMlaAdapter(KernelAdapter):
         }
         if vals["heads"] % vals["tp"]:
             raise _err(path, f"{key}.tp", f"must divide heads ({vals['heads']}), got {vals['tp']}")
-        return WorkloadSpec(wname, kv_format, **vals, **_call(path, key, w, kv_format))
+        call = _call(path, key, w, kv_format)
+        try:  # an extra-only format (fp4_v41) as the main cache, or a pair FlashMLA does not have
+            check_pair(kv_format, call["extra"][0] if "extra" in call else None)
+        except ValueError as e:
+            raise _err(path, f"{key}.extra.kv_format" if "extra" in call else f"{key}.kv_format", str(e)) from None
+        return WorkloadSpec(wname, kv_format, **vals, **call)
 
     def encode(self, cfg: KernelConfig, wl: Workload, concurrency: int) -> list[float]:
         """log2 C, the parameters (log2), PREFETCH one-hot, the split geometry of every cache at this batch."""

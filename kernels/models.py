@@ -1,0 +1,122 @@
+"""Model presets: the sparse-MLA decode calls an engine makes for a model at a tensor-parallel size.
+
+Pure data and arithmetic (no torch, no Triton): the tuner builds a search space from a preset (``tuner search
+--model deepseek-v4-flash --tp 4``), and the engine plugins name that command in their log when they leave a
+shape to the engine (:func:`tune_command`).
+
+A preset holds what the model's config fixes: the attention heads (split over TP ranks), the cache format and
+each cache's top-k (DeepSeek-V4's sliding window and compressed cache, with the attention sink; V3.2 and GLM-5
+one 656-byte cache). The engine fixes the rest: the CUDA-graph batch sizes it captures (:data:`CAPTURE_SIZES`),
+and with speculative decoding the verify step's query tokens per request (``q_tokens``, 1 to 8).
+
+Facts (sources in ``/work/shared/reference/sparse_mla_kernels.md`` section 3): DeepSeek-V4-Flash has 64 heads,
+a 128-token window (top-k 128) and, in its compress-ratio-4 layers, an indexer top-k of 512 over a compressed
+cache of 64-token pages; DeepSeek-V3.2 has 128 heads and index top-k 2048; GLM-5 has 64 heads and index top-k
+2048 (the same 656-byte cache as V3.2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The decode CUDA-graph batch sizes each engine captures by default, up to 96 (the tables' range; a larger batch
+# is served while a table reaches it):
+# - SGLang 0.5.23, `generate_decode_cuda_graph_batch_sizes` (srt/arg_groups/cuda_graph_hook.py), without
+#   speculative decoding: [1, 2, 4, 8, 12] + range(16, 257, 8) + ...
+# - vLLM: [1, 2, 4] + multiples of 8 (`_BATCH_SIZES_TO_CAPTURE`, vllm#7894; v1's `cudagraph_capture_sizes`).
+SGLANG_CAPTURE_SIZES = (1, 2, 4, 8, 12, *range(16, 257, 8))
+VLLM_CAPTURE_SIZES = (1, 2, 4, *range(8, 257, 8))
+MAX_BATCH = 96  # the largest decode batch the presets tune by default
+MAX_Q_TOKENS = 8  # a speculative verify step's query tokens per request
+TP_SIZES = (1, 2, 4, 8, 16)
+
+
+def capture_sizes(engine: str | None = None, max_batch: int = MAX_BATCH) -> tuple[int, ...]:
+    """The CUDA-graph batch sizes up to ``max_batch`` of ``engine`` (``sglang`` or ``vllm``; None: both)."""
+    sizes = {"sglang": SGLANG_CAPTURE_SIZES, "vllm": VLLM_CAPTURE_SIZES}
+    if engine is not None and engine not in sizes:
+        raise ValueError(f"engine must be one of {sorted(sizes)}, got {engine!r}")
+    chosen = sizes[engine] if engine else SGLANG_CAPTURE_SIZES + VLLM_CAPTURE_SIZES
+    return tuple(sorted({b for b in chosen if b <= max_batch}))
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One model's sparse-MLA decode call: heads (all ranks), the main cache's format and top-k, the optional
+    compressed cache (its top-k, page size and context), the sink, and the page size the engine allocates."""
+
+    name: str
+    heads: int
+    kv_format: str
+    topk: int
+    page_size: int  # the main cache's page size in the engine (informative: a table is not keyed by it)
+    context: int  # the context the search measures the main cache at
+    extra_topk: int | None = None
+    extra_page_size: int = 64
+    extra_context: int = 8192
+    attn_sink: bool = False
+    note: str = ""
+
+    def heads_per_rank(self, tp: int) -> int:
+        """Local heads at tensor-parallel size ``tp``; ValueError for a size that does not divide the heads."""
+        if tp not in TP_SIZES or self.heads % tp:
+            allowed = [t for t in TP_SIZES if self.heads % t == 0 and self.heads // t >= 1]
+            raise ValueError(f"--tp {tp} does not split {self.name}'s {self.heads} heads (allowed: {allowed})")
+        return self.heads // tp
+
+    def shapes(self, tp: int) -> list[tuple[str, int, int]]:
+        """``(kv_format, heads, topk)`` of every table the engine's calls read at ``tp`` (one per call: a call's
+        table is keyed by its main cache's top-k)."""
+        return [(self.kv_format, self.heads_per_rank(tp), self.topk)]
+
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset(
+            "deepseek-v4-flash",
+            heads=64,
+            kv_format="fp8_model1",
+            topk=128,
+            page_size=256,
+            context=128,
+            extra_topk=512,
+            extra_page_size=64,
+            extra_context=8192,
+            attn_sink=True,
+            note="the compress-ratio-4 layers' call: window (top-k 128) + compressed cache (top-k 512) + sink",
+        ),
+        Preset("deepseek-v3.2", heads=128, kv_format="fp8_v32", topk=2048, page_size=64, context=8192),
+        Preset("glm-5", heads=64, kv_format="fp8_v32", topk=2048, page_size=64, context=8192),
+    )
+}
+
+
+def get_preset(name: str) -> Preset:
+    """The preset of ``name`` (case-insensitive); ValueError naming the presets otherwise."""
+    preset = PRESETS.get(str(name).strip().lower())
+    if preset is None:
+        raise ValueError(f"--model {str(name)[:60]!r} is not a model preset (presets: {', '.join(PRESETS)})")
+    return preset
+
+
+def rows(batch_sizes, q_tokens) -> list[int]:
+    """The row counts (``B * s_q``) the engine's calls have: a table is keyed by rows."""
+    return sorted({b * s for b in batch_sizes for s in q_tokens})
+
+
+def tune_command(kv_format: str, heads: int, topk: int, engine: str = "sglang") -> str:
+    """The commands that tune and export the table of ``(kv_format, heads, topk)`` for ``engine``: the preset and
+    TP size whose calls read it, else a search space to write."""
+    for preset in PRESETS.values():
+        for tp in TP_SIZES:
+            if preset.heads % tp == 0 and (preset.kv_format, preset.heads // tp, preset.topk) == (
+                kv_format,
+                heads,
+                topk,
+            ):
+                return f"tuner search --model {preset.name} --tp {tp} && tuner export --engine {engine}"
+    return (
+        f"tuner search SPACE.yaml (a space with kv_format {kv_format}, heads {heads}, topk {topk}) "
+        f"&& tuner export --engine {engine}"
+    )

@@ -1,0 +1,170 @@
+"""GPU check of the SGLang plugin's DeepSeek-V3.2 / GLM-5 hook, without SGLang, at the 15 CUDA-graph capture sizes.
+
+    python -m sparse_mla_tuner.kernels.sglang_check_v32 [--out check.json] [--heads 16] [--concurrency 1,2,...,96]
+
+At each batch size C, :func:`kernels.sglang_plugin.sglang_v32_hook` is called with the keyword arguments SGLang's
+DSA backend passes to ``flashinfer_sparse_mla_forward`` on sm_120 (``_forward_flashinfer_sparse_mla``): q
+``[C, 16, 576]`` bf16 (V3.2 at TP8, GLM-5 at TP4), the 656-byte cache as SGLang's pool buffer ``[tokens, 1, 656]``
+float8_e4m3fn with ``page_size`` 64, token indices ``[C, 2048]`` and ``seq_lens`` (SGLang's ``dsa_cache_seqlens``:
+the context clamped to the top-k, 2048 here). The original function is a stub that fails: every call must be
+served by the kernel.
+
+Checked against the fp32 reference (``kernels.reference``, the project's gate tolerance on the output) and against
+FlashMLA (``flash_mla``, legacy sm_90 path, ``kv_format="V32"``, heads padded to 64; as ``kernels.bench`` calls it):
+relative error at most twice the gate's. Timed as ``kernels.bench_call`` times (cold L2: one pool of ``--pool``
+requests; level C rotates over its ``pool // C`` disjoint request sets in one CUDA graph): the hook; the kernel call
+the hook makes without it (``direct_us``, so ``hook_vs_direct`` is the wrapper's cost); and the layer-call
+benchmark's call at the same level, ``kernels.flashmla_compat.flash_mla_with_kvcache`` on the same cache and sets
+(``layer_call_us``; ``ratio`` = hook / layer call, the issue's 5 % bar). The first eager call warms the shape up; the
+check counts Triton compilations after it (``late_compiles``, must be 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+import time
+
+import torch
+
+from . import flashmla_compat
+from . import sglang_plugin
+from . import timing
+from .reference import OUT_RTOL
+from .reference import sparse_mla_decode_ref
+from .sglang_check import CAPTURE
+from .sglang_check import _Compiles
+from .workload import Workload
+from .workload import make_batch
+
+TOPK, FLASHMLA_HEADS, MIN_SETS, SCALE = 2048, 64, 4, 576**-0.5
+
+
+def _left(**kwargs):
+    raise RuntimeError("the hook left an engine call to the original: the check expects every call served")
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--concurrency", default=CAPTURE)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--samples", type=int, default=10)
+    ap.add_argument("--pool", type=int, default=384, help="requests built once; level C rotates pool // C sets")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("sparse_mla_tuner.kernels.sglang_check_v32 needs a CUDA GPU", file=sys.stderr)
+        return 2
+    try:
+        levels = [int(c) for c in args.concurrency.split(",")]
+        if not levels or min(levels) < 1:
+            raise ValueError
+    except ValueError:
+        print(f"--concurrency must be positive integers separated by commas, got {args.concurrency!r}", file=sys.stderr)
+        return 2
+    try:
+        import flash_mla
+    except ImportError:
+        flash_mla = None
+    H = args.heads
+    compiles = _Compiles()
+    rows, warm_s = [], None
+    n_pool = max(args.pool, MIN_SETS * max(levels))
+    pool = make_batch(Workload("fp8_v32", H, TOPK, page_size=64, context=8192), n_pool, device="cuda", seed=7)
+    k_flash = pool.kv_cache.unsqueeze(2).view(torch.float8_e4m3fn)  # FlashMLA's [pages, 64, 1, 656]
+    for C in levels:
+        n_sets = n_pool // C
+        sets = [pool.rows(i * C, (i + 1) * C) for i in range(n_sets)]
+        seq = torch.full((C,), TOPK, dtype=torch.int32, device="cuda")
+        engine = [sglang_plugin.v32_engine_call(bt.q, pool.kv_cache, bt.indices, seq, sm_scale=SCALE) for bt in sets]
+        ref_out, _ = sparse_mla_decode_ref(*sets[0].args(), **sets[0].kwargs(), sm_scale=SCALE)
+        row = {"C": C, "sets": n_sets}
+        if warm_s is None:
+            t0 = time.perf_counter()
+            sglang_plugin.sglang_v32_hook(_left, **engine[0])
+            torch.cuda.synchronize()
+            warm_s = time.perf_counter() - t0
+
+        def step_hook(i, engine=engine):
+            return sglang_plugin.sglang_v32_hook(_left, **engine[i])
+
+        compiles.armed = True
+        out = step_hook(0)
+        torch.cuda.synchronize()
+        compiles.armed = False
+        row["hook_rel_err"] = round(_rel(out, ref_out), 5)
+        row["hook_ok"] = row["hook_rel_err"] <= OUT_RTOL
+        if flash_mla is not None:
+            q = sets[0].q
+            qp = torch.cat([q, q.new_zeros(C, FLASHMLA_HEADS - H, q.shape[2])], 1).unsqueeze(1)
+            fout, _ = flash_mla.flash_mla_with_kvcache(
+                qp, k_flash, None, None, 512, flash_mla.get_mla_metadata()[0], softmax_scale=SCALE,
+                is_fp8_kvcache=True, indices=sets[0].indices.unsqueeze(1), use_legacy=True, kv_format="V32",
+            )  # fmt: skip
+            row["vs_flashmla_rel_err"] = round(_rel(out, fout[:, 0, :H]), 5)
+            row["flashmla_ok"] = row["vs_flashmla_rel_err"] <= 2 * OUT_RTOL
+        compiles.armed = True
+        sample = timing.sampler(timing.capture(step_hook, n_sets), n_sets, 5.0)
+        compiles.armed = False
+        row["hook_us"] = statistics.median(sample()[0] for _ in range(args.samples))
+        route = sglang_plugin._ROUTES.get(sglang_plugin._v32_signature(engine[0]))
+
+        def step_direct(i, engine=engine, route=route):
+            return sglang_plugin._v32_serve(route, engine[i])
+
+        sample = timing.sampler(timing.capture(step_direct, n_sets), n_sets, 5.0)
+        row["direct_us"] = statistics.median(sample()[0] for _ in range(args.samples))
+        row["hook_vs_direct"] = round(row["hook_us"] / row["direct_us"], 4)
+        meta = flashmla_compat.get_mla_metadata()[0]
+        layer = [(bt.q.unsqueeze(1), bt.indices.unsqueeze(1)) for bt in sets]
+
+        def step_layer(i, layer=layer, meta=meta, seq=seq):
+            q, idx = layer[i]
+            return flashmla_compat.flash_mla_with_kvcache(
+                q, k_flash, None, None, 512, meta, softmax_scale=SCALE, is_fp8_kvcache=True, indices=idx,
+                topk_length=seq,
+            )  # fmt: skip
+
+        sample = timing.sampler(timing.capture(step_layer, n_sets), n_sets, 5.0)
+        row["layer_call_us"] = statistics.median(sample()[0] for _ in range(args.samples))
+        row["ratio"] = round(row["hook_us"] / row["layer_call_us"], 4)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del sets, engine, layer
+        torch.cuda.empty_cache()
+    summary = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": "python -m sparse_mla_tuner.kernels.sglang_check_v32 " + shlex.join(timing.portable_argv(argv)),
+        "heads": H,
+        "pool": n_pool,
+        "flash_mla": flash_mla is not None,
+        "warm_up_s": round(warm_s or 0.0, 2),
+        "late_compiles": compiles.count if compiles.supported else None,
+        "ratio_median": round(statistics.median(r["ratio"] for r in rows), 4),
+        "ratio_max": max(r["ratio"] for r in rows),
+        "hook_vs_direct_median": round(statistics.median(r["hook_vs_direct"] for r in rows), 4),
+        "hook_vs_direct_max": max(r["hook_vs_direct"] for r in rows),
+    }
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"env": summary, "rows": rows}, f, indent=1)
+    from tabulate import tabulate
+
+    print(tabulate(rows, headers="keys", floatfmt=".3f"))
+    print(json.dumps(summary))
+    good = all(r["hook_ok"] and r.get("flashmla_ok", True) for r in rows) and not compiles.count
+    return 0 if good else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
