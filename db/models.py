@@ -3,7 +3,9 @@
 Every table is prefixed ``tuner_`` because Optuna's own tables (``studies``, ``trials``, ...) live
 in the same database. One class per table, uniqueness in ``__table_args__`` (Optuna's
 ``_rdb/models.py`` style); reads are in :mod:`db.queries` and writes in :mod:`db.record`, as
-functions that take a session. The config columns come from the kernel's parameter declaration.
+functions that take a session. The config columns are the kernel's declared parameters (``kernels.config.PARAMS``),
+named here with their defaults, as the migrations made them (tests/test_architecture.py checks that they agree), so
+that reading the database imports no kernel module.
 
 Those columns (and the workload's shape columns) are the built-in kernel's, :data:`COLUMNS_ADAPTER`. A kernel of
 another adapter records its trial's parameters in ``tuner_trials.params`` and its workload's description in
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Boolean
 from sqlalchemy import DateTime
@@ -33,13 +36,26 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm import mapped_column
 from sqlalchemy.orm import relationship
 
-from ..kernels.config import PARAMS
-from ..kernels.config import KernelConfig
 from .verdicts import Phase
+
+if TYPE_CHECKING:
+    from ..kernels.config import KernelConfig
 
 # the adapter whose parameters and workload shape are this schema's columns (tuner/adapter.py: DEFAULT)
 COLUMNS_ADAPTER = "sparse_mla"
-PARAM_COLUMNS = tuple(p.name for p in PARAMS)
+# its parameters' columns and their server defaults: kernels.config.PARAMS, in its order (a new parameter is a
+# migration and a line here)
+CONFIG_COLUMNS: dict[str, int] = {
+    "BLOCK_T": 16,
+    "num_warps": 4,
+    "num_stages": 2,
+    "TARGET_CTAS": 256,
+    "maxnreg": 0,
+    "PREFETCH": 0,
+    "BALANCED": 0,
+    "MERGE": 0,
+}
+PARAM_COLUMNS = tuple(CONFIG_COLUMNS)
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -186,14 +202,14 @@ class StudyModel(Base):
 
 
 class _ConfigColumns:
-    """One integer column per declared kernel parameter (:data:`kernels.config.PARAMS`)."""
+    """One integer column per declared kernel parameter (:data:`CONFIG_COLUMNS`, :data:`kernels.config.PARAMS`)."""
 
 
-for _p in PARAMS:
+for _name, _default in CONFIG_COLUMNS.items():
     setattr(
         _ConfigColumns,
-        _p.name,
-        mapped_column(_p.name, Integer, nullable=False, default=_p.default, server_default=str(_p.default)),
+        _name,
+        mapped_column(_name, Integer, nullable=False, default=_default, server_default=str(_default)),
     )
 
 
@@ -243,8 +259,11 @@ class TrialModel(_ConfigColumns, Base):
     )
 
     def config(self) -> KernelConfig:
-        """The built-in kernel's config (see :meth:`param_values` for any adapter's)."""
-        return KernelConfig(**{p.name: getattr(self, p.name) for p in PARAMS})
+        """The built-in kernel's config (see :meth:`param_values` for any adapter's). (Imported here, as in
+        :meth:`WorkloadModel.workload`: reading the database needs no kernel module.)"""
+        from ..kernels.config import KernelConfig
+
+        return KernelConfig(**{name: getattr(self, name) for name in PARAM_COLUMNS})
 
     def param_values(self) -> dict:
         """The config's parameters by name: another adapter's ``params``, else the built-in kernel's columns."""

@@ -20,6 +20,10 @@ import secrets
 import stat
 from pathlib import Path
 
+from ..files import ReadProblem
+from ..files import file_kind
+from ..files import read_bounded
+
 SHOWN_MAX = 200  # characters of a path a message shows
 
 
@@ -35,11 +39,7 @@ def shown(path) -> str:
     return text if len(text) <= SHOWN_MAX else text[: SHOWN_MAX // 2 - 2] + "..." + text[-(SHOWN_MAX // 2 - 2) :]
 
 
-def kind(mode: int) -> str:
-    """What a file of this mode is, in words (``a FIFO``, ``a directory``, ...)."""
-    kinds = [(stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")]
-    kinds += [(stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symbolic link")]
-    return next((word for test, word in kinds if test(mode)), "not a regular file")
+kind = file_kind  # what a file of this mode is, in words (``a FIFO``, ``a directory``, ...)
 
 
 def regular_or_missing(path, what: str = "file") -> os.stat_result | None:
@@ -60,31 +60,16 @@ def read_bytes(path, limit: int, what: str = "file") -> bytes:
     """The bytes of the regular file at ``path``, at most ``limit`` of them; PathError otherwise. Never blocks."""
     if regular_or_missing(path, what) is None:
         raise PathError(f"no {what} at {shown(path)}")
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)
     try:
-        fd = os.open(path, flags)
-    except OSError as e:
-        raise PathError(f"cannot read {shown(path)}: {_why(e)}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise PathError(f"{shown(path)} is {kind(st.st_mode)}, not a regular file; the {what} must be one")
-        if st.st_size > limit:
-            raise PathError(f"{shown(path)} is {st.st_size} bytes; the {what} may have at most {limit}")
-        chunks, size = [], 0
-        while size <= limit:
-            chunk = os.read(fd, limit + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > limit:
-            raise PathError(f"{shown(path)} is more than {limit} bytes; the {what} may have at most {limit}")
-        return b"".join(chunks)
-    except OSError as e:
-        raise PathError(f"cannot read {shown(path)}: {_why(e)}") from None
-    finally:
-        os.close(fd)
+        return read_bounded(path, limit)
+    except ReadProblem as p:
+        if p.reason == "kind":
+            raise PathError(f"{shown(path)} is {kind(p.mode)}, not a regular file; the {what} must be one") from None
+        if p.reason == "size" and p.size is not None:
+            raise PathError(f"{shown(path)} is {p.size} bytes; the {what} may have at most {limit}") from None
+        if p.reason == "size":
+            raise PathError(f"{shown(path)} is more than {limit} bytes; the {what} may have at most {limit}") from None
+        raise PathError(f"cannot read {shown(path)}: {_why(p.error)}") from None
 
 
 def folder(path, root=None, create: bool = True) -> Path:

@@ -12,9 +12,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from sqlalchemy.orm import selectinload
 
-from ..kernels.config import PARAMS
 from .errors import DatabaseError
 from .models import COLUMNS_ADAPTER
+from .models import PARAM_COLUMNS
 from .models import CalibrationModel
 from .models import EnvironmentModel
 from .models import FeasibilityModel
@@ -134,14 +134,20 @@ def done_verdicts(session: Session, study_id: int) -> dict[str, Verdict]:
     return {k: Verdict(v) for k, v in rows}
 
 
-def _trial_query(concurrency=None, space=None, workload=None, device=None, backend=None, verdict=None, adapter=None):
+def _trial_query(
+    concurrency=None, space=None, workload=None, device=None, backend=None, verdict=None, adapter=None, kernel_id=None
+):
     q = (
         select(TrialModel)
         .join(StudyModel, TrialModel.study_id == StudyModel.id)
         .join(SpaceModel, StudyModel.space_id == SpaceModel.id)
         .join(WorkloadModel, TrialModel.workload_id == WorkloadModel.id)
         .join(EnvironmentModel, TrialModel.environment_id == EnvironmentModel.id)
-        .options(selectinload(TrialModel.statistics), selectinload(TrialModel.study).selectinload(StudyModel.space))
+        .options(
+            selectinload(TrialModel.statistics),
+            selectinload(TrialModel.study).selectinload(StudyModel.space),
+            selectinload(TrialModel.study).selectinload(StudyModel.kernel),
+        )
     )
     if concurrency is not None:
         q = q.where(TrialModel.concurrency == concurrency)
@@ -157,6 +163,8 @@ def _trial_query(concurrency=None, space=None, workload=None, device=None, backe
         q = q.where(TrialModel.verdict == verdict)
     if adapter:
         q = q.where(WorkloadModel.adapter == adapter)
+    if kernel_id is not None:
+        q = q.where(TrialModel.kernel_id == kernel_id)
     return q
 
 
@@ -190,7 +198,7 @@ def history(
     from sqlalchemy.orm import aliased
 
     fin, scr = aliased(StatisticModel), aliased(StatisticModel)
-    names = [p.name for p in PARAMS]
+    names = list(PARAM_COLUMNS)
     q = (
         select(
             TrialModel.study_id,
@@ -255,6 +263,34 @@ def rank_key(t: TrialModel) -> tuple:
     return (0 if st.phase == Phase.FINALIST else 1, st.ratio)
 
 
+def level_key(t: TrialModel) -> tuple:
+    """The level a trial was measured at: (space, workload, device, backend, concurrency). Each kernel's study
+    of a level is its own; the newest kernel's is the level's current one (:func:`newest_kernel`)."""
+    return (t.study.space.name, t.workload.name, t.environment.gpu_name, t.backend, t.concurrency)
+
+
+def newest_per_level(trials_: list[TrialModel]) -> list[TrialModel]:
+    """The trials of each level's newest kernel, in the order given (what ``best`` ranks, ``trials`` lists)."""
+    newest: dict[tuple, int] = {}
+    for t in trials_:
+        newest[level_key(t)] = max(newest.get(level_key(t), t.kernel_id), t.kernel_id)
+    return [t for t in trials_ if t.kernel_id == newest[level_key(t)]]
+
+
+def kernel_named(session: Session, prefix: str) -> KernelModel:
+    """The one kernel whose source hash starts with ``prefix`` (``--kernel``), or a DatabaseError that lists them."""
+    matching = select(KernelModel).where(KernelModel.source_hash.startswith(prefix, autoescape=True))
+    found = list(session.scalars(matching))
+    if len(found) == 1:
+        return found[0]
+    known = [k.source_hash[:12] for k in session.scalars(select(KernelModel).order_by(KernelModel.id))]
+    what = "no kernel" if not found else f"{len(found)} kernels"
+    raise DatabaseError(
+        f"--kernel: {what} in the database has a source hash starting with {prefix[:64]!r}; its kernels, oldest "
+        f"first: {', '.join(known) or 'none'} (or `newest`, each level's newest)"
+    )
+
+
 def newest_kernel(trials_: list[TrialModel]) -> list[TrialModel]:
     """The trials of the newest kernel among ``trials_`` (kernel rows are created in the order kernels appear;
     a kernel change makes older numbers history, not candidates)."""
@@ -304,7 +340,8 @@ def best_of(trials_: list[TrialModel]) -> TrialModel | None:
 
 def best(session: Session, concurrency: int, **filters) -> list[TrialModel]:
     """The best ``ok`` trial per (space, workload, device, backend) at this concurrency, among the trials of
-    the newest kernel measured there (a kernel change makes older numbers history, not candidates).
+    the newest kernel measured there (a kernel change makes older numbers history, not candidates), or of the
+    kernel ``kernel_id`` names.
 
     Trials that failed the correctness gate are ``wrong`` and never appear here.
     """

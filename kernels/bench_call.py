@@ -58,14 +58,15 @@ COMPRESSED = Workload("fp8_model1", HEADS, 512, page_size=64, context=8192)
 LEVELS = "1,2,4,8,16,24,32,40,48,56,64,72,80,88,96"
 
 
-def _args(bt, heads: int) -> tuple[tuple, dict]:
-    """FlashMLA-style arguments of one batch, q and sink padded to ``heads``."""
+def _args(bt, heads: int, k_cache=None) -> tuple[tuple, dict]:
+    """FlashMLA-style arguments of one batch, q and sink padded to ``heads``; the window cache is the batch's own,
+    or ``k_cache`` (``kernels.sglang_check``: the pool's window re-paged once into contiguous 64-token pages)."""
     q, sink = bt.q, bt.attn_sink
     if heads > q.shape[2]:
         pad = heads - q.shape[2]
         q = torch.cat([q, q.new_zeros(*q.shape[:2], pad, q.shape[3])], dim=2)
         sink = torch.cat([sink, sink.new_zeros(pad)])
-    k = bt.kv_cache.unsqueeze(2).view(torch.float8_e4m3fn)
+    k = bt.kv_cache.unsqueeze(2).view(torch.float8_e4m3fn) if k_cache is None else k_cache
     ek = bt.extra_kv_cache.unsqueeze(2).view(torch.float8_e4m3fn)
     kw = {
         "softmax_scale": 512**-0.5,

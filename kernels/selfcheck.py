@@ -11,7 +11,10 @@ import sys
 import torch
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args(argv)  # --help; no options
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         # @triton.jit picks interpreter-or-compiler at import time: start again with it set (isolated from the
         # working folder, as every child of the package's)

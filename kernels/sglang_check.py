@@ -96,21 +96,9 @@ def _engine_kwargs(bt, k_cache, extra_k_cache) -> dict:
 def _flashmla_args(bt, heads: int, k_cache) -> tuple[tuple, dict]:
     """``kernels.bench_call``'s FlashMLA-style arguments: contiguous 64-token pages (``k_cache``, the pool's
     window re-paged once), q and sink padded."""
-    q, sink = bt.q, bt.attn_sink
-    if heads > q.shape[2]:
-        pad = heads - q.shape[2]
-        q = torch.cat([q, q.new_zeros(*q.shape[:2], pad, q.shape[3])], dim=2)
-        sink = torch.cat([sink, sink.new_zeros(pad)])
-    ek = bt.extra_kv_cache.unsqueeze(2).view(torch.float8_e4m3fn)
-    kw = {
-        "softmax_scale": 512**-0.5,
-        "is_fp8_kvcache": True,
-        "indices": bt.indices,
-        "attn_sink": sink,
-        "extra_k_cache": ek,
-        "extra_indices_in_kvcache": bt.extra_indices,
-    }
-    return (q, k_cache, None, None, 512), kw
+    from .bench_call import _args
+
+    return _args(bt, heads, k_cache)
 
 
 def _left(**kwargs):

@@ -54,6 +54,9 @@ from dataclasses import field
 from functools import lru_cache
 from pathlib import Path
 
+from ..files import ReadProblem
+from ..files import file_kind
+from ..files import read_bounded
 from .config import DEFAULT_CONFIG
 from .config import PARAMS
 from .config import KernelConfig
@@ -346,38 +349,17 @@ def read_regular(path: Path, limit: int = MAX_TABLE_BYTES) -> bytes:
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot be read ({getattr(e, 'strerror', None) or e})") from None
     if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"cannot be read: it is {_file_kind(st.st_mode)}, not a regular file")
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)
+        raise ValueError(f"cannot be read: it is {file_kind(st.st_mode)}, not a regular file")
     try:
-        fd = os.open(path, flags)
-    except OSError as e:
-        raise ValueError(f"cannot be read ({e.strerror or e})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"cannot be read: it is {_file_kind(st.st_mode)}, not a regular file")
-        if st.st_size > limit:
-            raise ValueError(f"it is {st.st_size} bytes, more than a table's limit of {limit}")
-        chunks, size = [], 0
-        while size <= limit:
-            chunk = os.read(fd, limit + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > limit:
-            raise ValueError(f"it is more than a table's limit of {limit} bytes")
-        return b"".join(chunks)
-    except OSError as e:
-        raise ValueError(f"cannot be read ({e.strerror or e})") from None
-    finally:
-        os.close(fd)
-
-
-def _file_kind(mode: int) -> str:
-    kinds = [(stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")]
-    kinds += [(stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")]
-    return next((word for test, word in kinds if test(mode)), "not a regular file")
+        return read_bounded(path, limit)
+    except ReadProblem as p:
+        if p.reason == "kind":
+            raise ValueError(f"cannot be read: it is {file_kind(p.mode)}, not a regular file") from None
+        if p.reason == "size":
+            if p.size is not None:
+                raise ValueError(f"it is {p.size} bytes, more than a table's limit of {limit}") from None
+            raise ValueError(f"it is more than a table's limit of {limit} bytes") from None
+        raise ValueError(f"cannot be read ({p.error.strerror or p.error})") from None
 
 
 def _read_json(path: Path):

@@ -19,7 +19,7 @@
 #                                               # bench of both formats and the V4 layer call at AB_LEVELS (default
 #                                               # 16,48,96); AB_ALSO (a bench_call --also list, e.g. table-merge)
 #                                               # is timed in the new runs' layer call only; JSON and logs in
-#                                               # $OUT/$AB (default ab_h200; name it for the change: AB=ab_qk_dots_h200)
+#                                               # $OUT/$AB (default ab_h200; its figures go to the ledger, results/ledger.py add)
 #   OUT=out PHASE=call bash results/h200.sh     # the V4 layer call (window + compressed cache + sink, one
 #                                               # split launch) against FlashMLA: its GPU tests, kernels.bench_call at
 #                                               # the 15 levels, the single-cache bench of both formats at the 15 levels
@@ -44,11 +44,15 @@
 # search gets SIGINT and stops after its running trial) goes on where it stopped when run again.
 # $OUT (default results/out, ignored by git) has the layout of results/: a run's files replace the committed ones
 # by name. What each step printed goes to $OUT/NAME.log; the database comes back gzipped in 15-MiB parts,
-# $OUT/h200.db.gz.part00, part01, ...
+# $OUT/h200.db.gz.part00, part01, ... results/h200.db is built first (results/h200_db.py: the committed base and
+# deltas); back home, the returned database becomes the next delta, the only file of it to commit:
+#   cat h200.db.gz.part* | gunzip > /tmp/run.db && python results/h200_db.py delta /tmp/run.db
 set -u
 OUT=${OUT:-results/out}
 # a device run may carry the database gzipped (the working tree that travels is limited): unpack it in place
-if [ ! -e results/h200.db ] && [ -e .dbcarry/h200.db.gz ]; then gunzip -c .dbcarry/h200.db.gz > results/h200.db; fi
+if [ ! -e results/h200.db ] && [ -e .dbcarry/h200.db.gz ]; then gunzip -c .dbcarry/h200.db.gz > results/h200.db
+else python3 "$(dirname "$0")/h200_db.py" build || exit 2  # from its committed base and deltas (a no-op when current)
+fi
 DB=${TUNER_DB:-sqlite:///results/h200.db}
 LIMIT=${LIMIT:-$(case "${PHASE:-grids}" in call) echo 350 ;; formats) echo 240 ;; *) echo 540 ;; esac)}
 mkdir -p "$OUT"

@@ -23,6 +23,21 @@ if not torch.cuda.is_available():
 
 HAS_CUDA = torch.cuda.is_available()
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _build_results_db() -> None:
+    """results/h200.db is a build product (results/h200_db.py: its base and deltas): built here, once per change
+    of its parts, before any test reads it (under a lock: the xdist workers import this file at once)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("h200_db", ROOT / "results" / "h200_db.py")
+    h200_db = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(h200_db)
+    with FileLock(ROOT / "results" / ".h200.db.lock"):
+        h200_db.build()
+
+
+_build_results_db()
 PG = os.environ.get("TUNER_TEST_PG")  # e.g. postgresql+psycopg://postgres:postgres@127.0.0.1/postgres
 
 
@@ -140,8 +155,8 @@ def pytest_cmdline_main(config):
     """Three workers, each running whole test files in order, when pytest-xdist is installed (the dev extra)
     and no ``-n`` was given: the suite is mostly one process waiting on another (searches, compiles, killed
     hosts' grace periods), so on 2 cores two workers left about a third of the CPU idle (14.4 CPU-minutes in
-    11.1 minutes) and a third worker fills it (the same work in 7.6 minutes, README.md's Tests). ``-n 0`` runs
-    it in one process; without xdist it runs in one."""
+    11.1 minutes) and a third worker fills it (the same work in 7.6 minutes: `git show 315e042:README.md`, Tests).
+    ``-n 0`` runs it in one process; without xdist it runs in one."""
     if config.pluginmanager.hasplugin("xdist") and config.option.numprocesses is None:
         if not hasattr(config, "workerinput"):
             config.option.numprocesses = 3

@@ -80,10 +80,15 @@ def test_launch_identity_merges_clamped_target_ctas():
 
 
 def test_database_columns_come_from_the_declaration():
+    from sparse_mla_tuner.db.models import CONFIG_COLUMNS
     from sparse_mla_tuner.db.models import TrialModel
 
+    assert CONFIG_COLUMNS == {p.name: p.default for p in PARAMS}  # named in db/ (no kernel import), as declared
     cols = set(TrialModel.__table__.columns.keys())
     assert set(PARAM_NAMES) <= cols
+    assert {p.name: TrialModel.__table__.columns[p.name].server_default.arg for p in PARAMS} == {
+        p.name: str(p.default) for p in PARAMS
+    }
     t = TrialModel(**KernelConfig(32, 8, 3, 512).as_dict())
     assert t.config() == KernelConfig(32, 8, 3, 512)
 
@@ -403,3 +408,83 @@ def test_every_attribute_is_created_in_init():
         for f in methods:
             stray += [f"{path}:{c.name}.{f.name} sets self.{a}" for a in sorted(_self_attributes(f) - made)]
     assert not stray, stray
+
+
+# --- what a command loads --------------------------------------------------------------------------------
+
+HEAVY = ("torch", "triton", "sparse_mla_tuner.kernels")  # a kernel's modules, and what only a kernel's run needs
+CORE = ("cli", "study", "search", "candidates", "measure", "recorder", "strategies")
+
+LOADED_PROGRAM = """
+import importlib, json, os, sys
+heavy = tuple(json.loads(sys.argv[1]))
+for name in json.loads(sys.argv[2]):
+    importlib.import_module(name)
+if json.loads(sys.argv[3]) is not None:  # then run that command line, as the `tuner` executable does
+    from sparse_mla_tuner.tuner.cli import main
+    sys.argv = ["tuner", *json.loads(sys.argv[3])]
+    try:
+        main()
+    except SystemExit:
+        pass
+print(json.dumps(sorted(m for m in sys.modules if m.startswith(heavy))), file=sys.__stderr__)
+"""
+
+
+def _loaded(modules, argv=None, env=None):
+    """The heavy modules a fresh interpreter holds after importing ``modules`` and running ``tuner ARGV``."""
+    env = {**os.environ, **(env or {})}
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", LOADED_PROGRAM, json.dumps(HEAVY), json.dumps(list(modules)), json.dumps(argv)],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+    )  # fmt: skip
+    return json.loads(proc.stderr.strip().splitlines()[-1]), proc.stdout
+
+
+def test_the_tuner_core_loads_no_kernel_torch_or_triton_even_transitively():
+    """Importing the core (the command line, the study, the search and their parts) loads no kernel module,
+    torch or Triton, whatever imports what: the adapter loads its kernel when a command uses it."""
+    loaded, _ = _loaded([f"sparse_mla_tuner.tuner.{m}" for m in CORE])
+    assert loaded == []
+    loaded, _ = _loaded(["sparse_mla_tuner.db.queries", "sparse_mla_tuner.db.record", "sparse_mla_tuner.db.store"])
+    assert loaded == []  # reading the results database needs no kernel either
+
+
+@pytest.mark.parametrize(
+    "argv, env",
+    [
+        (["--help"], None),
+        (["--version"], None),
+        (["search", "--help"], None),
+        (["best", "--concurrency", "nope"], None),
+        (["search", "search_spaces/no_such_space.yaml"], None),
+        (["search", "tests/fixtures/typo_space.yaml"], None),
+        ([], {"_TUNER_COMPLETE": "bash_complete", "COMP_WORDS": "tuner se", "COMP_CWORD": "1"}),
+    ],
+    ids=["help", "version", "search-help", "bad-option", "no-space", "typo-space", "completion"],
+)
+def test_help_version_completion_and_a_bad_input_load_no_kernel(argv, env):
+    loaded, out = _loaded([], argv, env=env)
+    assert loaded == [], (argv, loaded)
+    if env:
+        assert "search" in out  # the completion answered
+
+
+def _cpu_s(argv: list[str]) -> float:
+    """The CPU time (user + system) a child process spent."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(argv, capture_output=True, cwd=ROOT, timeout=300, env={**os.environ, "TRITON_INTERPRET": "0"})
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def test_help_costs_a_fraction_of_a_torch_import():
+    """`tuner --help` costs less CPU than a third of `import torch` on the same machine (a ratio, not seconds: a
+    busy or slow machine slows both); before the imports were lazy it cost more than one whole torch import."""
+    tuner = [sys.executable, "-m", "sparse_mla_tuner.tuner"]
+    torch_s = _cpu_s([sys.executable, "-c", "import torch"])
+    help_s = min(_cpu_s([*tuner, "--help"]) for _ in range(2))
+    assert help_s < torch_s / 3, (help_s, torch_s)

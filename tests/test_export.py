@@ -26,7 +26,9 @@ from sparse_mla_tuner.kernels import decode
 from sparse_mla_tuner.kernels import make_batch
 from sparse_mla_tuner.kernels import sparse_mla_decode
 from sparse_mla_tuner.kernels.config import DEFAULT_CONFIG
+from sparse_mla_tuner.kernels.config import PARAMS
 from sparse_mla_tuner.kernels.config import KernelConfig
+from sparse_mla_tuner.kernels.config import Role
 from sparse_mla_tuner.kernels.workload import Workload
 from tests.conftest import tuner_in_process as tuner  # export reads the database and writes files: no interpreter start
 
@@ -175,7 +177,7 @@ def test_sidecar_and_export_row_hold_no_password(results, tmp_path):
 
 
 @triton.jit  # module level: the interpreter re-reads it
-def _copy_kernel(X, Y, n, BLOCK_T: tl.constexpr, PREFETCH: tl.constexpr, BALANCED: tl.constexpr):
+def _copy_kernel(X, Y, n, BLOCK_T: tl.constexpr, PREFETCH: tl.constexpr, BALANCED: tl.constexpr, MERGE: tl.constexpr):
     offs = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     m = offs < n
     tl.store(Y + offs, tl.load(X + offs, mask=m), mask=m)
@@ -199,7 +201,8 @@ def test_triton_module_picks_the_tuned_config_per_batch_without_timing(h200, eng
     configs = mod.CONFIGS_FP8_V32_H16_TOPK2048_NVIDIA_H200
     assert mod.CONFIGS[name] is configs and isinstance(configs, list) and len(configs) > 1
     # the kernel's meta-parameters (all kernel arguments), and nothing else (options and TARGET_CTAS are not kwargs)
-    assert all(isinstance(c, triton.Config) and set(c.kwargs) == {"BLOCK_T", "PREFETCH", "BALANCED"} for c in configs)
+    meta = {p.name for p in PARAMS if p.role is Role.META}  # BLOCK_T, PREFETCH, BALANCED, MERGE
+    assert all(isinstance(c, triton.Config) and set(c.kwargs) == meta for c in configs)
     index, ctas = mod.CONFIG_INDEX[name], mod.TARGET_CTAS[name]
     assert set(index) == set(ctas) == {1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96}
     engine = engine_tables["out"]
@@ -209,6 +212,13 @@ def test_triton_module_picks_the_tuned_config_per_batch_without_timing(h200, eng
         assert cfg.kwargs == want.meta() and cfg.num_warps == want.num_warps and cfg.num_stages == want.num_stages
         assert mod.target_ctas(name, batch) == want.TARGET_CTAS
     assert mod.TABLES[name]["devices"] == ["NVIDIA H200"] and mod.TABLES[name]["triton"] == ["3.6.0"]
+    # each config's comment names the config tuned at each of its batch sizes (not its first batch's, repeated)
+    text = path.read_text().split(f"CONFIGS_{name} = [", 1)[1].split("]", 1)[0]
+    named = {int(c): key for c, key in re.findall(r"C=(\d+) (\S+?)(?=,|$)", text, flags=re.M)}
+    assert set(named) == set(index)
+    for batch, key in named.items():
+        want = kt.lookup_config("NVIDIA H200", "fp8_v32", 16, 2048, batch, config_dir=engine)
+        assert key == str(want), (batch, key, str(want))
 
     timed, ran = [], []
 
@@ -230,7 +240,7 @@ def test_triton_module_picks_the_tuned_config_per_batch_without_timing(h200, eng
 
 
 @triton.jit  # module level: the interpreter re-reads it
-def _copy_kernel(X, Y, n, BLOCK_T: tl.constexpr, PREFETCH: tl.constexpr, BALANCED: tl.constexpr):
+def _copy_kernel(X, Y, n, BLOCK_T: tl.constexpr, PREFETCH: tl.constexpr, BALANCED: tl.constexpr, MERGE: tl.constexpr):
     offs = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     m = offs < n
     tl.store(Y + offs, tl.load(X + offs, mask=m), mask=m)

@@ -12,9 +12,9 @@ import pytest
 
 from sparse_mla_tuner.kernels import KernelConfig
 from sparse_mla_tuner.kernels import Workload
+from sparse_mla_tuner.tuner.adapters.sparse_mla import estimate_shared
 from sparse_mla_tuner.tuner.feasibility import check
 from sparse_mla_tuner.tuner.feasibility import check_many
-from sparse_mla_tuner.tuner.feasibility import estimate_shared
 from sparse_mla_tuner.tuner.space import load_space
 
 V4 = Workload("fp8_model1", heads=16, topk=512, page_size=64, context=8192)

@@ -1,5 +1,5 @@
 """Output people can read: every default table sized to the terminal ($COLUMNS) with the config key, median,
-CI, verdict, band and ties, and no cell ever cut (free text wraps, less important columns are left out);
+CI, effect, band, kernel and ties, and no cell ever cut (free text wraps, less important columns are left out);
 piped output keeps full values; `--wide`, json and csv with every field; a missing level names the ones
 there."""
 
@@ -111,10 +111,10 @@ def test_piped_output_keeps_full_values(results, as_json, monkeypatch):
     assert all(r["reason"] in line for r, line in zip(rows, lines[2:], strict=True))
 
 
-def test_best_names_its_config_with_median_ci_verdict_band_and_ties(results):
+def test_best_names_its_config_with_median_ci_effect_band_kernel_and_ties(results):
     proc = tuner("best", "--concurrency", "96", "--db", results)
     header = proc.stdout.splitlines()[0].split()
-    for column in ("config", "median_us", "CI", "verdict", "band", "ties"):
+    for column in ("config", "median_us", "CI", "effect", "band", "kernel", "ties"):
         assert column in header, header
     rows = json.loads(tuner("best", "--concurrency", "96", "--db", results, "-f", "json").stdout)
     for r in rows:  # the config key is whole in the table, and tied_with's keys are config keys
@@ -177,7 +177,7 @@ def test_the_search_summary_cuts_no_interval(monkeypatch):
         "best": "T32-w4-s1-c256-p3-b1",
         "median_us": "48.69",
         "ratio vs baseline (95% CI)": "0.859 [0.851, 0.866]",
-        "verdict": "win",
+        "effect": "win",
         "noise band": "±1.0 %",
         "ok": 90,
         "infeasible": 24,
@@ -225,3 +225,31 @@ def test_stored_strings_cannot_break_a_table_or_drive_the_terminal(tmp_path):
             assert all("GPU\\n\\x1b[2J" in ln for ln in lines[2:])
         else:
             assert not extra and all("GPU" not in ln for ln in lines)
+
+
+def test_best_and_trials_agree_on_the_kernel_and_show_it(h200):
+    """A level measured by many kernels: `best` ranks each level's newest kernel, and `trials` lists the same
+    kernel's trials by default (the fastest of every kernel's is not the best of the current one); both show the
+    kernel, and --kernel picks another, in both."""
+
+    def rows(*args):
+        proc = tuner(*args, "--db", h200, "-f", "json")
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    level = ("--concurrency", "96", "--space", "v4_flash_tp4")
+    (best,) = rows("best", *level)
+    listed = rows("trials", *level, "--verdict", "ok", "--sort", "median_us")
+    assert {r["kernel"] for r in listed} == {best["kernel"]}
+    assert any(r["config"] == best["config"] and r["median_us"] == best["median_us"] for r in listed)
+    every = rows("trials", *level, "--verdict", "ok", "--kernel", "all")
+    kernels = {r["kernel"] for r in every}
+    assert len(kernels) > 1 and len(every) > len(listed)
+    old = sorted(kernels - {best["kernel"]})[0]
+    (older,) = rows("best", *level, "--kernel", old[:8])
+    assert older["kernel"] == old
+    assert {r["kernel"] for r in rows("trials", *level, "--kernel", old)} == {old}
+    proc = tuner("best", *level, "--kernel", "zzz", "--db", h200)
+    assert proc.returncode == 2 and "--kernel: no kernel" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    table = tuner("trials", *level, "--verdict", "ok", "--kernel", "all", "--db", h200).stdout
+    assert "kernel" in table.splitlines()[0].split()  # several kernels: the brief table shows the column

@@ -252,14 +252,13 @@ def test_check_rows_per_compiled_binary_with_progress_lines(tiny):
 
 def test_check_all_lists_every_config_in_the_old_field_order(tiny):
     from sparse_mla_tuner.kernels.config import PARAM_NAMES
-    from sparse_mla_tuner.tuner.cli import CHECK_FIELDS
+    from sparse_mla_tuner.tuner.cli import VERDICT_FIELDS
 
     space, db, _ = tiny
     proc = cached_check(space, "--all", "-f", "json", "--db", db)
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout)
-    assert len(rows) == 6 and all(list(r) == list(CHECK_FIELDS) for r in rows)
-    assert list(CHECK_FIELDS[: len(PARAM_NAMES)]) == list(PARAM_NAMES)
+    assert len(rows) == 6 and all(list(r) == [*PARAM_NAMES, *VERDICT_FIELDS] for r in rows)
     assert [r["TARGET_CTAS"] for r in rows] == [4, 8, 16, 4, 8, 16]
     assert "compile" not in proc.stderr  # cached by the first check
 
@@ -270,3 +269,39 @@ def test_check_csv_joins_launch_values_and_quiet_is_silent(tiny):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[1].startswith('16,4,1,"4,8,16",0,')
     assert proc.stderr.splitlines() == ["6 feasible / 0 infeasible for sm_120"]
+
+
+def test_a_slow_step_says_what_it_does_and_a_quick_one_nothing():
+    import threading
+
+    out = io.StringIO()
+    progress = Progress(file=out, tty=False)
+    with progress.slow("export: reading", after_s=3600):
+        pass
+    assert out.getvalue() == ""  # quick: nothing (an error right after it stays the only line)
+    said = threading.Event()
+    progress.message = lambda text: (out.write(text + "\n"), said.set())  # noqa: B023 - this progress only
+    with progress.slow("export: reading", after_s=0.0):
+        assert said.wait(60)  # still inside: the step is slow
+    assert out.getvalue() == "export: reading\n"
+    quiet = io.StringIO()
+    with Progress(quiet=True, file=quiet).slow("x", after_s=0.0):
+        pass
+    assert quiet.getvalue() == ""
+
+
+@pytest.mark.parametrize("cmd", [["report"], ["export", "--out", "OUT"], ["export", "--format", "triton"]])
+def test_report_and_export_say_their_progress_on_stderr(tmp_path, cmd):
+    """They took a minute and ten seconds on the whole H200 record without a word: each now ends with a line on
+    stderr (with lines of progress and the reading said on the way when they are slow); stdout is the data."""
+    from tests.conftest import tuner_in_process
+    from tests.recorded import make_results
+
+    db = make_results(tmp_path / "r.db")
+    args = [a.replace("OUT", str(tmp_path / "t")) for a in cmd]
+    proc = tuner_in_process(*args, "--db", f"sqlite:///{db}")
+    assert proc.returncode == 0, proc.stderr
+    name = cmd[0]
+    done = [line for line in proc.stderr.splitlines() if line.startswith(f"{name}: done in")]
+    assert len(done) == 1 and ("3 sections" if name == "report" else "3 tables") in done[0], proc.stderr
+    assert f"{name}: done" not in proc.stdout

@@ -233,7 +233,7 @@ def test_best_in_every_format(smoke_db, fmt):
         (row,) = json.loads(proc.stdout)
         assert {"BLOCK_T", "num_warps", "num_stages", "TARGET_CTAS"} <= set(row)
         assert row["concurrency"] == 1 and row["backend"] == "interpreter" and row["ci_low_us"] <= row["median_us"]
-        assert row["verdict"] in ("win", "flat", "regression")
+        assert row["effect"] in ("win", "flat", "regression")
     elif fmt == "csv":
         (row,) = list(csv.DictReader(io.StringIO(proc.stdout)))
         assert row["device"] == "cpu-interpreter"
@@ -323,7 +323,9 @@ def test_export_writes_the_table_the_kernel_reads(smoke_db, tmp_path):
     table = json.loads((out / f"{name}.json").read_text())
     assert set(table) == {"1", "4"}
     for entry in table.values():
-        assert set(entry) == {"BLOCK_T", "num_warps", "num_stages", "TARGET_CTAS", "maxnreg", "PREFETCH", "BALANCED"}
+        from sparse_mla_tuner.kernels.config import PARAM_NAMES
+
+        assert set(entry) == set(PARAM_NAMES)  # every declared parameter (MERGE too)
         assert entry["BLOCK_T"] * entry["num_stages"] < 64  # never the infeasible T32-s2
     side = json.loads((out / f"{name}.provenance.json").read_text())
     assert {e["verdict"] for e in side["entries"].values()} == {"ok"}

@@ -72,6 +72,14 @@ class Tunable:
         return isinstance(v, int) and not isinstance(v, bool) and self.check(v)
 
 
+def binary_key(spec) -> tuple:
+    """Identifies the binary a compile spec makes (two launches with one key run the same code: compiled once), of
+    any object with :class:`CompileSpec`'s fields (the built-in kernel's ``decode.CompileSpec`` has them too)."""
+    signature, constexprs = sorted(spec.signature.items()), sorted(spec.constexprs.items())
+    attrs = sorted((k, str(v)) for k, v in spec.attrs.items())
+    return (spec.name, tuple(signature), tuple(constexprs), tuple(attrs), tuple(sorted(spec.options.items())))
+
+
 @dataclass(frozen=True)
 class CompileSpec:
     """One kernel a launch compiles: what ``triton.compile(ASTSource(kernel, signature, constexprs, attrs),
@@ -84,15 +92,7 @@ class CompileSpec:
     attrs: dict
     options: dict
 
-    def key(self) -> tuple:
-        """Identifies the binary (two launches with one key run the same code): compiled once."""
-        return (
-            self.name,
-            tuple(sorted(self.signature.items())),
-            tuple(sorted(self.constexprs.items())),
-            tuple(sorted((k, str(v)) for k, v in self.attrs.items())),
-            tuple(sorted(self.options.items())),
-        )
+    key = binary_key  # spec.key(), as the built-in kernel's specs have it
 
 
 class KernelAdapter(abc.ABC):

@@ -17,10 +17,6 @@ from ..db.errors import quote
 from ..db.verdicts import Phase
 from ..db.verdicts import Verdict
 from . import __version__
-from .adapters.sparse_mla import BENCH_MODULE
-from .adapters.sparse_mla import PARAM_NAMES
-from .adapters.sparse_mla import KernelConfig
-from .adapters.sparse_mla import SparseMlaAdapter
 from .errors import TunerError
 from .output import format_option
 from .output import pct
@@ -36,8 +32,8 @@ VERDICT_FIELDS = (  # a check row's fields after the config's parameters
     "feasible",
     "reason",
 )
-CHECK_FIELDS = PARAM_NAMES + VERDICT_FIELDS  # our kernel's check rows
-
+# The built-in kernel (adapters/sparse_mla.py) is imported by the commands that use it, never at import: `--help`,
+# `--version`, a completion and a bad option's error load no kernel, torch or Triton (tests/test_architecture.py).
 
 INT64_MAX = 2**63 - 1  # SQLite's INTEGER and PostgreSQL's BIGINT: the largest integer the database stores
 LONG_TOKEN = re.compile(rf"\S{{{QUOTE_MAX + 50},}}")  # longer than what quote() leaves
@@ -151,8 +147,9 @@ def _best_brief(rows: list[dict]) -> list[dict]:
             "median_us": r["median_us"],
             "95% CI us": _ci(r["ci_low_us"], r["ci_high_us"]),
             "ratio": r["ratio"],
-            "verdict": r["verdict"],
+            "effect": r["effect"],
             "band": _pct(r["noise_band"]),
+            "kernel": r["kernel"],
             "ties": _ties(r["tied_with"]),
         }
         for r in rows
@@ -160,7 +157,18 @@ def _best_brief(rows: list[dict]) -> list[dict]:
 
 
 def _trials_brief(rows: list[dict]) -> list[dict]:
-    keys = ("trial", *varying(rows, "space"), "C", "config", "verdict", "median_us", "ratio", "effect", "reason")
+    keys = (
+        "trial",
+        *varying(rows, "space"),
+        "C",
+        "config",
+        "verdict",
+        "median_us",
+        "ratio",
+        "effect",
+        *varying(rows, "kernel"),
+        "reason",
+    )
     return [{k: r[k] for k in keys} for r in rows]
 
 
@@ -184,6 +192,9 @@ def _values_text(v) -> str:
 
 
 def _check_brief(rows: list[dict], adapter=None) -> list[dict]:
+    from .adapters.sparse_mla import KernelConfig
+    from .adapters.sparse_mla import SparseMlaAdapter
+
     params = (adapter or SparseMlaAdapter()).params
     out = []
     for r in rows:
@@ -226,7 +237,7 @@ def _search_brief(rows: list[dict]) -> list[dict]:
                 "best": r["best"],
                 "median_us": r["median_us"],
                 "ratio (95% CI)": r["ratio vs baseline (95% CI)"],
-                "verdict": r["verdict"],
+                "effect": r["effect"],
                 "band": r["noise band"],
                 "ok": r["ok"],
                 "infeasible": others.get(V.INFEASIBLE, 0),
@@ -244,7 +255,7 @@ def _compare_brief(rows: list[dict]) -> list[dict]:
             **{k: r[k] for k in keys},
             "95% CI": _ci(r["ci_low"], r["ci_high"], 4),
             "band": _pct(r["noise_band"]),
-            "verdict": r["verdict"],
+            "effect": r["effect"],
         }
         for r in rows
     ]
@@ -285,6 +296,12 @@ def _statistics_brief(rows: list[dict]) -> list[dict]:
     ]
 
 
+results_backend_option = click.option(  # the listings' and export's filter (a search's --backend picks where it runs)
+    "--backend",
+    type=click.Choice(["cuda", "interpreter"]),
+    default=None,
+    help="Only results measured on this backend (default: any).",
+)
 db_option = click.option(
     "--db",
     "db_url",
@@ -349,13 +366,15 @@ def check(
     once Triton has allocated shared memory: the verdict is the compiler's own shared size for the
     target, and registers and spills stay empty; --registers compiles through ptxas for them.
     """
-    from ..db.store import Store
-    from .feasibility import check_many
-    from .progress import Progress
     from .space import TARGETS
     from .space import load_space
 
-    space = load_space(space_file)
+    space = load_space(space_file)  # a bad space file's error comes before the check's modules load
+
+    from ..db.store import Store
+    from .feasibility import check_many
+    from .progress import Progress
+
     adapter = space.adapter
     store = Store(db_url)
     target = target or space.target
@@ -559,13 +578,15 @@ def search(
     Ctrl-C stops after the running trial. A trial whose heartbeat (every 2 s) is silent for 10 s belongs to a
     dead host and is retried; $TUNER_HEARTBEAT_GRACE_S sets those 10 s (whole seconds, more than 2).
     """
+    # a bad space file's error comes before the search's modules load
+    space = _search_space(space_file, model, tp, q_tokens, max_batch, backend, replay_db, replay_device)
+
     from ..db.store import Store
     from .heartbeat import grace_s
     from .search import Options
     from .search import run_search
     from .summary import time_lines
 
-    space = _search_space(space_file, model, tp, q_tokens, max_batch, backend, replay_db, replay_device)
     _replay_kernel(space, backend)
     levels = _levels(concurrency)
     first_configs = _first_configs(first, space)
@@ -790,7 +811,7 @@ def _best_row(t) -> dict:
         "ratio": round(st.ratio, 4),
         "ratio_ci_low": round(st.ratio_ci_low, 4),
         "ratio_ci_high": round(st.ratio_ci_high, 4),
-        "verdict": st.classification,
+        "effect": st.classification,
         "noise_band": round(st.noise_band, 4),
         "n": st.n,
         "phase": st.phase,
@@ -806,6 +827,7 @@ def _best_row(t) -> dict:
         concurrency=t.concurrency,
         device=env.gpu_name,
         backend=t.backend,
+        kernel=t.study.kernel.source_hash[:12],
         trial=t.id,
         date=t.created_at.strftime("%Y-%m-%d %H:%M"),
     )
@@ -819,6 +841,8 @@ def _bytes_moved(wl, concurrency: int) -> int | None:
     from ..db.models import COLUMNS_ADAPTER
 
     if wl.adapter == COLUMNS_ADAPTER:
+        from .adapters.sparse_mla import SparseMlaAdapter
+
         return SparseMlaAdapter().bytes_moved(wl.workload(), concurrency)
     from .adapter import adapter_named
 
@@ -829,28 +853,34 @@ def _bytes_moved(wl, concurrency: int) -> int | None:
         return None
 
 
-@cli.command(short_help="The best ok config at a concurrency, with its CI, ratio to baseline, verdict and ties.")
+@cli.command(short_help="The best ok config at a concurrency, with its CI, ratio to baseline, effect, kernel and ties.")
 @click.option("--concurrency", type=DB_INT, required=True, help="Batch size (concurrency level).")
 @click.option("--space", default=None, help="Only this search space's results (its `name`, e.g. v4_flash_tp4).")
 @click.option("--workload", default=None, help="Only this workload's results (its name in the space, e.g. v4_flash).")
 @click.option("--device", default=None, help="GPU name as stored, e.g. 'NVIDIA H200'.")
+@results_backend_option
 @click.option(
-    "--backend",
-    type=click.Choice(["cuda", "interpreter"]),
-    default=None,
-    help="Only results measured on this backend (default: any).",
+    "--kernel",
+    default="newest",
+    show_default=True,
+    help="Whose trials: `newest`, each level's newest kernel (what `trials` lists and `export` deploys), or the "
+    "kernel whose source hash starts with this (the `kernel` column; `tuner db compact --help` lists them).",
 )
 @format_option
 @db_option
 @expected_errors
-def best(concurrency, space, workload, device, backend, fmt, db_url):
-    """The best `ok` config at a concurrency, with its CI, ratio to baseline and noise verdict."""
+def best(concurrency, space, workload, device, backend, kernel, fmt, db_url):
+    """The best `ok` config at a concurrency, with its CI, ratio to baseline, effect (win, flat, loss against
+    the baseline, beyond the noise band) and kernel: each level's newest kernel unless --kernel names one."""
     from ..db import queries
     from ..db.store import Store
 
     store = Store(db_url, readonly=True)
     with store.session() as s:
-        found = queries.best(s, concurrency, space=space, workload=workload, device=device, backend=backend)
+        kernel_id = None if kernel == "newest" else queries.kernel_named(s, kernel).id
+        found = queries.best(
+            s, concurrency, space=space, workload=workload, device=device, backend=backend, kernel_id=kernel_id
+        )
         rows = [
             {**_best_row(t), "tied_with": " ".join(x.config_key for x in queries.tied(s, t) if x.id != t.id)}
             for t in found
@@ -879,14 +909,21 @@ def _no_level(store, concurrency: int, **where) -> str:
     )
 
 
-@cli.command(short_help="Every trial: config, verdict, reason, median and ratio.")
+@cli.command(short_help="Every trial of each level's newest kernel: config, verdict, reason, median, ratio, effect.")
 @click.option("--concurrency", type=DB_INT, default=None, help="Only this concurrency level (default: every level).")
 @click.option(
     "--verdict",
     type=click.Choice([v.value for v in Verdict] + ["all"]),
     default="all",
     show_default=True,
-    help="Only trials with this verdict.",
+    help="Only trials with this verdict (ok, or why the trial has no measurement).",
+)
+@click.option(
+    "--kernel",
+    default="newest",
+    show_default=True,
+    help="Whose trials: `newest`, each level's newest kernel (the trials `best` ranks), `all` (every kernel's), or "
+    "the kernel whose source hash starts with this (the `kernel` column).",
 )
 @click.option("--space", default=None, help="Only this search space's trials (its `name`, e.g. v4_flash_tp4).")
 @click.option(
@@ -899,18 +936,22 @@ def _no_level(store, concurrency: int, **where) -> str:
 @format_option
 @db_option
 @expected_errors
-def trials(concurrency, verdict, space, sort, fmt, db_url):
-    """Every trial: config, verdict, reason, feasibility numbers, median and ratio."""
+def trials(concurrency, verdict, space, kernel, sort, fmt, db_url):
+    """Every trial: config, verdict (ok, infeasible, ...), reason, feasibility numbers, median, ratio and effect
+    (win, flat, loss). Each level's newest kernel only, as `best` ranks them, unless --kernel says otherwise."""
     from sqlalchemy import select
 
     from ..db import queries
+    from ..db.models import PARAM_COLUMNS
     from ..db.models import TrialModel
     from ..db.store import Store
 
     store = Store(db_url, readonly=True)
     with store.session() as s:
         rows = []
-        for t in queries.trials(s, concurrency=concurrency, verdict=verdict, space=space):
+        kernel_id = None if kernel in ("newest", "all") else queries.kernel_named(s, kernel).id
+        found = queries.trials(s, concurrency=concurrency, verdict=verdict, space=space, kernel_id=kernel_id)
+        for t in queries.newest_per_level(found) if kernel == "newest" else found:
             st = t.evidence().statistic()  # a duplicate shows its original's numbers
             rows.append(
                 {
@@ -926,12 +967,13 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
                     "effect": st.classification if st else None,
                     "shared_bytes": t.shared_bytes,
                     "registers": t.registers,
+                    "kernel": t.study.kernel.source_hash[:12],
                     "reason": t.reason,
                 }
             )
     key = {
         "id": lambda r: r["trial"],
-        "config": lambda r: tuple(r.get(p, 0) for p in PARAM_NAMES) + (r["config"],),
+        "config": lambda r: tuple(r.get(p, 0) for p in PARAM_COLUMNS) + (r["config"],),
         "median_us": lambda r: (r["median_us"] is None, r["median_us"] or 0),
     }[sort]
     rows.sort(key=key)
@@ -969,12 +1011,7 @@ def trials(concurrency, verdict, space, sort, fmt, db_url):
     help="engine (default): flat JSON tables {batch: config} the kernel reads, with a provenance sidecar; "
     "sglang: the same in a triton_<version>/ folder; triton: an importable list of triton.Config.",
 )
-@click.option(
-    "--backend",
-    type=click.Choice(["cuda", "interpreter"]),
-    default=None,
-    help="Only results measured on this backend (default: any).",
-)
+@results_backend_option
 @click.option(
     "--record",
     is_flag=True,
@@ -996,6 +1033,7 @@ def export(out_dir, engine, export_format, backend, record, shapes, db_url):
     from .export import export_tables
     from .export import parse_shape
     from .export import triton_module
+    from .progress import Progress
 
     if engine is not None:
         layout = {"sglang": "sglang", "vllm": "engine"}[engine]
@@ -1016,7 +1054,7 @@ def export(out_dir, engine, export_format, backend, record, shapes, db_url):
             from .export import check_output
 
             check_output(Path(out_dir))
-        text = triton_module(store, backend)
+        text = triton_module(store, backend, Progress(False))
         if out_dir is None:
             click.echo(text, nl=False)
             return
@@ -1027,7 +1065,8 @@ def export(out_dir, engine, export_format, backend, record, shapes, db_url):
         return
     try:
         named = [parse_shape(x) for x in shapes]
-        paths = export_tables(store, out_dir, backend, export_format, record=record, shapes=named)
+        progress = Progress(False)  # the reading (when slow) and the tables written, on stderr
+        paths = export_tables(store, out_dir, backend, export_format, record=record, shapes=named, progress=progress)
     except OSError as e:
         raise TunerError(f"cannot write {e.filename or out_dir}: {e.strerror}") from None
     for path in paths:
@@ -1042,9 +1081,8 @@ def export(out_dir, engine, export_format, backend, record, shapes, db_url):
     "bench_files",
     multiple=True,
     type=click.Path(dir_okay=False),
-    help=f"A same-run benchmark of ours against FlashMLA (JSON of python -m {BENCH_MODULE} or "
-    "kernels.bench_call; "
-    "repeatable): the median plot of its device and call shows FlashMLA from it.",
+    help="A same-run benchmark of ours against FlashMLA (the JSON of the built-in kernel's `bench` or `bench_call` "
+    "module; repeatable): the median plot of its device and call shows FlashMLA from it.",
 )
 @db_option
 @expected_errors
@@ -1053,6 +1091,7 @@ def report(output, plots_dir, bench_files, db_url):
     import os.path
 
     from ..db.store import Store
+    from .progress import Progress
     from .report import load_bench
     from .report import render_report
 
@@ -1065,7 +1104,7 @@ def report(output, plots_dir, bench_files, db_url):
         prefix = os.path.relpath(plots_dir, os.path.dirname(os.path.abspath(output)) or ".") + "/"
     try:
         benches = tuple(load_bench(f) for f in bench_files)
-        text = render_report(Store(db_url, readonly=True), plots_dir, prefix, benches)
+        text = render_report(Store(db_url, readonly=True), plots_dir, prefix, benches, Progress(False))
     except OSError as e:
         raise TunerError(f"cannot write {e.filename or plots_dir}: {e.strerror}") from None
     if output:
@@ -1084,6 +1123,7 @@ def report(output, plots_dir, bench_files, db_url):
 @expected_errors
 def show(trial_id, fmt, db_url):
     """Everything about trial TRIAL_ID (see `tuner trials`), raw samples included."""
+    from ..db.models import PARAM_COLUMNS
     from ..db.models import TrialModel
     from ..db.store import Store
 
@@ -1095,7 +1135,7 @@ def show(trial_id, fmt, db_url):
         info = {c.name: getattr(t, c.name) for c in TrialModel.__table__.columns}
         info.pop("params")
         if t.params is not None:  # another adapter's trial: its own parameters, not the built-in kernel's columns
-            info = {k: v for k, v in info.items() if k not in PARAM_NAMES}
+            info = {k: v for k, v in info.items() if k not in PARAM_COLUMNS}
             at = list(info).index("config_key") + 1
             items = list(info.items())
             info = dict(items[:at] + list(t.param_values().items()) + items[at:])
@@ -1217,7 +1257,7 @@ def shapes(device, formats, heads, topk, q_tokens, model, tp, fmt):
     click.echo(render(rows, fmt, _shapes_brief))
 
 
-@cli.command(short_help="CONFIG_A against CONFIG_B at every concurrency both have (paired ratio, CI, verdict).")
+@cli.command(short_help="CONFIG_A against CONFIG_B at every concurrency both have (paired ratio, CI, effect).")
 @click.argument("config_a")
 @click.argument("config_b")
 @click.option("--space", default=None, help="Only this search space's studies (its `name`, e.g. v4_flash_tp4).")
@@ -1253,7 +1293,7 @@ def compare(config_a, config_b, space, fmt, db_url):
                 continue
             r, lo, hi = stats.ratio_of_ratios(ra, rb, seed=a.id)
             band = a.study.noise_band or 0.0
-            verdict = "A faster" if hi < 1 - band else "A slower" if lo > 1 + band else "flat"
+            effect = "A faster" if hi < 1 - band else "A slower" if lo > 1 + band else "flat"
             rows.append(
                 {
                     "space": a.study.space.name,
@@ -1268,7 +1308,7 @@ def compare(config_a, config_b, space, fmt, db_url):
                     "ci_low": round(lo, 4),
                     "ci_high": round(hi, 4),
                     "noise_band": round(band, 4),
-                    "verdict": verdict,
+                    "effect": effect,
                 }
             )
     if unsampled:
@@ -1279,7 +1319,9 @@ def compare(config_a, config_b, space, fmt, db_url):
     click.echo(render(rows, fmt, _compare_brief))
 
 
-def _parse_config(text: str) -> KernelConfig:
+def _parse_config(text: str):
+    from .adapters.sparse_mla import KernelConfig
+
     try:
         return KernelConfig.parse(text)
     except ValueError as e:

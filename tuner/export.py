@@ -57,6 +57,7 @@ from .adapters.sparse_mla import table_name
 from .adapters.sparse_mla import triton_folder
 from .adapters.sparse_mla import version_tuple
 from .errors import TunerError
+from .progress import Progress
 
 FORMATS = ("engine", "sglang", "triton")
 DEFAULT_OUT = "tuned_configs"  # in the working directory: an export never writes into the installed package
@@ -225,12 +226,15 @@ def export_tables(
     fmt: str = "engine",
     record: bool = False,
     shapes=None,
+    progress: Progress | None = None,
 ) -> list[Path]:
     """Write each table and its provenance sidecar; returns the paths written (table, sidecar, ...).
 
     ``record``: also add a row per table to the database's ``tuner_exports`` (else the database is only read).
     ``shapes``: ``(heads, topk)`` pairs: only the tables of these shapes (see :func:`named_shapes`).
+    ``progress`` shows the reading and each table written on stderr.
     """
+    progress = progress or Progress(quiet=True)
     if fmt not in ("engine", "sglang"):
         raise TunerError(f"export format must be engine or sglang here, got {fmt!r}")
     out_dir = Path(out_dir) if out_dir is not None else default_out_dir()
@@ -242,10 +246,13 @@ def export_tables(
     date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     written = []
     with store.session() as s:
-        found = tables(s, backend, fmt, shapes)
+        with progress.slow(f"export: reading the best trials of {source}"):
+            found = tables(s, backend, fmt, shapes)
         if not found:
             raise _nothing(store)
+        task = progress.task("export", total=len(found))
         for (sub, name), by_c in found.items():
+            task.advance(1, postfix=name)
             folder = out_dir / sub if sub else out_dir
             try:
                 safe_folder(folder, root=out_dir)  # a triton_<version>/ inside it: never a link out of it
@@ -283,6 +290,7 @@ def export_tables(
                     )
                 )
             written += [path, side]
+        task.close(f"{len(found)} tables")
     return written
 
 
@@ -352,7 +360,7 @@ def autotune_kwargs(name, batch_arg):
 '''
 
 
-def triton_module(store: Store, backend: str | None = None) -> str:
+def triton_module(store: Store, backend: str | None = None, progress: Progress | None = None) -> str:
     """The winners as an importable module: per (device, workload) a ``list`` of ``triton.Config``.
 
     A ``triton.Config`` holds only the kernel's meta-parameters (``KernelConfig.meta()``, all kernel
@@ -361,12 +369,16 @@ def triton_module(store: Store, backend: str | None = None) -> str:
     The module's helpers (``config_for``, ``target_ctas``, ``prune_configs_by``, ``autotune_kwargs``) pick the
     tuned config per batch; ``tests/test_export.py`` runs them.
     """
+    progress = progress or Progress(quiet=True)
     with store.session() as s:
-        found = tables(s, backend, "engine")
+        with progress.slow(f"export: reading the best trials of {redact_url(store.url)}"):
+            found = tables(s, backend, "engine")
         if not found:
             raise _nothing(store)
         body, names, meta_rows = [], [], {}
+        task = progress.task("export", total=len(found))
         for (_, _file), by_c in found.items():
+            task.advance(1, postfix=_file)
             first = next(iter(by_c.values()))
             w = first.workload
             devices = sorted({t.environment.gpu_name for t in by_c.values()})
@@ -394,13 +406,14 @@ def triton_module(store: Store, backend: str | None = None) -> str:
                 kw = t.config().triton_config_kwargs()
                 options = "".join(f", {k}={int(v)!r}" for k, v in kw.items() if k != "kwargs")
                 meta = {str(k): int(v) for k, v in kw["kwargs"].items()}
-                keys = ", ".join(f"C={c} {t.config()}" for c in cs)
+                keys = ", ".join(f"C={c} {by_c[c].config()}" for c in cs)  # each batch's own pick
                 body.append(f"    triton.Config({meta!r}{options}),  # {keys}")
             body += [
                 "]",
                 f"CONFIG_INDEX_{name} = { ({int(c): i for c, i in index.items()})!r}",
                 f"TARGET_CTAS_{name} = { ({int(c): int(t.TARGET_CTAS) for c, t in by_c.items()})!r}",
             ]
+        task.close(f"{len(found)} tables")
     meta = ", ".join(p.name for p in PARAMS if p.role is Role.META)
     options = ", ".join(p.name for p in PARAMS if p.role is Role.OPTION)
     head = [

@@ -30,18 +30,18 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from dataclasses import dataclass
-
-import triton
+from typing import TYPE_CHECKING
 
 from .. import child_argv
 from .. import child_env
 from ..db import queries
 from .adapter import default_adapter
-from .adapters.sparse_mla import KernelConfig
-from .adapters.sparse_mla import Workload
-from .adapters.sparse_mla import estimate_shared  # noqa: F401 - the built-in kernel's estimate
 from .errors import FeasibilityError
 from .space import TARGETS
+
+if TYPE_CHECKING:  # the built-in kernel's types, named in annotations only: importing this module loads no kernel
+    from .adapters.sparse_mla import KernelConfig
+    from .adapters.sparse_mla import Workload
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,8 @@ def cache_key(config: KernelConfig, workload: Workload, target: str, depth: str 
     TARGET_CTAS, which only sets the grid, and the shape). ``depth="shared"`` names the shared-memory-only
     numbers (no registers), kept apart from full ones."""
     adapter = adapter or default_adapter()
+    import triton  # the version of the compiler that compiles (imported where a compile is keyed, not at import)
+
     raw = json.dumps([adapter.source_hash(), triton.__version__, target, *adapter.compile_identity(config, workload)])
     if depth != "cubin":
         raw += f"|{depth}"

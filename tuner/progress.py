@@ -31,6 +31,7 @@ exception never leaves a bar behind) and a ``(done, total)`` callable, the shape
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -41,6 +42,7 @@ from typing import TextIO
 from tqdm import tqdm
 
 INTERVAL_S = 10.0  # lines mode: the fewest seconds between two progress lines of one task
+SLOW_S = 3.0  # Progress.slow: a quick step says nothing, a slow one what it is doing
 STEPS = 10  # lines mode: a progress line only when the count passes another 1/STEPS of the total
 
 
@@ -90,6 +92,22 @@ class Progress:
         """One line of progress news (suppressed by ``quiet``)."""
         if self.mode != "off":
             self._line(text)
+
+    @contextlib.contextmanager
+    def slow(self, text: str, after_s: float = SLOW_S):
+        """``text`` as a message only when the block is still running ``after_s`` seconds after it began: a step
+        that is usually quick (reading the results) says what it does when it is not, and says nothing otherwise
+        (so an error right after a quick read stays the only line on stderr)."""
+        if self.mode == "off":
+            yield
+            return
+        timer = threading.Timer(after_s, self.message, (text,))
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
 
     def warn(self, text: str) -> None:
         """A line that ``quiet`` does not suppress (warnings); never tears a bar."""

@@ -21,7 +21,7 @@ def summary_row(session: Session, study_id: int, workload: str, concurrency: int
         "best": "-",
         "median_us": "-",
         "ratio vs baseline (95% CI)": "-",
-        "verdict": "-",
+        "effect": "-",
         "noise band": pct(study.noise_band or 0),
         "ok": sum(t.verdict == Verdict.OK and t.statistic() is not None for t in trials),
         **tally,
@@ -33,7 +33,7 @@ def summary_row(session: Session, study_id: int, workload: str, concurrency: int
             best=b.config_key,
             median_us=f"{st.median_us:.2f}",
             **{"ratio vs baseline (95% CI)": f"{st.ratio:.3f} [{st.ratio_ci_low:.3f}, {st.ratio_ci_high:.3f}]"},
-            verdict=st.classification,
+            effect=st.classification,
         )
     return row
 
