@@ -1186,16 +1186,43 @@ def upgrade(db_url):
     """Migrate an older results database to the current schema (nothing is dropped), and give every Optuna
     study that an older search left without them its metric name and attributes (optuna-dashboard shows
     every study alike)."""
+    from ..db.errors import DatabaseReadOnlyError
     from ..db.store import Store
     from ..db.store import head_revision
     from .upgrade import METRIC
     from .upgrade import label_studies
 
-    store = Store(db_url, upgrade=True, create=False)
+    try:
+        store = Store(db_url, upgrade=True, create=False)
+    except DatabaseReadOnlyError as e:
+        _upgrade_read_only(db_url, e)
+        return
     labelled = label_studies(store)
     click.echo(f"{store.shown_url} is at schema {store.revision()} (head {head_revision()})", err=True)
     if labelled:
         click.echo(f"labelled {labelled} Optuna studies with their metric name ({METRIC}) and attributes", err=True)
+
+
+def _upgrade_read_only(db_url: str, refused) -> None:
+    """``tuner db upgrade`` of a database this process cannot write: a no-op when it is at the current schema with
+    nothing to label, else ``refused`` (the read-only sentence) with what the upgrade would have to write."""
+    from ..db.errors import DatabaseError
+    from ..db.store import Store
+    from ..db.store import check_optuna_schema
+    from ..db.store import head_revision
+    from .upgrade import unlabelled_studies
+
+    try:
+        store = Store(db_url, readonly=True)
+    except DatabaseError as e:
+        if "tuner db upgrade" not in str(e):  # damaged, not a database, ...: that is what to say
+            raise
+        raise DatabaseError(f"{refused}; it is at an older schema, so upgrading it needs to write") from None
+    check_optuna_schema(store.engine, store.shown_url)
+    n = unlabelled_studies(store)
+    if n:
+        raise DatabaseError(f"{refused}; {n} of its Optuna studies need labels, so upgrading it needs to write")
+    click.echo(f"{store.shown_url} is at schema {store.revision()} (head {head_revision()}): nothing to do", err=True)
 
 
 def _compact_brief(rows: list[dict]) -> list[dict]:

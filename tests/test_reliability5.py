@@ -1,0 +1,237 @@
+"""Reliability, round five (issue 59): a damaged version table, a read-only database and a dry run that changes
+nothing; a space file's `kernel:` that names a module outside the registered adapters; environment variables; Ctrl-C
+at any moment; a space file from a pipe. Each case is one sentence and exit 2 (or a clean run), never a traceback."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.conftest import tuner_in_process as tuner
+
+SMOKE = str(ROOT / "search_spaces" / "smoke.yaml")
+
+
+def _one_sentence(proc, fragment=None):
+    """Exit 2, one stderr line that starts with `error:`, no traceback."""
+    err = proc.stderr
+    assert proc.returncode == 2, (proc.returncode, err)
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    if fragment:
+        assert fragment in lines[0], lines[0]
+
+
+def _clean(proc):
+    """Exit 0 or a one-sentence exit 2 (an empty database has nothing to export), never a traceback."""
+    assert "Traceback" not in proc.stderr, proc.stderr
+    if proc.returncode != 0:
+        _one_sentence(proc)
+
+
+# --- damaged version tables (item 2) ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fresh_db(tmp_path_factory) -> Path:
+    """A database at the current schema with Optuna's tables, made once (copied by each test)."""
+    import optuna
+
+    from sparse_mla_tuner.db.store import Store
+
+    path = tmp_path_factory.mktemp("fresh") / "fresh.db"
+    url = f"sqlite:///{path}"
+    Store(url).engine.dispose()
+    storage = optuna.storages.RDBStorage(url)
+    storage.engine.dispose()
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.execute("PRAGMA journal_mode=DELETE")  # one file to copy
+    con.close()
+    return path
+
+
+def _copy(src: Path, folder: Path, sql: str = "") -> Path:
+    dst = folder / "t.db"
+    shutil.copy(src, dst)
+    if sql:
+        con = sqlite3.connect(dst)
+        con.executescript(sql)
+        con.commit()
+        con.close()
+    return dst
+
+
+DB_COMMANDS = [
+    ["db", "upgrade"],
+    ["db", "compact"],
+    ["db", "compact", "--dry-run"],
+    ["best", "--concurrency", "1"],
+    ["trials"],
+    ["studies"],
+    ["show", "1"],
+    ["compare", "T16-w4-s2-c512", "T16-w4-s2-c256"],
+    ["report"],
+    ["export", "--out", "{tmp}/tables"],
+    ["export", "--record", "--out", "{tmp}/tables"],
+    ["check", SMOKE],
+]
+
+TUNER_DAMAGE = [
+    ("two-rows", "INSERT INTO tuner_alembic_version VALUES ('0009');", "holds 2 rows"),
+    ("garbage", "UPDATE tuner_alembic_version SET version_num = 'garbage';", "'garbage', which is no revision"),
+    ("empty", "DELETE FROM tuner_alembic_version;", "has tuner tables but no schema version"),
+    ("dropped", "DROP TABLE tuner_alembic_version;", "has tuner tables but no schema version"),
+]
+
+
+@pytest.mark.parametrize("cmd", DB_COMMANDS, ids=lambda c: "-".join(c[:3]).replace("/", "_"))
+@pytest.mark.parametrize("damage", TUNER_DAMAGE, ids=lambda d: d[0])
+def test_a_damaged_tuner_version_table_is_one_sentence(tmp_path, fresh_db, cmd, damage):
+    _, sql, fragment = damage
+    db = _copy(fresh_db, tmp_path, sql)
+    before = _dump(db)
+    args = [a.format(tmp=tmp_path) for a in cmd]
+    _one_sentence(tuner(*args, "--db", f"sqlite:///{db}"), fragment)
+    assert _dump(db) == before  # nothing "repaired" by a guess
+
+
+def _dump(db: Path) -> list[str]:
+    con = sqlite3.connect(db)
+    try:
+        return list(con.iterdump())
+    finally:
+        con.close()
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory) -> tuple[str, str]:
+    """A small space and the recorded database a replayed search of it draws from."""
+    from tests.recorded import SMALL_SPACE
+    from tests.recorded import make_recorded
+
+    folder = tmp_path_factory.mktemp("recorded")
+    (folder / "small.yaml").write_text(SMALL_SPACE)
+    return str(folder / "small.yaml"), f"sqlite:///{make_recorded(folder / 'recorded.db')}"
+
+
+OPTUNA_DAMAGE = [
+    ("two-rows", "INSERT INTO alembic_version VALUES ('v3.0.0.a');", "holds 2 rows"),
+    ("garbage", "UPDATE alembic_version SET version_num = 'garbage';", "which optuna"),
+    ("older", "UPDATE alembic_version SET version_num = 'v3.0.0.a';", "optuna storage upgrade"),
+]
+
+
+@pytest.mark.parametrize("damage", OPTUNA_DAMAGE, ids=lambda d: d[0])
+def test_a_damaged_optuna_version_table_is_one_sentence(tmp_path, fresh_db, replayed, damage):
+    """The commands that use Optuna's tables say so in one sentence; those that never read them work as before."""
+    _, sql, fragment = damage
+    db = _copy(fresh_db, tmp_path, sql)
+    url = f"sqlite:///{db}"
+    space, recorded = replayed
+    search = ["search", space, "-q", "--backend", "replay", "--replay-db", recorded, "--replay-queue", "database"]
+    for cmd in (["db", "upgrade"], ["db", "compact"], ["db", "compact", "--dry-run"], search):
+        _one_sentence(tuner(*cmd, "--db", url), fragment)
+    for cmd in (["studies"], ["trials"], ["best", "--concurrency", "1"], ["report"]):
+        _clean(tuner(*cmd, "--db", url))
+
+
+# --- a dry run changes nothing; a read-only database says so (items 3 and 4) -----------------------------------
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def _with_wal(src: Path, folder: Path) -> Path:
+    """A copy of ``src`` with a write-ahead log that a killed writer left beside it (no -shm)."""
+    db = _copy(src, folder)
+    code = (
+        "import os, sqlite3, sys\n"
+        "con = sqlite3.connect(sys.argv[1])\n"
+        "con.execute('PRAGMA journal_mode=WAL'); con.execute('PRAGMA wal_autocheckpoint=0')\n"
+        "con.execute('CREATE TABLE filler (x BLOB)')\n"
+        "con.executemany('INSERT INTO filler VALUES (?)', [(os.urandom(4000),) for _ in range(50)])\n"
+        "con.commit(); os._exit(0)\n"  # as kill -9: the log is never checkpointed
+    )
+    subprocess.run([sys.executable, "-c", code, str(db)], check=True)
+    Path(f"{db}-shm").unlink(missing_ok=True)
+    assert os.path.getsize(f"{db}-wal") > 100_000
+    return db
+
+
+def test_a_dry_run_never_checkpoints_a_log_into_the_file(tmp_path, fresh_db):
+    db = _with_wal(fresh_db, tmp_path)
+    before = {n: d for n, d in _digest(tmp_path).items() if not n.endswith("-shm")}
+    proc = _executable("db", "compact", "--dry-run", "--db", f"sqlite:///{db}")  # its exit closes every connection
+    assert proc.returncode == 0 and "dry run: nothing changed" in proc.stderr, proc.stderr
+    after = {n: d for n, d in _digest(tmp_path).items() if not n.endswith("-shm")}
+    assert after == before  # the file and its log, byte for byte
+
+
+def _executable(*args: str, **kw) -> subprocess.CompletedProcess:
+    """``tuner ARGS`` as a process of its own (the console script's entry point)."""
+    code = "import sys; from sparse_mla_tuner.tuner.cli import main; sys.argv[0] = 'tuner'; main()"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300, **kw)
+
+
+def _ro_runs(directory: Path, runs):
+    """Each ``tuner ARGS`` where ``directory`` is read-only (a read-only bind mount, also as root)."""
+    from tests.test_hardening import _ro_runs as ro_runs
+
+    if os.geteuid() == 0:
+        probe = subprocess.run(["unshare", "-m", "true"], capture_output=True) if shutil.which("unshare") else None
+        if probe is None or probe.returncode != 0:
+            pytest.skip("cannot make a private mount namespace here")
+    else:
+        directory.chmod(0o555)
+    try:
+        return ro_runs(directory, runs)
+    finally:
+        directory.chmod(0o755)
+
+
+def test_a_read_only_database_is_named_read_only_and_a_current_one_upgrades_as_a_no_op(tmp_path, fresh_db):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    db = _copy(fresh_db, ro)
+    old = ro / "old.db"
+    shutil.copy(db, old)
+    con = sqlite3.connect(old)
+    con.execute("UPDATE tuner_alembic_version SET version_num = '0009'")
+    con.commit()
+    con.close()
+    (tmp_path / "w").mkdir()
+    walled = _with_wal(fresh_db, tmp_path / "w")
+    shutil.copy(walled, ro / "w.db")
+    shutil.copy(f"{walled}-wal", ro / "w.db-wal")
+    before = _digest(ro)
+    url, old_url, wal_url = (f"sqlite:///{ro / n}" for n in ("t.db", "old.db", "w.db"))
+    runs = [
+        ["db", "upgrade", "--db", url],
+        ["db", "upgrade", "--db", old_url],
+        ["db", "compact", "--db", url],
+        ["db", "compact", "--dry-run", "--db", url],
+        ["db", "compact", "--dry-run", "--db", wal_url],
+        ["export", "--record", "--out", str(tmp_path / "tables"), "--db", url],
+        ["studies", "--db", url],
+    ]
+    upgrade, upgrade_old, compact, dry, dry_wal, export, studies = _ro_runs(ro, runs)
+    assert upgrade.returncode == 0 and "nothing to do" in upgrade.stderr, upgrade.stderr
+    for proc in (upgrade_old, compact, export):
+        _one_sentence(proc, "read-only")
+        assert "unable to open" not in proc.stderr
+    assert "older schema" in upgrade_old.stderr
+    for proc in (dry, dry_wal, studies):
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "would be" in dry_wal.stderr
+    assert _digest(ro) == before
