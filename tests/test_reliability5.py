@@ -235,3 +235,98 @@ def test_a_read_only_database_is_named_read_only_and_a_current_one_upgrades_as_a
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert "would be" in dry_wal.stderr
     assert _digest(ro) == before
+
+
+# --- a space's `kernel:` imports only a registered adapter (item 5) -------------------------------------------
+
+
+def _space_with_kernel(folder: Path, kernel: str) -> Path:
+    text = Path(SMOKE).read_text().replace("name: smoke\n", f"name: smoke\nkernel: '{kernel}'\n")
+    path = folder / "space.yaml"
+    path.write_text(text)
+    return path
+
+
+def _planted(folder: Path) -> Path:
+    """A module ``planted_mod`` that leaves a file ``RAN`` when it is imported, in ``folder/lib``."""
+    lib = folder / "lib"
+    lib.mkdir()
+    (lib / "planted_mod.py").write_text(f"open({str(folder / 'RAN')!r}, 'w').write('ran')\nclass Adapter: pass\n")
+    return lib
+
+
+@pytest.mark.parametrize("kernel", ["this:Adapter", "planted_mod:Adapter", "os.path:join", "planted_mod:Nope"])
+def test_a_kernel_outside_the_registered_adapters_is_refused_before_its_import(tmp_path, kernel, monkeypatch):
+    monkeypatch.syspath_prepend(str(_planted(tmp_path)))
+    monkeypatch.delenv("TUNER_ADAPTERS", raising=False)
+    monkeypatch.delitem(sys.modules, "this", raising=False)
+    space = _space_with_kernel(tmp_path, kernel)
+    proc = tuner("check", str(space), "--db", f"sqlite:///{tmp_path / 'c.db'}")
+    _one_sentence(proc, "is not a registered kernel adapter, so its module is not imported")
+    assert "TUNER_ADAPTERS" in proc.stderr and "sparse_mla_tuner.adapters" in proc.stderr
+    assert "this" not in sys.modules and "planted_mod" not in sys.modules
+    assert not (tmp_path / "RAN").exists()
+    assert not (tmp_path / "c.db").exists()
+
+
+def test_an_allowed_or_entry_point_adapter_is_imported(tmp_path, monkeypatch):
+    """$TUNER_ADAPTERS and an installed entry point (group sparse_mla_tuner.adapters) register a module: it is
+    imported (and, naming no KernelAdapter, refused as such); a malformed $TUNER_ADAPTERS is one sentence."""
+    lib = _planted(tmp_path)
+    monkeypatch.syspath_prepend(str(lib))
+    space = _space_with_kernel(tmp_path, "planted_mod:Adapter")
+    db = ["--db", f"sqlite:///{tmp_path / 'c.db'}"]
+    for allowed in ("planted_mod", "other:X, planted_mod:Adapter"):
+        monkeypatch.setenv("TUNER_ADAPTERS", allowed)
+        _one_sentence(tuner("check", str(space), *db), "is not a KernelAdapter subclass")
+        assert (tmp_path / "RAN").exists()
+        (tmp_path / "RAN").unlink()
+        del sys.modules["planted_mod"]
+    monkeypatch.setenv("TUNER_ADAPTERS", "planted mod;x")
+    _one_sentence(tuner("check", str(space), *db), "$TUNER_ADAPTERS holds")
+    assert not (tmp_path / "RAN").exists()
+
+    monkeypatch.delenv("TUNER_ADAPTERS")
+    dist = lib / "planted_dist-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: planted-dist\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[sparse_mla_tuner.adapters]\nplanted = planted_mod:Adapter\n")
+    for kernel in ("planted_mod:Adapter", "planted"):
+        space = _space_with_kernel(tmp_path, kernel)
+        _one_sentence(tuner("check", str(space), *db), "'planted_mod:Adapter' is not a KernelAdapter subclass")
+        assert (tmp_path / "RAN").exists()
+        (tmp_path / "RAN").unlink()
+        del sys.modules["planted_mod"]
+
+
+def test_the_shipped_example_is_registered_and_a_planted_examples_folder_is_not(tmp_path):
+    from sparse_mla_tuner.tuner.adapter import load_adapter
+
+    assert type(load_adapter("examples.row_softmax.adapter:RowSoftmaxAdapter")).__name__ == "RowSoftmaxAdapter"
+    fake = tmp_path / "examples" / "evil"
+    fake.mkdir(parents=True)
+    (tmp_path / "examples" / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text("")
+    (fake / "adapter.py").write_text(f"open({str(tmp_path / 'RAN')!r}, 'w')\n")
+    space = _space_with_kernel(tmp_path, "examples.evil.adapter:A")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    env.pop("TUNER_ADAPTERS", None)
+    proc = _executable("check", str(space), "--db", f"sqlite:///{tmp_path / 'c.db'}", env=env, cwd=tmp_path)
+    _one_sentence(proc, "is not a registered kernel adapter")
+    assert not (tmp_path / "RAN").exists()
+
+
+def test_an_adapter_named_in_a_database_is_not_imported_unregistered(monkeypatch):
+    """`tuner best` makes a stored workload's adapter for its bandwidth: a stored name goes through the same rule."""
+    from sparse_mla_tuner.tuner.cli import _bytes_moved
+
+    class Stored:
+        adapter = "this:Adapter"
+
+        def description(self):
+            return {}
+
+    monkeypatch.delitem(sys.modules, "this", raising=False)
+    monkeypatch.delenv("TUNER_ADAPTERS", raising=False)
+    assert _bytes_moved(Stored(), 1) is None
+    assert "this" not in sys.modules

@@ -53,7 +53,8 @@ TARGETS: dict[str, int] = {
 
 TOP_KEYS = {
     "name": "a name for the space (letters, digits, '_', '-')",
-    "kernel": f"the kernel's adapter: one of {sorted(BUILTIN)} (default {DEFAULT_KERNEL}) or `module:Class`",
+    "kernel": f"the kernel's adapter: one of {sorted(BUILTIN)} (default {DEFAULT_KERNEL}) or a registered "
+    "`module:Class` (docs/adapters.md)",
     "target": f"the arch whose limits feasibility enforces: one of {sorted(TARGETS)}",
     "workloads": "a list of workloads",
     "concurrency": "a list of positive batch sizes",
