@@ -154,7 +154,7 @@ def sglang_hook(original_fn, *args, **kwargs):
                 route = _route(key, kwargs)
     except Exception as e:  # noqa: BLE001 - an argument that is not what SGLang passes, or a fault of ours
         why = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
-        _log_once(("route-failed", type(e).__name__), logging.INFO, "sparse-MLA plugin leaves a call to SGLang: %s", why)
+        _log_once(("route-failed", type(e).__name__), logging.INFO, "sparse-MLA plugin leaves a call: %s", why)
         return original_fn(*args, **kwargs)
     if route is None or isinstance(route, str):
         return original_fn(*args, **kwargs)
