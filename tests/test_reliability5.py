@@ -330,3 +330,45 @@ def test_an_adapter_named_in_a_database_is_not_imported_unregistered(monkeypatch
     monkeypatch.delenv("TUNER_ADAPTERS", raising=False)
     assert _bytes_moved(Stored(), 1) is None
     assert "this" not in sys.modules
+
+
+# --- a huge stored reason is bounded in the report and in `trials` off a terminal (item 7) ---------------------
+
+
+@pytest.fixture(scope="module")
+def results_db(tmp_path_factory) -> Path:
+    """tests/recorded.py's small results (three workloads, two levels), at the current schema."""
+    from sparse_mla_tuner.db.store import Store
+    from tests.recorded import make_results
+
+    path = make_results(tmp_path_factory.mktemp("results") / "results.db")
+    Store(f"sqlite:///{path}", upgrade=True).engine.dispose()
+    return path
+
+
+@pytest.mark.parametrize(
+    "cmd", [["report"], ["trials"], ["trials", "--verdict", "infeasible"]], ids=["report", "trials", "infeasible"]
+)
+def test_a_huge_stored_reason_is_bounded(tmp_path, results_db, cmd, monkeypatch):
+    """A 1 MB reason on an infeasible and an ok trial adds a bounded length to the output, not the megabyte."""
+    monkeypatch.delenv("COLUMNS", raising=False)  # off a terminal: the table is not fitted
+    url = f"sqlite:///{results_db}"
+    plain = tuner(*cmd, "--db", url)
+    assert plain.returncode == 0, plain.stderr
+    db = tmp_path / "big.db"
+    shutil.copy(results_db, db)
+    huge = "ptxas error: " + "out of resources " * 60_000  # about a megabyte, with spaces (it wraps, is not cut)
+    con = sqlite3.connect(db)
+    for verdict in ("infeasible", "ok"):
+        con.execute(
+            "UPDATE tuner_trials SET reason = ? WHERE id = (SELECT MIN(id) FROM tuner_trials WHERE verdict = ?)",
+            (huge + "\n" + "x" * 100_000, verdict),
+        )
+    con.commit()
+    con.close()
+    big = tuner(*cmd, "--db", f"sqlite:///{db}")
+    assert big.returncode == 0, big.stderr
+    assert len(big.stdout) - len(plain.stdout) < 5_000, len(big.stdout) - len(plain.stdout)
+    assert "characters;" in big.stdout  # its length said
+    whole = tuner("trials", "-f", "json", "--db", f"sqlite:///{db}")
+    assert huge in whole.stdout  # the data itself: whole

@@ -160,8 +160,10 @@ def _best_brief(rows: list[dict]) -> list[dict]:
 
 
 def _trials_brief(rows: list[dict]) -> list[dict]:
+    from .output import bounded
+
     keys = ("trial", *varying(rows, "space"), "C", "config", "verdict", "median_us", "ratio", "effect", "reason")
-    return [{k: r[k] for k in keys} for r in rows]
+    return [{**{k: r[k] for k in keys}, "reason": bounded(r["reason"], whole="`tuner show`")} for r in rows]
 
 
 def _studies_brief(rows: list[dict]) -> list[dict]:
@@ -203,13 +205,19 @@ def _check_brief(rows: list[dict], adapter=None) -> list[dict]:
                 "regs": r["registers"],
                 "spill": r["spill_bytes"],
                 "feasible": r["feasible"],
-                "reason": r["reason"],
+                "reason": _bounded(r["reason"]),
             }
         )
     # columns that say nothing here: one limit for every row (the reasons quote it), no registers compiled
     drop = {k for k in ("limit", "regs", "spill") if len({str(r[k]) for r in out}) == 1}
     drop -= {k for k in ("regs", "spill") if out and out[0][k] is not None}
     return [{k: v for k, v in r.items() if k not in drop} for r in out]
+
+
+def _bounded(text):
+    from .output import bounded
+
+    return bounded(text)
 
 
 def _search_brief(rows: list[dict]) -> list[dict]:
