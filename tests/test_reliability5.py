@@ -372,3 +372,55 @@ def test_a_huge_stored_reason_is_bounded(tmp_path, results_db, cmd, monkeypatch)
     assert "characters;" in big.stdout  # its length said
     whole = tuner("trials", "-f", "json", "--db", f"sqlite:///{db}")
     assert huge in whole.stdout  # the data itself: whole
+
+
+# --- every environment variable the tool reads: one sentence naming it (item 8) -------------------------------
+
+BAD_ENV = [
+    ("TUNER_COMPILE_JOBS", "abc"),
+    ("TUNER_COMPILE_JOBS", "0"),
+    ("TUNER_COMPILE_JOBS", "-3"),
+    ("TUNER_COMPILE_JOBS", "1" * 50),
+    ("TUNER_PROGRESS_INTERVAL_S", "soon"),
+    ("TUNER_PROGRESS_INTERVAL_S", "nan"),
+    ("TUNER_PROGRESS_INTERVAL_S", "-1"),
+    ("TUNER_HEARTBEAT_GRACE_S", "1"),
+    ("TUNER_HEARTBEAT_GRACE_S", "ten"),
+    ("TUNER_ADAPTERS", "not a module!"),
+    ("SPARSE_MLA_CONFIG_DIR", "{file}"),
+    ("SPARSE_MLA_CONFIG_DIR", "x" * 5000),
+    ("COLUMNS", "wide"),
+    ("COLUMNS", "-80"),
+    ("TUNER_FAULT", "explode@T16-w4-s2-c256"),
+    ("TUNER_DB", "mysql://host/db"),
+    ("TUNER_DB", "postgresql://host:99999/db"),
+]
+
+
+@pytest.mark.parametrize("cmd", [["studies"], ["check", SMOKE], ["search", SMOKE, "--backend", "interpreter"]])
+@pytest.mark.parametrize("name, value", BAD_ENV, ids=[f"{n}={v[:12]}" for n, v in BAD_ENV])
+def test_a_bad_environment_variable_is_one_sentence_naming_it(tmp_path, monkeypatch, name, value, cmd):
+    file = tmp_path / "a-file"
+    file.write_text("")
+    monkeypatch.setenv(name, value.format(file=file))
+    db = [] if name == "TUNER_DB" else ["--db", f"sqlite:///{tmp_path / 'x.db'}"]
+    proc = tuner(*cmd, *db)
+    _one_sentence(proc, f"${name}")
+    assert not (tmp_path / "x.db").exists()  # refused before anything was made
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [("TUNER_COMPILE_JOBS", "2"), ("TUNER_PROGRESS_INTERVAL_S", "0"), ("TUNER_HEARTBEAT_GRACE_S", "4"),
+     ("COLUMNS", "120"), ("COLUMNS", ""), ("TUNER_ADAPTERS", "pkg.mod:Cls, other"), ("TUNER_FAULT", "")],
+)  # fmt: skip
+def test_a_good_environment_variable_passes(tmp_path, monkeypatch, fresh_db, name, value):
+    monkeypatch.setenv(name, value)
+    proc = tuner("studies", "--db", f"sqlite:///{fresh_db}")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_help_works_whatever_the_environment(monkeypatch):
+    monkeypatch.setenv("TUNER_COMPILE_JOBS", "abc")
+    proc = tuner("check", "--help")
+    assert proc.returncode == 0 and "SPACE_FILE" in proc.stdout

@@ -66,9 +66,10 @@ def expected_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
+            check_environment()
             return fn(*args, **kwargs)
         except (TunerError, DatabaseError) as e:
-            _fail(str(e))
+            _fail(_from_env(str(e), kwargs.get("db_url")))
         except KeyboardInterrupt:  # a second Ctrl-C: what was recorded stays recorded
             click.echo("interrupted", err=True)
             sys.exit(130)
@@ -81,6 +82,30 @@ def expected_errors(fn):
             _fail(str(err))
 
     return wrapper
+
+
+def check_environment() -> None:
+    """Every environment variable the tool reads, checked before a command does anything: a TunerError of one
+    sentence naming the variable and what it allows ($TUNER_DB is checked as --db is, when the command uses it)."""
+    from .adapter import allowed_adapters
+    from .compile_process import compile_jobs
+    from .export import check_config_dir
+    from .heartbeat import grace_s
+    from .measure import check_faults
+    from .output import check_columns
+    from .progress import interval_from_env
+
+    for check in (compile_jobs, interval_from_env, grace_s, allowed_adapters, check_config_dir, check_columns):
+        check()
+    check_faults()
+
+
+def _from_env(message: str, db_url: str | None) -> str:
+    """A message about ``--db`` names $TUNER_DB when the URL came from it (no --db on the command line)."""
+    env = os.environ.get("TUNER_DB")
+    if env and db_url == env and message.startswith(("--db ", "--db:")) and "--db" not in sys.argv[1:]:
+        return "$TUNER_DB (the default of --db)" + message[len("--db") :]
+    return message
 
 
 class BoundedInt(click.ParamType):

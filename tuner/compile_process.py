@@ -219,10 +219,31 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+JOBS_ENV = "TUNER_COMPILE_JOBS"  # compiles at once (default: every usable core)
+JOBS_MAX = 4096
+
+
+def compile_jobs() -> int:
+    """``$TUNER_COMPILE_JOBS`` (a whole number 1..4096) when set, else :func:`usable_cores`; a TunerError naming
+    the variable for anything else (the command line checks it before any process starts)."""
+    from .errors import TunerError
+
+    text = os.environ.get(JOBS_ENV, "").strip()
+    if not text:
+        return usable_cores()
+    if not (text.isdigit() and len(text) <= 9 and 1 <= int(text) <= JOBS_MAX):
+        shown = repr(text) if len(text) <= 40 else repr(text[:40]) + f"... ({len(text)} characters)"
+        raise TunerError(
+            f"${JOBS_ENV} must be a whole number of compile processes from 1 to {JOBS_MAX} (unset: one per usable "
+            f"core, {usable_cores()} here), got {shown}"
+        )
+    return int(text)
+
+
 def main() -> int:
     _die_with_parent()
     jobs = json.load(sys.stdin)
-    n = min(len(jobs), int(os.environ.get("TUNER_COMPILE_JOBS") or usable_cores()))
+    n = min(len(jobs), compile_jobs())
     # every distinct kernel once: (job, kernel index) of its first use, and each job's kernels by key
     first: dict[tuple, tuple[int, int]] = {}
     kernels_of: list[list[tuple]] = []
