@@ -19,8 +19,6 @@ from .protocol import MeasureRequest
 from .protocol import decode
 from .protocol import encode
 
-
-
 FAULT_ENV = "TUNER_FAULT"  # the tests' fault injection (measure_main._inject_fault): KIND@CONFIG, comma-separated
 FAULT_KINDS = ("crash", "hang", "oor")
 

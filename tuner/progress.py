@@ -54,7 +54,6 @@ def duration(seconds: float) -> str:
     return f"{h} h {m:02d} min"
 
 
-
 INTERVAL_ENV = "TUNER_PROGRESS_INTERVAL_S"
 
 
