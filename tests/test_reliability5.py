@@ -424,3 +424,106 @@ def test_help_works_whatever_the_environment(monkeypatch):
     monkeypatch.setenv("TUNER_COMPILE_JOBS", "abc")
     proc = tuner("check", "--help")
     assert proc.returncode == 0 and "SPACE_FILE" in proc.stdout
+
+
+# --- Ctrl-C at any moment: exit 130 and one line, never a traceback (item 9) -----------------------------------
+
+
+def _command() -> list[str]:
+    exe = Path(sys.executable).parent / "tuner"  # the console script, as a user runs it
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "sparse_mla_tuner.tuner"]
+
+
+def _ctrl_c(args, tmp_path: Path, after, env=None):
+    """``tuner ARGS`` in a session of its own, sent SIGINT as a terminal sends it (to the whole process group) once
+    ``after(proc)`` is true; (exit status, stdout, stderr, whether it was still running when signalled)."""
+    import signal
+    import time
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    env.pop("COLUMNS", None)
+    proc = subprocess.Popen(
+        [*_command(), *args], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 300  # only guards against a hang
+    while time.monotonic() < deadline and not after(proc):
+        time.sleep(0.02)
+    alive = proc.poll() is None
+    if alive:
+        os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    return proc.returncode, out, err, alive
+
+
+def _after_s(seconds: float):
+    import time
+
+    t0 = time.monotonic()
+    return lambda proc: time.monotonic() - t0 >= seconds
+
+
+def _after_line(stream: str):
+    """True once the process wrote its first line to ``stream`` (read here, so it is kept for the caller)."""
+    seen = []
+
+    def ready(proc) -> bool:
+        if not seen:
+            seen.append(getattr(proc, stream).readline())
+        return True
+
+    return ready
+
+
+def _interrupted_cleanly(rc, err, alive):
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    if alive:
+        assert rc == 130, (rc, err[-3000:])
+        assert err.strip().splitlines()[-1] == "interrupted", err[-3000:]
+        assert sum("interrupt" in line for line in err.splitlines()) == 1, err[-3000:]
+    else:
+        assert rc == 0, (rc, err[-3000:])
+
+
+@pytest.mark.parametrize("seconds", [0.3, 0.8, 1.5])
+def test_ctrl_c_while_the_tool_starts_is_130_and_one_line(tmp_path, seconds):
+    """Early: while the CLI and torch import (seconds on any machine); a check or a query, the same either way."""
+    rc, _, err, alive = _ctrl_c(["check", SMOKE, "-q", "--db", f"sqlite:///{tmp_path / 'c.db'}"], tmp_path,
+                                _after_s(seconds))  # fmt: skip
+    assert alive  # nothing here finishes in 1.5 s
+    _interrupted_cleanly(rc, err, alive)
+
+
+def test_ctrl_c_during_a_check_is_130_and_one_line(tmp_path):
+    """During the command: once it has said what it checks (the compile process at work)."""
+    rc, _, err, alive = _ctrl_c(["check", SMOKE, "--db", f"sqlite:///{tmp_path / 'c.db'}"], tmp_path,
+                                _after_line("stderr"))  # fmt: skip
+    _interrupted_cleanly(rc, err, alive)
+
+
+def test_ctrl_c_at_the_end_of_export_is_130_and_one_line(tmp_path, results_db):
+    """At the end: once export printed its first table's path, while it writes the rest and exits."""
+    args = ["export", "--db", f"sqlite:///{results_db}", "--out", str(tmp_path / "tables")]
+    rc, _, err, alive = _ctrl_c(args, tmp_path, _after_line("stdout"))
+    _interrupted_cleanly(rc, err, alive)
+
+
+def test_ctrl_c_during_a_replayed_search_is_130(tmp_path, replayed):
+    """A search stops after the running trial (its own line), whatever it was doing: its optimization worker, started
+    with SIGINT ignored, never prints a traceback of its own."""
+    space, recorded = replayed
+    args = [
+        "search",
+        space,
+        "-q",
+        "--backend",
+        "replay",
+        "--replay-db",
+        recorded,
+        "--db",
+        f"sqlite:///{tmp_path / 's.db'}",
+    ]
+    for seconds in (1.0, 3.0):
+        rc, _, err, alive = _ctrl_c(args, tmp_path, _after_s(seconds))
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+        assert rc == (130 if alive else 0), (rc, err[-3000:])

@@ -1,5 +1,5 @@
 """``python -m tuner`` is the ``tuner`` command."""
 
-from .cli import main
+from . import main
 
 main()

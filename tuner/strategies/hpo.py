@@ -19,9 +19,11 @@ L-BFGS-B iterations, warm-started from the last optimum; the caller subsamples t
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import multiprocessing
 import multiprocessing.util
 import os
+import signal
 import threading
 import time
 import warnings
@@ -114,6 +116,21 @@ def _ready() -> None:
     import threadpoolctl  # noqa: F401
 
 
+@contextlib.contextmanager
+def _sigint_ignored():
+    """SIGINT ignored while a worker process may be started (on the main thread): the spawned interpreter inherits
+    that, so a Ctrl-C at the terminal, which reaches every process of the group, interrupts the search alone (which
+    ends its worker) and never prints a traceback of the worker's, however early in its start it comes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 def _watch_parent(pid: int) -> None:
     """In the worker: end when the search's process does, however it ended (a killed parent leaves its pool's
     worker waiting for work forever)."""
@@ -144,7 +161,8 @@ class Refitter:
         wait for it."""
         if self.mode != "inline" and self._pool is None:
             try:
-                self._worker().submit(_ready)
+                with _sigint_ignored():  # the first submit starts the worker: it inherits SIGINT ignored
+                    self._worker().submit(_ready)
             except Exception:  # noqa: BLE001 - no worker process here: optimizations run on the spot
                 self.mode = "inline"
 
@@ -160,7 +178,8 @@ class Refitter:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         if self.mode != "inline":
             try:
-                fut = self._worker().submit(optimize, *args)
+                with _sigint_ignored():
+                    fut = self._worker().submit(optimize, *args)
             except Exception:  # noqa: BLE001 - no worker process here: optimize on the spot
                 self.mode = "inline"
         if self.mode == "inline":
