@@ -527,3 +527,64 @@ def test_ctrl_c_during_a_replayed_search_is_130(tmp_path, replayed):
         rc, _, err, alive = _ctrl_c(args, tmp_path, _after_s(seconds))
         assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
         assert rc == (130 if alive else 0), (rc, err[-3000:])
+
+
+# --- a space file from a pipe or `-` (item 10) -----------------------------------------------------------------
+
+
+def test_a_space_from_process_substitution_or_stdin_is_read(tmp_path):
+    """`tuner check <(cat space.yaml)` (a /dev/fd pipe) and `cat space.yaml | tuner check -`, as a shell runs them."""
+    if not shutil.which("bash"):
+        pytest.skip("needs bash for <(...)")
+    exe = " ".join(_command())
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+    for line in (
+        f"{exe} check <(cat {SMOKE}) -q -f json --db {db}",
+        f"cat {SMOKE} | {exe} check - -q -f json --db {db}",
+    ):
+        proc = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert len(__import__("json").loads(proc.stdout)) >= 1
+
+
+def test_a_space_from_a_fifo_and_stdin_in_process(tmp_path, monkeypatch):
+    import io
+    import threading
+
+    fifo = tmp_path / "space.fifo"
+    os.mkfifo(fifo)
+    text = Path(SMOKE).read_text()
+    writer = threading.Thread(target=lambda: fifo.write_text(text), daemon=True)
+    writer.start()
+    db = ["--db", f"sqlite:///{tmp_path / 'c.db'}"]
+    proc = tuner("check", str(fifo), "-q", *db)
+    writer.join(timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+    class Stdin:
+        def __init__(self, data: bytes):
+            self.buffer = io.BytesIO(data)
+
+    monkeypatch.setattr(sys, "stdin", Stdin(text.encode()))
+    from sparse_mla_tuner.tuner.space import load_space
+
+    space = load_space("-")
+    assert space.name == "smoke" and str(space.path) == "<stdin>"
+    monkeypatch.setattr(sys, "stdin", Stdin(b"# " + b"x" * 1_100_000))
+    with pytest.raises(Exception, match="at most 1000000"):
+        load_space("-")  # bounded: a pipe is read to at most the limit, never whole
+    monkeypatch.setattr(sys, "stdin", Stdin(b"name: [x\n"))
+    with pytest.raises(Exception, match=r"<stdin>: not valid YAML"):
+        load_space("-")
+
+
+def test_a_huge_space_on_a_pipe_is_bounded(tmp_path):
+    fifo = tmp_path / "big.fifo"
+    os.mkfifo(fifo)
+    code = f"try:\n    open({str(fifo)!r}, 'wb').write(b'# ' + b'x' * 5_000_000)\nexcept BrokenPipeError:\n    pass\n"
+    writer = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.DEVNULL)
+    proc = tuner("check", str(fifo), "--db", f"sqlite:///{tmp_path / 'c.db'}")
+    writer.kill()
+    writer.wait()
+    _one_sentence(proc, "at most 1000000")
+    assert not (tmp_path / "c.db").exists()
