@@ -347,12 +347,18 @@ def results_db(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize(
-    "cmd", [["report"], ["trials"], ["trials", "--verdict", "infeasible"]], ids=["report", "trials", "infeasible"]
+    "cmd",
+    [["report"], ["trials"], ["trials", "--verdict", "infeasible"], ["show", "{trial}"]],
+    ids=["report", "trials", "infeasible", "show"],
 )
 def test_a_huge_stored_reason_is_bounded(tmp_path, results_db, cmd, monkeypatch):
     """A 1 MB reason on an infeasible and an ok trial adds a bounded length to the output, not the megabyte."""
     monkeypatch.delenv("COLUMNS", raising=False)  # off a terminal: the table is not fitted
     url = f"sqlite:///{results_db}"
+    con = sqlite3.connect(results_db)
+    (trial,) = con.execute("SELECT MIN(id) FROM tuner_trials WHERE verdict = 'ok'").fetchone()
+    con.close()
+    cmd = [a.format(trial=trial) for a in cmd]
     plain = tuner(*cmd, "--db", url)
     assert plain.returncode == 0, plain.stderr
     db = tmp_path / "big.db"

@@ -188,7 +188,9 @@ def _trials_brief(rows: list[dict]) -> list[dict]:
     from .output import bounded
 
     keys = ("trial", *varying(rows, "space"), "C", "config", "verdict", "median_us", "ratio", "effect", "reason")
-    return [{**{k: r[k] for k in keys}, "reason": bounded(r["reason"], whole="`tuner show`")} for r in rows]
+    return [
+        {**{k: r[k] for k in keys}, "reason": bounded(r["reason"], whole="`tuner show TRIAL -f json`")} for r in rows
+    ]
 
 
 def _studies_brief(rows: list[dict]) -> list[dict]:
@@ -1095,7 +1097,8 @@ def show(trial_id, fmt, db_url):
     if fmt == "csv":
         click.echo(render(samples, "csv"))
         return
-    click.echo(render([{"field": k, "value": v} for k, v in info.items()], "table", lambda rows: rows))
+    shown = [{"field": k, "value": _bounded(v) if isinstance(v, str) else v} for k, v in info.items()]
+    click.echo(render(shown, "table", lambda rows: rows))  # a stored text beyond TEXT_MAX: whole in -f json
     click.echo("")
     click.echo(render(stats_rows, "table", _statistics_brief))
     click.echo("")
