@@ -66,6 +66,8 @@ def expected_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
+            from .environment import check_environment
+
             check_environment()
             return fn(*args, **kwargs)
         except (TunerError, DatabaseError) as e:
@@ -82,22 +84,6 @@ def expected_errors(fn):
             _fail(str(err))
 
     return wrapper
-
-
-def check_environment() -> None:
-    """Every environment variable the tool reads, checked before a command does anything: a TunerError of one
-    sentence naming the variable and what it allows ($TUNER_DB is checked as --db is, when the command uses it)."""
-    from .adapter import allowed_adapters
-    from .compile_process import compile_jobs
-    from .export import check_config_dir
-    from .heartbeat import grace_s
-    from .measure import check_faults
-    from .output import check_columns
-    from .progress import interval_from_env
-
-    for check in (compile_jobs, interval_from_env, grace_s, allowed_adapters, check_config_dir, check_columns):
-        check()
-    check_faults()
 
 
 def _from_env(message: str, db_url: str | None) -> str:

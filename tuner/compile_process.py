@@ -40,6 +40,8 @@ from triton.compiler import ASTSource
 
 from .adapter import DEFAULT
 from .adapter import adapter_named
+from .environment import compile_jobs
+from .environment import usable_cores  # noqa: F401 - feasibility.py takes it from here
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 # one stderr line per finished job; tuner.feasibility.PROGRESS_LINE parses it (kept apart: importing this
@@ -209,35 +211,6 @@ def _die_with_parent() -> None:
         import signal
 
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-
-
-def usable_cores() -> int:
-    """The CPU cores this process may run on (its affinity, else the host's count): every one compiles."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # no affinity on this platform
-        return os.cpu_count() or 1
-
-
-JOBS_ENV = "TUNER_COMPILE_JOBS"  # compiles at once (default: every usable core)
-JOBS_MAX = 4096
-
-
-def compile_jobs() -> int:
-    """``$TUNER_COMPILE_JOBS`` (a whole number 1..4096) when set, else :func:`usable_cores`; a TunerError naming
-    the variable for anything else (the command line checks it before any process starts)."""
-    from .errors import TunerError
-
-    text = os.environ.get(JOBS_ENV, "").strip()
-    if not text:
-        return usable_cores()
-    if not (text.isdigit() and len(text) <= 9 and 1 <= int(text) <= JOBS_MAX):
-        shown = repr(text) if len(text) <= 40 else repr(text[:40]) + f"... ({len(text)} characters)"
-        raise TunerError(
-            f"${JOBS_ENV} must be a whole number of compile processes from 1 to {JOBS_MAX} (unset: one per usable "
-            f"core, {usable_cores()} here), got {shown}"
-        )
-    return int(text)
 
 
 def main() -> int:

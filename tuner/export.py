@@ -30,7 +30,6 @@ import datetime as dt
 import json
 import os
 import re
-import stat
 from collections import defaultdict
 from pathlib import Path
 
@@ -61,26 +60,6 @@ from .errors import TunerError
 
 FORMATS = ("engine", "sglang", "triton")
 DEFAULT_OUT = "tuned_configs"  # in the working directory: an export never writes into the installed package
-
-
-def check_config_dir() -> None:
-    """``$SPARSE_MLA_CONFIG_DIR``, when set, names a directory (there or to be made by an export): a TunerError naming
-    the variable for a value that cannot be one (a NUL, a name too long) or a path where something else is."""
-    text = os.environ.get(ENV_DIR, "")
-    if not text:
-        return
-    shown = repr(text) if len(text) <= 80 else repr(text[:80]) + f"... ({len(text)} characters)"
-    allowed = "a directory for the kernel's tables (there, or to be made by `tuner export`)"
-    if "\x00" in text or len(text) > 4096:
-        raise TunerError(f"${ENV_DIR} must name {allowed}, got {shown}")
-    try:
-        st = os.stat(text)
-    except FileNotFoundError:
-        return
-    except (OSError, ValueError) as e:
-        raise TunerError(f"${ENV_DIR} must name {allowed}, got {shown} ({getattr(e, 'strerror', None) or e})") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise TunerError(f"${ENV_DIR} must name {allowed}, got {shown}, which is not a directory")
 
 
 def default_out_dir() -> Path:

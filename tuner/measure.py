@@ -19,25 +19,6 @@ from .protocol import MeasureRequest
 from .protocol import decode
 from .protocol import encode
 
-FAULT_ENV = "TUNER_FAULT"  # the tests' fault injection (measure_main._inject_fault): KIND@CONFIG, comma-separated
-FAULT_KINDS = ("crash", "hang", "oor")
-
-
-def check_faults() -> None:
-    """``$TUNER_FAULT``, when set, is a comma-separated list of ``KIND@CONFIG`` (KIND one of :data:`FAULT_KINDS`);
-    a TunerError naming the variable otherwise."""
-    import re
-
-    text = os.environ.get(FAULT_ENV, "")
-    for item in filter(None, text.split(",")):
-        kind, at, target = item.partition("@")
-        if kind not in FAULT_KINDS or not at or not re.fullmatch(r"[\w.=-]{1,200}", target):
-            shown = repr(item) if len(item) <= 40 else repr(item[:40]) + f"... ({len(item)} characters)"
-            raise TunerError(
-                f"${FAULT_ENV} (a test hook) must be a comma-separated list of KIND@CONFIG with KIND one of "
-                f"{', '.join(FAULT_KINDS)}, e.g. crash@T32-w4-s1-c256; got {shown}"
-            )
-
 
 class ProcessDied(Exception):
     def __init__(self, verdict: Verdict, reason: str) -> None:

@@ -73,17 +73,6 @@ def gbps(value, digits: int = 0) -> str:
     return "-" if value is None or not math.isfinite(value) else f"{value:.{digits}f} GB/s"
 
 
-def check_columns() -> None:
-    """``$COLUMNS``, when set, is a width: a whole number (0 or unset: the terminal's own); a TunerError naming it
-    otherwise (a width that cannot be read would silently give another layout)."""
-    from .errors import TunerError
-
-    text = os.environ.get("COLUMNS", "").strip()
-    if text and not (text.isdigit() and len(text) <= 9):
-        shown = repr(text) if len(text) <= 40 else repr(text[:40]) + f"... ({len(text)} characters)"
-        raise TunerError(f"$COLUMNS must be a whole number of columns the tables are fitted to, got {shown}")
-
-
 def terminal_width() -> int | None:
     """The width a table is fitted to: ``$COLUMNS`` when set, else the terminal's when stdout is one;
     ``None`` (no fitting: full values) when stdout is piped."""

@@ -31,7 +31,6 @@ exception never leaves a bar behind) and a ``(done, total)`` callable, the shape
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
@@ -52,32 +51,6 @@ def duration(seconds: float) -> str:
         return f"{seconds / 60:.0f} min"
     h, m = divmod(round(seconds / 60), 60)
     return f"{h} h {m:02d} min"
-
-
-INTERVAL_ENV = "TUNER_PROGRESS_INTERVAL_S"
-
-
-def interval_from_env() -> float:
-    """``$TUNER_PROGRESS_INTERVAL_S``: seconds between progress lines off a terminal (a finite number >= 0; unset:
-    the default); a TunerError naming the variable for anything else."""
-    import math
-
-    from .errors import TunerError
-
-    text = os.environ.get(INTERVAL_ENV, "").strip()
-    if not text:
-        return INTERVAL_S
-    try:
-        value = float(text) if len(text) <= 40 else math.nan
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        shown = repr(text) if len(text) <= 40 else repr(text[:40]) + f"... ({len(text)} characters)"
-        raise TunerError(
-            f"${INTERVAL_ENV} must be a finite number of seconds >= 0 between progress lines (default {INTERVAL_S:g}), "
-            f"got {shown}"
-        )
-    return value
 
 
 class Progress:
@@ -102,7 +75,9 @@ class Progress:
             tty = bool(isatty and isatty())
         self.mode = "off" if quiet else "bars" if tty else "lines"
         if interval_s is None:
-            interval_s = interval_from_env()
+            from .environment import progress_interval
+
+            interval_s = progress_interval(INTERVAL_S)
         self.interval_s, self.clock = interval_s, clock
         self.lock = threading.Lock()
         self.total_studies, self.studies_done = total_studies, 0
