@@ -117,18 +117,25 @@ def _ready() -> None:
 
 
 @contextlib.contextmanager
-def _sigint_ignored():
-    """SIGINT ignored while a worker process may be started (on the main thread): the spawned interpreter inherits
-    that, so a Ctrl-C at the terminal, which reaches every process of the group, interrupts the search alone (which
-    ends its worker) and never prints a traceback of the worker's, however early in its start it comes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _spawning():
+    """What a worker process started in here inherits, this process left as it was after: ``PYTHONSAFEPATH=1`` (the
+    spawned interpreter starts as ``python -c``, with the working folder first on sys.path; that keeps a json.py or
+    torch.py there from running in it), and, on the main thread, SIGINT ignored, so that a Ctrl-C at the terminal,
+    which reaches every process of the group, interrupts the search alone (which ends its worker) and never prints
+    a traceback of the worker's, however early in its start it comes."""
+    safe = os.environ.get("PYTHONSAFEPATH")
+    os.environ["PYTHONSAFEPATH"] = "1"
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old)
+        if main:
+            signal.signal(signal.SIGINT, old)
+        if safe is None:
+            os.environ.pop("PYTHONSAFEPATH", None)
+        else:
+            os.environ["PYTHONSAFEPATH"] = safe
 
 
 def _watch_parent(pid: int) -> None:
@@ -161,7 +168,7 @@ class Refitter:
         wait for it."""
         if self.mode != "inline" and self._pool is None:
             try:
-                with _sigint_ignored():  # the first submit starts the worker: it inherits SIGINT ignored
+                with _spawning():  # the first submit starts the worker process
                     self._worker().submit(_ready)
             except Exception:  # noqa: BLE001 - no worker process here: optimizations run on the spot
                 self.mode = "inline"
@@ -178,7 +185,7 @@ class Refitter:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         if self.mode != "inline":
             try:
-                with _sigint_ignored():
+                with _spawning():
                     fut = self._worker().submit(optimize, *args)
             except Exception:  # noqa: BLE001 - no worker process here: optimize on the spot
                 self.mode = "inline"
@@ -214,10 +221,8 @@ class Refitter:
 
     def _worker(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
-            # spawn: the search runs threads, and a forked child of a threaded process may deadlock. The spawned
-            # interpreter starts as `python -c`, with the working folder first on sys.path: PYTHONSAFEPATH (which it
-            # inherits) keeps that folder's json.py or torch.py from running in it
-            os.environ["PYTHONSAFEPATH"] = "1"
+            # spawn: the search runs threads, and a forked child of a threaded process may deadlock (the worker
+            # process itself starts at the first submit: see _spawning)
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 1, mp_context=multiprocessing.get_context("spawn"), initializer=_watch_parent, initargs=(os.getpid(),)
             )
