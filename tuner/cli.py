@@ -77,6 +77,11 @@ def expected_errors(fn):
             sys.exit(130)
         except Exception as e:  # disk full, read-only, quota: Optuna's and SQLAlchemy's errors wrap the cause
             from ..db.store import resource_error
+            from . import interrupted
+
+            if interrupted(e):  # a Ctrl-C inside an extension module's import: another error, caused by it
+                click.echo("interrupted", err=True)
+                sys.exit(130)
 
             err = resource_error(e, kwargs.get("db_url") or "the results database")
             if err is None:

@@ -140,7 +140,9 @@ def _spawning():
 
 def _watch_parent(pid: int) -> None:
     """In the worker: end when the search's process does, however it ended (a killed parent leaves its pool's
-    worker waiting for work forever)."""
+    worker waiting for work forever). A Ctrl-C at the terminal is the search's to handle, which ends this worker:
+    ignored here (also when the worker was started off the main thread, where it could not be inherited)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch():
         while os.getppid() == pid:
