@@ -437,7 +437,7 @@ def test_help_works_whatever_the_environment(monkeypatch):
 
 def _command() -> list[str]:
     exe = Path(sys.executable).parent / "tuner"  # the console script, as a user runs it
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "sparse_mla_tuner.tuner"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-P", "-m", "sparse_mla_tuner.tuner"]
 
 
 def _ctrl_c(args, tmp_path: Path, after, env=None):

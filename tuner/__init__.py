@@ -1,48 +1,54 @@
-"""sparse-mla-tuner: feasibility, search, measurement and queries for the sparse MLA decode kernel."""
+"""sparse-mla-tuner: feasibility, search, measurement and queries for the sparse MLA decode kernel.
+
+Run as the ``tuner`` executable (the console script, or ``python -m sparse_mla_tuner.tuner``), this package guards
+Ctrl-C from its very import: while the command line and its libraries import (seconds: torch, Triton, SQLAlchemy),
+an interrupt ends the process at once with one line and exit status 130. Raised as KeyboardInterrupt inside an
+extension's initialization it could abort the interpreter from C++ (pybind11: "terminate called after throwing an
+instance of 'pybind11::error_already_set'") or leave a half-made module that fails later. :func:`tuner.cli.main`
+hands Ctrl-C back to the command (:func:`release_import_guard`) and guards the shutdown after it
+(:func:`guard_shutdown`). Imported any other way (tests, a program of one's own), it changes nothing.
+"""
+
+import os as _os
+import signal as _signal
+import sys as _sys
 
 __version__ = "0.1.0"
 
+_SCRIPT_NAMES = ("tuner", "tuner-script.py", "tuner.exe")
 
-def main() -> None:
-    """The ``tuner`` executable: :func:`tuner.cli.main` behind a Ctrl-C guard that covers what the CLI's own
-    handling cannot, so that an interrupt at any moment is one line and exit status 130, never a traceback: while
-    the CLI and its libraries are imported (seconds: torch, Triton, SQLAlchemy), and after the command, while the
-    interpreter shuts down (its threads joined, its atexit handlers run)."""
-    import signal
-    import sys
 
-    code = 0
-    # while the libraries import, a Ctrl-C ends the process at once: raised as KeyboardInterrupt inside an
-    # extension's initialization it can abort the interpreter from C++ (pybind11: "terminate called after throwing
-    # an instance of 'pybind11::error_already_set'") or leave a half-made module that fails later
-    try:
-        previous = signal.signal(signal.SIGINT, _interrupt_at_exit)
-    except ValueError:  # not the main thread (an embedding caller): its own handling stands
-        previous = None
-    try:
-        from .cli import main as cli_main
+def is_executable() -> bool:
+    """Whether this process is the ``tuner`` executable (its console script or ``python -m``), not a program that
+    imports the package."""
+    main = _sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name == __name__ + ".__main__":
+        return True
+    return _os.path.basename(getattr(main, "__file__", None) or "") in _SCRIPT_NAMES
 
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)  # the command's own: KeyboardInterrupt, a search's stop
-        cli_main()
-    except KeyboardInterrupt:  # while importing: the CLI's own handling is not there yet
-        _interrupted()
-        _exit_now(130)
-    except SystemExit as e:
-        code = e.code
-    except Exception as e:
-        if not interrupted(e):
-            raise
-        _interrupted()  # a Ctrl-C inside an extension module's initialization: "ImportError: initialization failed"
-        _exit_now(130)
-    if code == 130:  # interrupted, and said so: a library interrupted while a command imported it may fail in the
-        sys.unraisablehook = lambda _: None  # shutdown's atexit callbacks; the line said is the one line there is
-    # the command is done: a Ctrl-C from here on (a slow shutdown) ends the process as one at work would
+
+def _interrupted() -> None:
     try:
-        signal.signal(signal.SIGINT, _interrupt_at_exit)
-    except ValueError:  # not the main thread (an embedding caller): its own handling stands
+        _sys.stderr.write("interrupted\n")
+        _sys.stderr.flush()
+    except BaseException:  # noqa: BLE001 - a closed stderr: the status still says it
         pass
-    sys.exit(code)
+
+
+def exit_now(code: int) -> None:
+    """Exit with ``code`` at once, the output written so far flushed, without the interpreter's shutdown."""
+    for stream in (_sys.stdout, _sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001 - a closed pipe, or a flush a second Ctrl-C interrupted
+            pass
+    _os._exit(code)
+
+
+def _end_on_interrupt(signum, frame) -> None:
+    _interrupted()
+    exit_now(130)
 
 
 def interrupted(e: BaseException) -> bool:
@@ -57,30 +63,35 @@ def interrupted(e: BaseException) -> bool:
     return False
 
 
-def _interrupted() -> int:
-    import sys
-
+def _install(handler) -> bool:
     try:
-        sys.stderr.write("interrupted\n")
-        sys.stderr.flush()
-    except Exception:  # noqa: BLE001 - a closed stderr: the status still says it
-        pass
-    return 130
+        _signal.signal(_signal.SIGINT, handler)
+        return True
+    except ValueError:  # not the main thread: the embedding program's own handling stands
+        return False
 
 
-def _interrupt_at_exit(signum, frame) -> None:
-    _interrupted()
-    _exit_now(130)
+def release_import_guard() -> None:
+    """The imports are done: Ctrl-C is the command's again (KeyboardInterrupt; a search installs its own stop)."""
+    if _signal.getsignal(_signal.SIGINT) is _end_on_interrupt:
+        _install(_signal.default_int_handler)
 
 
-def _exit_now(code: int) -> None:
-    """Exit with ``code`` at once, the output written so far flushed, without the interpreter's shutdown."""
-    import os
-    import sys
+def guard_shutdown(code) -> None:
+    """The command is done (exit status ``code``): a Ctrl-C during the interpreter's shutdown (its threads joined,
+    its atexit handlers run) ends the process as one at work would; after an interrupt already said, the
+    shutdown says nothing more (a library a command was importing may fail in it)."""
+    if not is_executable():
+        return
+    if code == 130:
+        _sys.unraisablehook = lambda _: None
+    _install(_end_on_interrupt)
 
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:  # noqa: BLE001 - a closed pipe, or a flush a second Ctrl-C interrupted
-            pass
-    os._exit(code)
+
+def guard_imports() -> None:
+    """Until :func:`release_import_guard`, a Ctrl-C ends the process at once, with one line and exit status 130."""
+    _install(_end_on_interrupt)
+
+
+if is_executable():
+    guard_imports()

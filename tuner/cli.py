@@ -1296,13 +1296,40 @@ def compact(keep, drop_unlaunched, dry_run, fmt, db_url):
 
 
 def main() -> None:
-    """Usage errors too are one line (click's default prints the usage block first)."""
+    """Usage errors too are one line (click's default prints the usage block first). Ctrl-C at any moment is one
+    line and exit status 130 (tuner/__init__.py guards the imports before this and the shutdown after)."""
+    from . import guard_shutdown
+    from . import release_import_guard
+
+    release_import_guard()
+    try:
+        code = _run()
+        guard_shutdown(code)  # from here on a Ctrl-C ends the process at once
+    except KeyboardInterrupt:  # one that came between the command's end and the guard
+        click.echo("interrupted", err=True)
+        code = 130
+        guard_shutdown(code)
+    sys.exit(code)
+
+
+def _run() -> int:
+    from . import interrupted
+
     try:
         rv = cli.main(standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("interrupted", err=True)
-        sys.exit(130)
+        return 130
     except click.ClickException as e:
         click.echo(f"error: {one_line(e.format_message())} (see `tuner --help`)", err=True)
-        sys.exit(e.exit_code)
-    sys.exit(rv if isinstance(rv, int) else 0)
+        return e.exit_code
+    except SystemExit as e:
+        if isinstance(e.code, str):  # as the interpreter would say it
+            click.echo(e.code, err=True)
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+    except Exception as e:
+        if not interrupted(e):  # a Ctrl-C inside an extension module's import surfaces as another error
+            raise
+        click.echo("interrupted", err=True)
+        return 130
+    return rv if isinstance(rv, int) else 0

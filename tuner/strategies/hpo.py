@@ -120,18 +120,18 @@ def _ready() -> None:
 def _spawning():
     """What a worker process started in here inherits, this process left as it was after: ``PYTHONSAFEPATH=1`` (the
     spawned interpreter starts as ``python -c``, with the working folder first on sys.path; that keeps a json.py or
-    torch.py there from running in it), and, on the main thread, SIGINT ignored, so that a Ctrl-C at the terminal,
-    which reaches every process of the group, interrupts the search alone (which ends its worker) and never prints
-    a traceback of the worker's, however early in its start it comes."""
+    torch.py there from running in it), and SIGINT blocked (a thread's signal mask survives fork and exec), so that a
+    Ctrl-C at the terminal, which reaches every process of the group, interrupts the search alone (which ends its
+    worker) and never prints a traceback of the worker's, however early in its start it comes. Blocked, not
+    ignored: one that comes meanwhile reaches this process once the worker has started."""
     safe = os.environ.get("PYTHONSAFEPATH")
     os.environ["PYTHONSAFEPATH"] = "1"
-    main = threading.current_thread() is threading.main_thread()
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hasattr(signal, "pthread_sigmask") else None
     try:
         yield
     finally:
-        if main:
-            signal.signal(signal.SIGINT, old)
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         if safe is None:
             os.environ.pop("PYTHONSAFEPATH", None)
         else:
