@@ -126,6 +126,10 @@ def _spawning():
     ignored: one that comes meanwhile reaches this process once the worker has started."""
     safe = os.environ.get("PYTHONSAFEPATH")
     os.environ["PYTHONSAFEPATH"] = "1"
+    # multiprocessing's resource tracker first: starting it (at the first spawn) unblocks SIGINT in this thread
+    import multiprocessing.resource_tracker
+
+    multiprocessing.resource_tracker.ensure_running()
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hasattr(signal, "pthread_sigmask") else None
     try:
         yield
