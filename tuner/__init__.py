@@ -77,15 +77,29 @@ def release_import_guard() -> None:
         _install(_signal.default_int_handler)
 
 
+_EXIT: list = []  # the executable's exit status, once its command is done
+
+
 def guard_shutdown(code) -> None:
     """The command is done (exit status ``code``): a Ctrl-C during the interpreter's shutdown (its threads joined,
     its atexit handlers run) ends the process as one at work would; after an interrupt already said, the
-    shutdown says nothing more (a library a command was importing may fail in it)."""
+    shutdown says nothing more (a library a command was importing may fail in it). The shutdown ends with
+    :func:`_end_of_shutdown`, so no moment is left where the interpreter has put Ctrl-C back to its default."""
     if not is_executable():
         return
     if code == 130:
         _sys.unraisablehook = lambda _: None
+    _EXIT[:] = [code]
     _install(_end_on_interrupt)
+
+
+def _end_of_shutdown() -> None:
+    """The last atexit callback (registered first): the threads are joined and every other callback has run; the
+    process ends here with its status, before the interpreter's finalization restores SIGINT's default (which
+    would make a Ctrl-C in that last moment a silent death by signal)."""
+    if _EXIT:
+        code = _EXIT[0]
+        exit_now(code if isinstance(code, int) else 0 if code is None else 1)
 
 
 def guard_imports() -> None:
@@ -94,4 +108,7 @@ def guard_imports() -> None:
 
 
 if is_executable():
+    import atexit as _atexit
+
+    _atexit.register(_end_of_shutdown)
     guard_imports()

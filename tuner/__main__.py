@@ -1,8 +1,12 @@
 """``python -m tuner`` is the ``tuner`` command."""
 
+import atexit
+
+from . import _end_of_shutdown
 from . import guard_imports
 
-guard_imports()  # before the command line's imports, as the console script has it (see __init__.py)
+atexit.register(_end_of_shutdown)  # first, so it runs last (see __init__.py)
+guard_imports()  # before the command line's imports, as the console script has it
 
 from .cli import main  # noqa: E402
 
