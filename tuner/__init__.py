@@ -102,6 +102,15 @@ def _end_of_shutdown() -> None:
         exit_now(code if isinstance(code, int) else 0 if code is None else 1)
 
 
+def _unraisable(u) -> None:
+    """A KeyboardInterrupt that landed where Python cannot raise it (a weakref callback, a ``__del__``) is not printed
+    as "Exception ignored in ...": the Ctrl-C is delivered again, to land where the command handles it."""
+    if isinstance(u.exc_value, KeyboardInterrupt):
+        _signal.raise_signal(_signal.SIGINT)
+        return
+    _sys.__unraisablehook__(u)
+
+
 def guard_imports() -> None:
     """Until :func:`release_import_guard`, a Ctrl-C ends the process at once, with one line and exit status 130."""
     _install(_end_on_interrupt)
@@ -111,4 +120,5 @@ if is_executable():
     import atexit as _atexit
 
     _atexit.register(_end_of_shutdown)
+    _sys.unraisablehook = _unraisable
     guard_imports()
