@@ -10,6 +10,11 @@ class DatabaseGoneError(DatabaseError):
     tolerates a failed write (e.g. a lost race) must let this one through, since every later write fails too."""
 
 
+class DatabaseReadOnlyError(DatabaseError):
+    """The database is there but this process cannot write it (a read-only file, directory or mount): a command
+    that only needs to read it, or finds nothing to write (``tuner db upgrade`` of a current one), goes on."""
+
+
 QUOTE_MAX = 200  # characters of a user's input a message quotes
 
 

@@ -56,6 +56,73 @@ def regular_or_missing(path, what: str = "file") -> os.stat_result | None:
     return st
 
 
+STDIN = "-"  # an input's name for the standard input
+
+
+def read_input(path, limit: int, what: str = "file") -> bytes:
+    """An input read once, at most ``limit`` bytes of it: a regular file (:func:`read_bytes`), a FIFO or pipe
+    (``tuner check <(cat space.yaml)``: read until its writer ends it, as ``cat`` would), or ``-``, the standard
+    input. The FIFO rule of :func:`regular_or_missing` is for what is written and for databases: an input is read
+    once, bounded. PathError for anything else (a directory, a device) and for more than ``limit`` bytes."""
+    if str(path) == STDIN:
+        return _read_stdin(limit, what)
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise PathError(f"no {what} at {shown(path)}") from None
+    except (OSError, ValueError) as e:
+        raise PathError(f"cannot use {shown(path)} as the {what}: {_why(e)}") from None
+    if stat.S_ISREG(st.st_mode):
+        return read_bytes(path, limit, what)
+    if not stat.S_ISFIFO(st.st_mode):
+        raise PathError(
+            f"{shown(path)} is {kind(st.st_mode)}, not a regular file or a pipe; the {what} must be one "
+            "(or `-`: the standard input)"
+        )
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0))
+    except OSError as e:
+        raise PathError(f"cannot read {shown(path)}: {_why(e)}") from None
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):  # replaced between the look and the open
+            raise PathError(f"{shown(path)} changed while it was opened; the {what} must be a file or a pipe")
+        return _read_fd(fd, shown(path), limit, what)
+    finally:
+        os.close(fd)
+
+
+def _read_stdin(limit: int, what: str) -> bytes:
+    import sys
+
+    stream = getattr(sys.stdin, "buffer", None)
+    if stream is None:
+        return _read_fd(0, "the standard input", limit, what)
+    try:
+        data = stream.read(limit + 1)
+    except (OSError, ValueError) as e:  # closed, or not readable
+        raise PathError(f"cannot read the standard input: {_why(e)}") from None
+    if len(data) > limit:
+        raise PathError(f"the standard input is more than {limit} bytes; the {what} may have at most {limit}")
+    return data
+
+
+def _read_fd(fd: int, name: str, limit: int, what: str) -> bytes:
+    """At most ``limit`` bytes from ``fd`` up to its end; PathError when there are more."""
+    chunks, size = [], 0
+    try:
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as e:
+        raise PathError(f"cannot read {name}: {_why(e)}") from None
+    if size > limit:
+        raise PathError(f"{name} is more than {limit} bytes; the {what} may have at most {limit}")
+    return b"".join(chunks)
+
+
 def read_bytes(path, limit: int, what: str = "file") -> bytes:
     """The bytes of the regular file at ``path``, at most ``limit`` of them; PathError otherwise. Never blocks."""
     if regular_or_missing(path, what) is None:

@@ -12,6 +12,7 @@ import contextlib
 import errno
 import os
 import re
+import shutil
 import sqlite3
 import stat
 import time
@@ -37,6 +38,7 @@ from sqlalchemy.orm import sessionmaker
 from .errors import QUOTE_MAX
 from .errors import DatabaseError
 from .errors import DatabaseGoneError
+from .errors import DatabaseReadOnlyError
 from .errors import quote
 from .paths import PathError
 from .paths import kind
@@ -165,10 +167,51 @@ def head_revision() -> str:
     return ScriptDirectory.from_config(alembic_config(DEFAULT_URL)).get_current_head()
 
 
-def check_url(url: str, create: bool, option: str = "--db") -> None:
+OPTUNA_VERSION_TABLE = "alembic_version"  # Optuna's own Alembic history, beside ours
+
+
+def check_optuna_schema(engine: Engine, shown_url: str) -> None:
+    """DatabaseError in one sentence when Optuna's tables in this database are at a schema that the installed
+    Optuna cannot use: its version table holding several rows or a revision Optuna does not know (a damaged
+    table, or a newer Optuna's), or an older Optuna's schema. Optuna itself would stop with a RuntimeError or
+    Alembic's "more than one head"; a database without Optuna's tables passes (Optuna creates them)."""
+    with engine.connect() as con:
+        if not inspect(con).has_table(OPTUNA_VERSION_TABLE):
+            return
+        heads = MigrationContext.configure(con, opts={"version_table": OPTUNA_VERSION_TABLE}).get_current_heads()
+    if not heads:
+        return
+    import optuna
+    from optuna.storages import _rdb
+
+    script = ScriptDirectory(str(Path(_rdb.__file__).parent / "alembic"))
+    head = script.get_current_head()
+    shown = ", ".join(quote(h, 40) for h in heads[:5]) + (", ..." if len(heads) > 5 else "")
+    where = f"{shown_url}: Optuna's schema version table {OPTUNA_VERSION_TABLE}"
+    if len(heads) > 1:
+        raise DatabaseError(
+            f"{where} is damaged: it holds {len(heads)} rows ({shown}) where a database holds one; restore the "
+            "file from a copy, or delete every row but the right one"
+        )
+    if heads[0] == head:
+        return
+    if heads[0] in {r.revision for r in script.walk_revisions()}:
+        raise DatabaseError(
+            f"{where} holds {shown}, an older Optuna's schema than optuna {optuna.__version__} uses ({head}); "
+            "run `optuna storage upgrade --storage URL` with this database's URL first"
+        )
+    raise DatabaseError(
+        f"{where} holds {shown}, which optuna {optuna.__version__} does not know (its newest is {head}): a damaged "
+        "table or a newer Optuna's schema; restore the file from a copy, or upgrade optuna"
+    )
+
+
+def check_url(url: str, create: bool, option: str = "--db", write: bool | None = None) -> None:
     """The one check of a database URL, shared by ``--db`` and ``--replay-db`` (``option`` names it): parsable,
     sqlite or postgresql, a port in 1..65535, a synchronous driver, and for SQLite a file path whose file (when
-    there) is a regular SQLite file; DatabaseError in one sentence otherwise. Opens nothing that could block."""
+    there) is a regular SQLite file, and one this process can write when ``write`` (default: ``create``);
+    DatabaseError in one sentence otherwise (:class:`DatabaseReadOnlyError` for a file that cannot be written).
+    Opens nothing that could block."""
     shown = redact_url(url)
     try:
         u = make_url(url)
@@ -200,7 +243,7 @@ def check_url(url: str, create: bool, option: str = "--db") -> None:
             )
         path = Path(u.database)
         try:
-            _check_sqlite_path(path, create)
+            _check_sqlite_path(path, create, create if write is None else write)
         except OSError as e:  # a name too long for the file system (Errno 36), a loop of links, ...
             raise DatabaseError(f"cannot use the database file {quote(path)}: {e.strerror}") from None
 
@@ -214,7 +257,7 @@ def _shown_path(path) -> str:
     return text if len(text) <= QUOTE_MAX else quote(text)
 
 
-def _check_sqlite_path(path: Path, create: bool) -> None:
+def _check_sqlite_path(path: Path, create: bool, write: bool) -> None:
     """The file checks of a sqlite:/// URL; OSError from the file system passes through."""
     shown = _shown_path(path)
     try:  # a FIFO, a device or a directory is refused before anything opens it (a FIFO would block)
@@ -228,8 +271,8 @@ def _check_sqlite_path(path: Path, create: bool) -> None:
         if not b"SQLite format 3\x00".startswith(head):
             raise DatabaseError(f"{shown} is not a SQLite database")
         parent = path.parent if str(path.parent) else Path(".")
-        if create and not (os.access(path, os.W_OK) and os.access(parent, os.W_OK)):
-            raise DatabaseError(
+        if write and not (os.access(path, os.W_OK) and os.access(parent, os.W_OK)):
+            raise DatabaseReadOnlyError(
                 f"cannot write {shown}: it or its directory is read-only (SQLite writes its -wal and -shm "
                 "files there); the query commands can still read it"
             )
@@ -316,7 +359,7 @@ class Store:
         self.url = url or default_url()
         self.readonly = readonly
         create = create and not readonly
-        _check_url(self.url, create)
+        _check_url(self.url, create, write=not readonly)
         try:
             u = make_url(self.url)
             if u.get_backend_name() == "sqlite" and readonly:
@@ -375,10 +418,20 @@ class Store:
         return text
 
     def revision(self, con=None) -> str | None:
-        if con is not None:
-            return MigrationContext.configure(con, opts={"version_table": VERSION_TABLE}).get_current_revision()
-        with self.engine.connect() as con:
-            return self.revision(con)
+        """The schema revision in :data:`VERSION_TABLE` (None when it has none); DatabaseError when it holds
+        several (a damaged table: Alembic itself would stop with "more than one head")."""
+        if con is None:
+            with self.engine.connect() as con:
+                return self.revision(con)
+        heads = MigrationContext.configure(con, opts={"version_table": VERSION_TABLE}).get_current_heads()
+        if len(heads) > 1:
+            shown = ", ".join(quote(h, 40) for h in heads[:5]) + (", ..." if len(heads) > 5 else "")
+            raise DatabaseError(
+                f"{self.shown_url} is damaged: its schema version table {VERSION_TABLE} holds {len(heads)} rows "
+                f"({shown}) where a database holds one; restore the file from a copy, or delete every row but "
+                "the right one"
+            )
+        return heads[0] if heads else None
 
     def _prepare_schema(self, upgrade: bool, create: bool) -> None:
         script = ScriptDirectory.from_config(alembic_config(self.url))
@@ -422,14 +475,26 @@ class Store:
 
     def _check_revision(self, current, head, script, upgrade: bool, create: bool) -> None:
         if current is None:
+            with self.engine.connect() as con:
+                ours = [t for t in inspect(con).get_table_names() if t.startswith("tuner_") and t != VERSION_TABLE]
+            if ours:  # the version row is gone (a damaged table): nothing may guess the schema
+                raise DatabaseError(
+                    f"{self.shown_url} is damaged: it has tuner tables but no schema version (its table "
+                    f"{VERSION_TABLE} is empty or missing); restore the file from a copy"
+                )
             if not create:
                 raise DatabaseError(f"{self.shown_url} holds no tuner results; run `tuner search` first")
             return
         known = {rev.revision for rev in script.walk_revisions()}
         if current not in known:
+            if re.fullmatch(r"[0-9]{4}", current) and current > head:  # our revisions are numbered 0001, 0002, ...
+                raise DatabaseError(
+                    f"{self.shown_url} has schema {current}, newer than this sparse-mla-tuner knows (head {head}); "
+                    "upgrade sparse-mla-tuner to read it"
+                )
             raise DatabaseError(
-                f"{self.shown_url} has schema {current}, newer than this sparse-mla-tuner knows (head {head}); "
-                "upgrade sparse-mla-tuner to read it"
+                f"{self.shown_url} is damaged: its schema version table {VERSION_TABLE} holds {quote(current, 40)}, "
+                f"which is no revision of sparse-mla-tuner's schema (0001 to {head}); restore the file from a copy"
             )
         if not upgrade:
             raise DatabaseError(
@@ -483,7 +548,25 @@ class Store:
         self.engine.dispose()
 
     def copy_to(self, path: Path) -> str:
-        """A consistent copy of an SQLite store at ``path`` (SQLite's backup, log included); its URL."""
+        """A consistent copy of an SQLite store at ``path`` (SQLite's backup, log included); its URL. The file and
+        its write-ahead log are only read, never checkpointed or changed."""
+        wal = Path(f"{self.path}-wal")
+        if not os.access(Path(self.path).parent, os.W_OK):
+            # a read-only directory: nobody can be writing here, and SQLite could read the database only as
+            # immutable, without the log a killed writer left (no -shm can be made beside it): copy both as bytes
+            try:
+                have_wal = regular_or_missing(wal, "write-ahead log") is not None
+            except PathError as e:
+                raise DatabaseError(str(e)) from None
+            if have_wal:
+                shutil.copyfile(self.path, path)
+                shutil.copyfile(wal, f"{path}-wal")
+                con = sqlite3.connect(path)  # the copy recovers the log
+                try:
+                    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                finally:
+                    con.close()
+                return f"sqlite:///{path}"
         src, dst = _sqlite_readonly_connect(Path(self.path)), sqlite3.connect(path)
         try:
             src.backup(dst)

@@ -116,12 +116,35 @@ def enabled() -> bool:
 
 
 def register() -> None:
-    """The entry point SGLang's ``load_plugins()`` calls: registers :func:`sglang_hook` AROUND :data:`TARGET`."""
+    """The entry point SGLang's ``load_plugins()`` calls: registers :func:`sglang_hook` AROUND :data:`TARGET`.
+
+    A guest never raises into the engine: an SGLang without the hook registry (releases before it) or any other
+    failure to register is one log line, and SGLang's own kernels serve."""
+    try:
+        _register()
+    except Exception as e:  # noqa: BLE001 - whatever it is, the engine must start without us
+        logger.warning(
+            "sparse-MLA plugin: not registered (%s: %s); SGLang's own kernels serve",
+            type(e).__name__,
+            " ".join(str(e).split())[:300],
+        )
+
+
+def _register() -> None:
     if not enabled():
-        logger.info("sparse-MLA plugin: off (%s=%s); SGLang's own kernels serve", ENV_SWITCH, os.environ[ENV_SWITCH])
+        value = os.environ.get(ENV_SWITCH)
+        logger.info("sparse-MLA plugin: off (%s=%r); SGLang's own kernels serve", ENV_SWITCH, value)
         return
-    from sglang.srt.plugins.hook_registry import HookRegistry
-    from sglang.srt.plugins.hook_registry import HookType
+    try:
+        from sglang.srt.plugins.hook_registry import HookRegistry
+        from sglang.srt.plugins.hook_registry import HookType
+    except ImportError as e:
+        logger.warning(
+            "sparse-MLA plugin: this SGLang has no plugin hook registry (sglang.srt.plugins.hook_registry: %s); "
+            "not registered, SGLang's own kernels serve (the plugin needs SGLang 0.5.23 or later)",
+            type(e).__name__,
+        )
+        return
 
     HookRegistry.register(TARGET, sglang_hook, HookType.AROUND)
     HookRegistry.register(V32_TARGET, sglang_v32_hook, HookType.AROUND)
@@ -151,21 +174,29 @@ def register() -> None:
 def sglang_hook(original_fn, *args, **kwargs):
     """AROUND hook of ``flash_mla_with_kvcache_sm120(**kwargs)``: ``(out [B, s_q, H, 512] bf16, lse [B, H, s_q])``
     from the tuned kernel for a covered call, else whatever ``original_fn`` returns."""
-    if args or not enabled():
+    if args:
         return original_fn(*args, **kwargs)
     try:
-        key = _signature(kwargs)
-    except Exception:  # an argument that is not what SGLang passes: not ours to judge
+        route = key = None
+        if enabled():
+            key = _signature(kwargs)
+            route = _ROUTES.get(key)
+            if route is None:
+                route = _route(key, kwargs)
+    except Exception as e:  # noqa: BLE001 - an argument that is not what SGLang passes, or a fault of ours
+        why = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        _log_once(("route-failed", type(e).__name__), logging.INFO, "sparse-MLA plugin leaves a call: %s", why)
         return original_fn(*args, **kwargs)
-    route = _ROUTES.get(key)
-    if route is None:
-        route = _route(key, kwargs)
-    if isinstance(route, str):
+    if route is None or isinstance(route, str):
         return original_fn(*args, **kwargs)
     try:
         return _serve(route, kwargs)
-    except Exception as e:  # never the engine's crash: this shape goes back to SGLang from now on
-        return _fall_back(key, e, original_fn, kwargs)
+    except Exception as e:  # noqa: BLE001 - our kernel failed this shape: SGLang's own serves it from now on
+        why = f"the kernel failed ({type(e).__name__}: {' '.join(str(e).split())[:300]})"
+        with _LOCK:
+            _ROUTES[key] = why
+        _log_once(("serve-failed", key), logging.WARNING, "sparse-MLA plugin leaves this shape to SGLang: %s", why)
+        return original_fn(*args, **kwargs)
 
 
 # --- which calls are served ----------------------------------------------------------------------------

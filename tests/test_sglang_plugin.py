@@ -544,3 +544,76 @@ def test_v32_warm_up_launches_every_row_count(fresh_plugin, launches):
     bt = make_batch(W, 1, seed=1)
     done = plugin.warm_up_v32_like(plugin.v32_engine_call(bt.q, bt.kv_cache, bt.indices), batch_sizes=[1, 3])
     assert [t for t, _ in done] == [1, 3] and len(launches["launches"]) >= 2
+
+
+# --- a guest never raises into the engine (issue 59) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("missing", ["sglang", "sglang.srt.plugins.hook_registry"])
+def test_register_without_sglangs_hook_registry_logs_one_line_and_returns(monkeypatch, caplog, missing):
+    """An SGLang release before the hook registry (or none at all): one line, SGLang's own kernels serve."""
+    monkeypatch.delenv(plugin.ENV_SWITCH, raising=False)
+    monkeypatch.setitem(__import__("sys").modules, missing, None)  # `import` of it raises ImportError
+    with caplog.at_level(logging.INFO, logger=plugin.logger.name):
+        assert plugin.register() is None
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 1 and "\n" not in msgs[0] and "not registered" in msgs[0], msgs
+    assert "hook registry" in msgs[0]
+
+
+def test_register_never_raises_into_the_engine(monkeypatch, caplog):
+    """Whatever fails while registering (here the registry itself) is one line, never an exception."""
+    import sys
+    import types
+
+    class Registry:
+        @staticmethod
+        def register(*a, **k):
+            raise RuntimeError("registry is closed")
+
+    fake = types.ModuleType("sglang.srt.plugins.hook_registry")
+    fake.HookRegistry, fake.HookType = Registry, types.SimpleNamespace(AROUND="around")
+    monkeypatch.setitem(sys.modules, "sglang.srt.plugins.hook_registry", fake)
+    monkeypatch.delenv(plugin.ENV_SWITCH, raising=False)
+    with caplog.at_level(logging.INFO, logger=plugin.logger.name):
+        plugin.register()
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 1 and "registry is closed" in msgs[0] and "not registered" in msgs[0], msgs
+
+
+def test_a_failing_kernel_hands_the_call_and_its_shape_back(monkeypatch, fresh_plugin, caplog):
+    """The tuned kernel raising on a covered call: SGLang's original serves it, and every later call of the shape."""
+
+    def broken(*a, **k):
+        raise RuntimeError("out of resources")
+
+    monkeypatch.setattr(decode, "sparse_mla_decode", broken)
+    kw, _ = engine_call(heads=8, q_tokens=1, batch=2, topk=32, extra_topk=64)
+    calls = []
+    with caplog.at_level(logging.INFO, logger=plugin.logger.name):
+        for _ in range(2):
+            assert plugin.sglang_hook(lambda **k: calls.append(1) or "original", **kw) == "original"
+    assert len(calls) == 2
+    failed = [r.getMessage() for r in caplog.records if "kernel failed" in r.getMessage()]
+    assert len(failed) == 1 and "out of resources" in failed[0]
+
+
+def test_a_fault_while_routing_hands_the_call_back(monkeypatch, fresh_plugin):
+    def broken(*a, **k):
+        raise OSError("table unreadable")
+
+    monkeypatch.setattr(plugin, "_shape_class", broken)
+    kw, _ = engine_call(heads=8, q_tokens=1, batch=2, topk=32, extra_topk=64)
+    assert plugin.sglang_hook(lambda **k: "original", **kw) == "original"
+
+
+def test_the_originals_own_error_is_not_caught_or_repeated():
+    calls = []
+
+    def original(**k):
+        calls.append(1)
+        raise ValueError("the engine's own")
+
+    with pytest.raises(ValueError, match="the engine's own"):
+        plugin.sglang_hook(original, q="not a tensor")
+    assert calls == [1]

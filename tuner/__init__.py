@@ -1,3 +1,124 @@
-"""sparse-mla-tuner: feasibility, search, measurement and queries for the sparse MLA decode kernel."""
+"""sparse-mla-tuner: feasibility, search, measurement and queries for the sparse MLA decode kernel.
+
+Run as the ``tuner`` executable (the console script, or ``python -m sparse_mla_tuner.tuner``), this package guards
+Ctrl-C from its very import: while the command line and its libraries import (seconds: torch, Triton, SQLAlchemy),
+an interrupt ends the process at once with one line and exit status 130. Raised as KeyboardInterrupt inside an
+extension's initialization it could abort the interpreter from C++ (pybind11: "terminate called after throwing an
+instance of 'pybind11::error_already_set'") or leave a half-made module that fails later. :func:`tuner.cli.main`
+hands Ctrl-C back to the command (:func:`release_import_guard`) and guards the shutdown after it
+(:func:`guard_shutdown`). Imported any other way (tests, a program of one's own), it changes nothing.
+"""
+
+import os as _os
+import signal as _signal
+import sys as _sys
 
 __version__ = "0.1.0"
+
+_SCRIPT_NAMES = ("tuner", "tuner-script.py", "tuner.exe")
+
+
+def is_executable() -> bool:
+    """Whether this process is the ``tuner`` executable (its console script or ``python -m``), not a program that
+    imports the package."""
+    main = _sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name == __name__ + ".__main__":
+        return True
+    return _os.path.basename(getattr(main, "__file__", None) or "") in _SCRIPT_NAMES
+
+
+def _interrupted() -> None:
+    try:
+        _sys.stderr.write("interrupted\n")
+        _sys.stderr.flush()
+    except BaseException:  # noqa: BLE001 - a closed stderr: the status still says it
+        pass
+
+
+def exit_now(code: int) -> None:
+    """Exit with ``code`` at once, the output written so far flushed, without the interpreter's shutdown."""
+    for stream in (_sys.stdout, _sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001 - a closed pipe, or a flush a second Ctrl-C interrupted
+            pass
+    _os._exit(code)
+
+
+def _end_on_interrupt(signum, frame) -> None:
+    _interrupted()
+    exit_now(130)
+
+
+def interrupted(e: BaseException) -> bool:
+    """Whether ``e`` is, or comes of, a Ctrl-C: one that lands inside a C extension's import surfaces as another
+    error (Triton's ``ImportError: initialization failed``) whose cause is the KeyboardInterrupt."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _install(handler) -> bool:
+    try:
+        _signal.signal(_signal.SIGINT, handler)
+        return True
+    except ValueError:  # not the main thread: the embedding program's own handling stands
+        return False
+
+
+def release_import_guard() -> None:
+    """The imports are done: Ctrl-C is the command's again (KeyboardInterrupt; a search installs its own stop)."""
+    if _signal.getsignal(_signal.SIGINT) is _end_on_interrupt:
+        _install(_signal.default_int_handler)
+
+
+_EXIT: list = []  # the executable's exit status, once its command is done
+
+
+def guard_shutdown(code) -> None:
+    """The command is done (exit status ``code``): a Ctrl-C during the interpreter's shutdown (its threads joined,
+    its atexit handlers run) ends the process as one at work would; after an interrupt already said, the
+    shutdown says nothing more (a library a command was importing may fail in it). The shutdown ends with
+    :func:`_end_of_shutdown`, so no moment is left where the interpreter has put Ctrl-C back to its default."""
+    if not is_executable():
+        return
+    if code == 130:
+        _sys.unraisablehook = lambda _: None
+    _EXIT[:] = [code]
+    _install(_end_on_interrupt)
+
+
+def _end_of_shutdown() -> None:
+    """The last atexit callback (registered first): the threads are joined and every other callback has run; the
+    process ends here with its status, before the interpreter's finalization restores SIGINT's default (which
+    would make a Ctrl-C in that last moment a silent death by signal)."""
+    if _EXIT:
+        code = _EXIT[0]
+        exit_now(code if isinstance(code, int) else 0 if code is None else 1)
+
+
+def _unraisable(u) -> None:
+    """A KeyboardInterrupt that landed where Python cannot raise it (a weakref callback, a ``__del__``) is not printed
+    as "Exception ignored in ...": the Ctrl-C is delivered again, to land where the command handles it."""
+    if isinstance(u.exc_value, KeyboardInterrupt):
+        _signal.raise_signal(_signal.SIGINT)
+        return
+    _sys.__unraisablehook__(u)
+
+
+def guard_imports() -> None:
+    """Until :func:`release_import_guard`, a Ctrl-C ends the process at once, with one line and exit status 130."""
+    _install(_end_on_interrupt)
+
+
+if is_executable():
+    import atexit as _atexit
+
+    _atexit.register(_end_of_shutdown)
+    _sys.unraisablehook = _unraisable
+    guard_imports()

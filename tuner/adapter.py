@@ -36,7 +36,9 @@ import importlib
 import inspect
 import json
 import math
+import os
 import re
+import sys
 from collections.abc import Callable
 from collections.abc import Hashable
 from collections.abc import Mapping
@@ -264,16 +266,111 @@ def default_adapter() -> KernelAdapter:
     return load_adapter(DEFAULT)
 
 
+ENTRY_POINT_GROUP = "sparse_mla_tuner.adapters"  # an installed package's adapters: `name = "module:Class"`
+ALLOW_ENV = "TUNER_ADAPTERS"  # more adapters one trusts: `module:Class` or `module`, comma-separated
+_MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_OWN = "sparse_mla_tuner"  # this package's own modules (its adapters in tuner/adapters/)
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # a checkout; in a wheel, the package
+
+
+def entry_point_adapters() -> dict[str, str]:
+    """The adapters installed packages register, by name: ``{name: "module:Class"}`` of the entry points in
+    :data:`ENTRY_POINT_GROUP` (read from their metadata; nothing is imported)."""
+    from importlib.metadata import entry_points
+
+    try:
+        found = entry_points(group=ENTRY_POINT_GROUP)
+    except Exception:  # noqa: BLE001 - a broken distribution's metadata registers nothing
+        return {}
+    return {ep.name: ep.value.replace(" ", "") for ep in found if _SPEC.match(ep.value.replace(" ", ""))}
+
+
+def allowed_adapters() -> tuple[str, ...]:
+    """The entries of ``$TUNER_ADAPTERS`` (``module:Class`` or a whole ``module``); TunerError naming the
+    variable when one is neither."""
+    from .errors import TunerError
+
+    text = os.environ.get(ALLOW_ENV, "")
+    entries = tuple(e for e in re.split(r"[,\s]+", text) if e)
+    for e in entries:
+        if len(e) > 200 or not (_SPEC.match(e) or _MODULE.match(e)):
+            raise TunerError(
+                f"${ALLOW_ENV} holds {_show(e)}; allowed: a comma-separated list of `module:Class` or `module` "
+                "names of trusted kernel adapters (docs/adapters.md)"
+            )
+    return entries
+
+
+def _shipped_example(module_name: str) -> bool:
+    """Whether ``module_name`` is a module of this checkout's ``examples/`` (not part of the wheel), and the
+    ``examples`` that an import would find is that folder: known without importing anything."""
+    parts = module_name.split(".")
+    if parts[0] != "examples" or len(parts) < 2:
+        return False
+    folder = os.path.join(_CHECKOUT, "examples")
+    if not os.path.isfile(os.path.join(folder, *parts[1:]) + ".py"):
+        return False
+    loaded = sys.modules.get("examples")
+    if loaded is not None:
+        where = list(getattr(loaded, "__path__", []) or [])
+    else:
+        from importlib.machinery import PathFinder
+
+        found = PathFinder.find_spec("examples")
+        where = list(found.submodule_search_locations or []) if found is not None else []
+    return any(os.path.realpath(w) == os.path.realpath(folder) for w in where)
+
+
+def _registered(target: str) -> bool:
+    """Whether ``module:Class`` may be imported: this package's own modules, an installed entry point, one of
+    the repository's examples, or an entry of ``$TUNER_ADAPTERS``."""
+    module_name = target.split(":")[0]
+    if module_name == _OWN or module_name.startswith(_OWN + "."):
+        return True
+    if target in entry_point_adapters().values():
+        return True
+    allowed = allowed_adapters()
+    return target in allowed or module_name in allowed or _shipped_example(module_name)
+
+
+def _findable(module_name: str) -> bool:
+    """Whether the top-level package of ``module_name`` is anywhere an import would look (found by the import
+    system's finders, without running any module's code)."""
+    import importlib.util
+
+    top = module_name.split(".")[0]
+    if top in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def load_adapter(spec, where: str = "`kernel`") -> KernelAdapter:
-    """The adapter a space names: a built-in name or ``module:Class``. A bad name, a module that does not
-    import or a class that is no :class:`KernelAdapter` is a :class:`SpaceError` of one sentence."""
+    """The adapter a space names: a built-in name, an installed entry point's name (group
+    :data:`ENTRY_POINT_GROUP`) or ``module:Class``. A module is imported only when it is registered (see
+    :func:`_registered`, ``docs/adapters.md``): a space file cannot make any importable module's code run. A
+    bad name, an unregistered module, a module that does not import or a class that is no
+    :class:`KernelAdapter` is a :class:`SpaceError` of one sentence."""
     allowed = f"one of {sorted(BUILTIN)} or `module:Class` naming a KernelAdapter subclass"
     if not isinstance(spec, str) or not spec or len(spec) > 200:
         raise SpaceError(f"{where}: must be {allowed}, got {_show(spec)}")
-    target = BUILTIN.get(spec, spec)
+    target = BUILTIN.get(spec) or entry_point_adapters().get(spec) or spec
     if not _SPEC.match(target):
         raise SpaceError(f"{where}: unknown adapter {_show(spec)}; allowed: {allowed}")
     module_name, class_name = target.split(":")
+    if not _findable(module_name):  # nothing to import, nothing runs: said as the import would say it
+        top = module_name.split(".")[0]
+        raise SpaceError(
+            f"{where}: module {module_name!r} does not import (ModuleNotFoundError: No module named {top!r})"
+        )
+    if not _registered(target):
+        raise SpaceError(
+            f"{where}: {_show(target)} is not a registered kernel adapter, so its module is not imported; "
+            f"register it as an entry point of group {ENTRY_POINT_GROUP!r}, or trust it with "
+            f"{ALLOW_ENV}={module_name} (docs/adapters.md)"
+        )
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # noqa: BLE001 - any failure to import is the user's module's, told in one sentence

@@ -62,14 +62,22 @@ def expected_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
+            from .environment import check_environment
+
+            check_environment()
             return fn(*args, **kwargs)
         except (TunerError, DatabaseError) as e:
-            _fail(str(e))
+            _fail(_from_env(str(e), kwargs.get("db_url")))
         except KeyboardInterrupt:  # a second Ctrl-C: what was recorded stays recorded
             click.echo("interrupted", err=True)
             sys.exit(130)
         except Exception as e:  # disk full, read-only, quota: Optuna's and SQLAlchemy's errors wrap the cause
             from ..db.store import resource_error
+            from . import interrupted
+
+            if interrupted(e):  # a Ctrl-C inside an extension module's import: another error, caused by it
+                click.echo("interrupted", err=True)
+                sys.exit(130)
 
             err = resource_error(e, kwargs.get("db_url") or "the results database")
             if err is None:
@@ -77,6 +85,14 @@ def expected_errors(fn):
             _fail(str(err))
 
     return wrapper
+
+
+def _from_env(message: str, db_url: str | None) -> str:
+    """A message about ``--db`` names $TUNER_DB when the URL came from it (no --db on the command line)."""
+    env = os.environ.get("TUNER_DB")
+    if env and db_url == env and message.startswith(("--db ", "--db:")) and "--db" not in sys.argv[1:]:
+        return "$TUNER_DB (the default of --db)" + message[len("--db") :]
+    return message
 
 
 class BoundedInt(click.ParamType):
@@ -157,6 +173,8 @@ def _best_brief(rows: list[dict]) -> list[dict]:
 
 
 def _trials_brief(rows: list[dict]) -> list[dict]:
+    from .output import bounded
+
     keys = (
         "trial",
         *varying(rows, "space"),
@@ -169,7 +187,9 @@ def _trials_brief(rows: list[dict]) -> list[dict]:
         *varying(rows, "kernel"),
         "reason",
     )
-    return [{k: r[k] for k in keys} for r in rows]
+    return [
+        {**{k: r[k] for k in keys}, "reason": bounded(r["reason"], whole="`tuner show TRIAL -f json`")} for r in rows
+    ]
 
 
 def _studies_brief(rows: list[dict]) -> list[dict]:
@@ -214,13 +234,19 @@ def _check_brief(rows: list[dict], adapter=None) -> list[dict]:
                 "regs": r["registers"],
                 "spill": r["spill_bytes"],
                 "feasible": r["feasible"],
-                "reason": r["reason"],
+                "reason": _bounded(r["reason"]),
             }
         )
     # columns that say nothing here: one limit for every row (the reasons quote it), no registers compiled
     drop = {k for k in ("limit", "regs", "spill") if len({str(r[k]) for r in out}) == 1}
     drop -= {k for k in ("regs", "spill") if out and out[0][k] is not None}
     return [{k: v for k, v in r.items() if k not in drop} for r in out]
+
+
+def _bounded(text):
+    from .output import bounded
+
+    return bounded(text)
 
 
 def _search_brief(rows: list[dict]) -> list[dict]:
@@ -1169,7 +1195,8 @@ def show(trial_id, fmt, db_url):
     if fmt == "csv":
         click.echo(render(samples, "csv"))
         return
-    click.echo(render([{"field": k, "value": v} for k, v in info.items()], "table", lambda rows: rows))
+    shown = [{"field": k, "value": _bounded(v) if isinstance(v, str) else v} for k, v in info.items()]
+    click.echo(render(shown, "table", lambda rows: rows))  # a stored text beyond TEXT_MAX: whole in -f json
     click.echo("")
     click.echo(render(stats_rows, "table", _statistics_brief))
     click.echo("")
@@ -1376,16 +1403,43 @@ def upgrade(db_url):
     """Migrate an older results database to the current schema (nothing is dropped), and give every Optuna
     study that an older search left without them its metric name and attributes (optuna-dashboard shows
     every study alike)."""
+    from ..db.errors import DatabaseReadOnlyError
     from ..db.store import Store
     from ..db.store import head_revision
     from .upgrade import METRIC
     from .upgrade import label_studies
 
-    store = Store(db_url, upgrade=True, create=False)
+    try:
+        store = Store(db_url, upgrade=True, create=False)
+    except DatabaseReadOnlyError as e:
+        _upgrade_read_only(db_url, e)
+        return
     labelled = label_studies(store)
     click.echo(f"{store.shown_url} is at schema {store.revision()} (head {head_revision()})", err=True)
     if labelled:
         click.echo(f"labelled {labelled} Optuna studies with their metric name ({METRIC}) and attributes", err=True)
+
+
+def _upgrade_read_only(db_url: str, refused) -> None:
+    """``tuner db upgrade`` of a database this process cannot write: a no-op when it is at the current schema with
+    nothing to label, else ``refused`` (the read-only sentence) with what the upgrade would have to write."""
+    from ..db.errors import DatabaseError
+    from ..db.store import Store
+    from ..db.store import check_optuna_schema
+    from ..db.store import head_revision
+    from .upgrade import unlabelled_studies
+
+    try:
+        store = Store(db_url, readonly=True)
+    except DatabaseError as e:
+        if "tuner db upgrade" not in str(e):  # damaged, not a database, ...: that is what to say
+            raise
+        raise DatabaseError(f"{refused}; it is at an older schema, so upgrading it needs to write") from None
+    check_optuna_schema(store.engine, store.shown_url)
+    n = unlabelled_studies(store)
+    if n:
+        raise DatabaseError(f"{refused}; {n} of its Optuna studies need labels, so upgrading it needs to write")
+    click.echo(f"{store.shown_url} is at schema {store.revision()} (head {head_revision()}): nothing to do", err=True)
 
 
 def _compact_brief(rows: list[dict]) -> list[dict]:
@@ -1432,13 +1486,40 @@ def compact(keep, drop_unlaunched, dry_run, fmt, db_url):
 
 
 def main() -> None:
-    """Usage errors too are one line (click's default prints the usage block first)."""
+    """Usage errors too are one line (click's default prints the usage block first). Ctrl-C at any moment is one
+    line and exit status 130 (tuner/__init__.py guards the imports before this and the shutdown after)."""
+    from . import guard_shutdown
+    from . import release_import_guard
+
+    release_import_guard()
+    try:
+        code = _run()
+        guard_shutdown(code)  # from here on a Ctrl-C ends the process at once
+    except KeyboardInterrupt:  # one that came between the command's end and the guard
+        click.echo("interrupted", err=True)
+        code = 130
+        guard_shutdown(code)
+    sys.exit(code)
+
+
+def _run() -> int:
+    from . import interrupted
+
     try:
         rv = cli.main(standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("interrupted", err=True)
-        sys.exit(130)
+        return 130
     except click.ClickException as e:
         click.echo(f"error: {one_line(e.format_message())} (see `tuner --help`)", err=True)
-        sys.exit(e.exit_code)
-    sys.exit(rv if isinstance(rv, int) else 0)
+        return e.exit_code
+    except SystemExit as e:
+        if isinstance(e.code, str):  # as the interpreter would say it
+            click.echo(e.code, err=True)
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+    except Exception as e:
+        if not interrupted(e):  # a Ctrl-C inside an extension module's import surfaces as another error
+            raise
+        click.echo("interrupted", err=True)
+        return 130
+    return rv if isinstance(rv, int) else 0

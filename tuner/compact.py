@@ -18,6 +18,7 @@ from pathlib import Path
 from ..db import queries
 from ..db import record
 from ..db.store import Store
+from ..db.store import check_optuna_schema
 from ..db.store import redact_url
 from .errors import TunerError
 
@@ -37,14 +38,23 @@ def compact(url: str, keep: tuple[str, ...] = (), dry_run: bool = False, unlaunc
         raise TunerError(
             f"tuner db compact works on SQLite files, not {redact_url(url)} (a server keeps its own space)"
         )
-    store = Store(url, create=False)
+    # a dry run opens the file read-only, as the query commands do: it works on a read-only file, and never
+    # checkpoints a write-ahead log left beside the file into it (a writer's last close would)
+    store = Store(url, readonly=dry_run, create=False)
+    check_optuna_schema(store.engine, store.shown_url)  # its Optuna rows are deleted as that schema lays them out
     before = store.file_bytes()
     if not dry_run:
         return Compaction(store.shown_url, _compact(store, keep, unlaunched), before, store.file_bytes())
     with tempfile.TemporaryDirectory(prefix="tuner-compact-") as tmp:
-        copy = Store(store.copy_to(Path(tmp) / "copy.db"), create=False)
-        rows = _compact(copy, keep, unlaunched)
-        return Compaction(store.shown_url, rows, before, copy.file_bytes())
+        try:
+            copy = Store(store.copy_to(Path(tmp) / "copy.db"), create=False)
+        finally:
+            store.engine.dispose()
+        try:
+            rows = _compact(copy, keep, unlaunched)
+            return Compaction(store.shown_url, rows, before, copy.file_bytes())
+        finally:
+            copy.engine.dispose()
 
 
 def _compact(store: Store, keep: tuple[str, ...], unlaunched: bool = False) -> list[dict]:

@@ -40,6 +40,8 @@ from triton.compiler import ASTSource
 
 from .adapter import DEFAULT
 from .adapter import adapter_named
+from .environment import compile_jobs
+from .environment import usable_cores  # noqa: F401 - feasibility.py takes it from here
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 # one stderr line per finished job; tuner.feasibility.PROGRESS_LINE parses it (kept apart: importing this
@@ -224,18 +226,10 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
-def usable_cores() -> int:
-    """The CPU cores this process may run on (its affinity, else the host's count): every one compiles."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # no affinity on this platform
-        return os.cpu_count() or 1
-
-
 def main() -> int:
     _die_with_parent()
     jobs = json.load(sys.stdin)
-    n = min(len(jobs), int(os.environ.get("TUNER_COMPILE_JOBS") or usable_cores()))
+    n = min(len(jobs), compile_jobs())
     # every distinct kernel once: (job, kernel index) of its first use, and each job's kernels by key
     first: dict[tuple, tuple[int, int]] = {}
     kernels_of: list[list[tuple]] = []

@@ -50,6 +50,7 @@ class MeasurementProcess:
 
     def start(self) -> dict:
         env = child_env({**os.environ, **self.extra_env, "TUNER_BACKEND": self.backend, "PYTHONUNBUFFERED": "1"})
+        env.pop("TUNER_KERNEL", None)  # the tool's own message to its child: never one from the caller's environment
         if self.kernel:
             env["TUNER_KERNEL"] = self.kernel
         if self.backend != "interpreter":

@@ -4,8 +4,9 @@ A table shows by default a brief view (the columns a command names as its brief 
 terminal: ``$COLUMNS`` when set, else the terminal's width when stdout is one; piped output is not
 fitted. Where a table is wider than that, its free-text columns (a reason, a list of ties) wrap at
 spaces, then the least important columns are left out (said on stderr); no cell is ever cut, so a
-config key, a reason or an interval is always whole. ``--wide`` shows every field, and json and csv
-always carry every field.
+config key or an interval is always whole, except stored free text beyond :data:`TEXT_MAX` characters (a
+reason a compiler or a hostile database wrote), shown by :func:`bounded` with its length said, at a terminal
+or not. ``--wide`` shows every field, and json and csv always carry every field, whole.
 
 The units of every quantity come from one place: :func:`us`, :func:`pct` and :func:`gbps`.
 """
@@ -76,7 +77,7 @@ def terminal_width() -> int | None:
     """The width a table is fitted to: ``$COLUMNS`` when set, else the terminal's when stdout is one;
     ``None`` (no fitting: full values) when stdout is piped."""
     text = os.environ.get("COLUMNS", "").strip()
-    if text.isdigit() and int(text) > 0:
+    if text.isdigit() and len(text) <= 9 and int(text) > 0:
         return int(text)
     try:
         if sys.stdout.isatty():
@@ -143,6 +144,20 @@ def render(rows: list[dict], fmt: str, brief: Callable[[list[dict]], list[dict]]
     if left_out:
         click.echo(f"({', '.join(left_out)} left out to fit {width} columns; --wide or -f json shows them)", err=True)
     return text
+
+
+TEXT_MAX = 500  # characters of a stored free text (a reason) a table or the report shows
+
+
+def bounded(text, limit: int = TEXT_MAX, whole: str = "-f json") -> str | None:
+    """A stored free text of at most ``limit`` characters (about): a longer one is cut, its length said and where
+    it is whole (``whole``); None stays None."""
+    if text is None:
+        return None
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters; {whole} has it whole)"
 
 
 def varying(rows: list[dict], *keys: str) -> list[str]:

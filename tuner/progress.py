@@ -32,7 +32,6 @@ exception never leaves a bar behind) and a ``(done, total)`` callable, the shape
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 import time
@@ -78,7 +77,9 @@ class Progress:
             tty = bool(isatty and isatty())
         self.mode = "off" if quiet else "bars" if tty else "lines"
         if interval_s is None:
-            interval_s = float(os.environ.get("TUNER_PROGRESS_INTERVAL_S") or INTERVAL_S)
+            from .environment import progress_interval
+
+            interval_s = progress_interval(INTERVAL_S)
         self.interval_s, self.clock = interval_s, clock
         self.lock = threading.Lock()
         self.total_studies, self.studies_done = total_studies, 0

@@ -77,6 +77,8 @@ def _pick_device(con, device: str | None) -> str:
     """The GPU whose recordings are replayed: ``device`` if the database has it, else its only GPU."""
     devices = [r[0] for r in con.execute(text("SELECT DISTINCT gpu_name FROM tuner_environments"))]
     devices = [d for d in devices if d != "cpu-interpreter"] or devices
+    if not devices:
+        raise TunerError("the replay database holds no recorded measurements; replay one that a search filled")
     if device is None:
         if len(devices) != 1:
             raise TunerError(f"the replay database holds several devices {devices}; pick one with --replay-device")

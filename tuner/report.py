@@ -36,11 +36,13 @@ from .adapters.sparse_mla import PARAM_NAMES
 from .adapters.sparse_mla import KernelConfig
 from .adapters.sparse_mla import Workload
 from .errors import TunerError
+from .output import bounded
 from .output import gbps
 from .output import pct
 from .progress import Progress
 
 NOT_MEASURED = "not measured"
+_WHOLE = "`tuner show` or -f json"  # where a stored text the report cuts is whole
 # what gives a character meaning inside a line of Markdown text or a table: always these; `_` only at a
 # word's edge (CommonMark never reads an underscore between two letters or digits as emphasis); `>` quotes
 # only at a line's start, where no stored string is put
@@ -51,14 +53,15 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 def md(text: object) -> str:
     """A stored string (a device, host or space name, a compiler's message) as Markdown *text*: control
     characters (a newline included) become one space and what Markdown or a table gives meaning to is
-    escaped, so a name can neither end a line, a table cell or a heading nor make a link or an image."""
-    return _MD_SPECIAL.sub(lambda m: "\\" + m.group(0), _CONTROL.sub(" ", str(text)))
+    escaped, so a name can neither end a line, a table cell or a heading nor make a link or an image. A text
+    beyond ``TEXT_MAX`` characters (a compiler's megabyte of output kept as a reason) is cut, its length said."""
+    return _MD_SPECIAL.sub(lambda m: "\\" + m.group(0), _CONTROL.sub(" ", bounded(str(text), whole=_WHOLE)))
 
 
 def md_code(text: object) -> str:
     """A stored string as a Markdown code span (config keys, hashes, URLs): no backtick or line end
-    can leave it."""
-    text = _CONTROL.sub(" ", str(text)).replace("`", "'").replace("|", "\\|")
+    can leave it; bounded as :func:`md` is."""
+    text = _CONTROL.sub(" ", bounded(str(text), whole=_WHOLE)).replace("`", "'").replace("|", "\\|")
     return f"`{text}`"
 
 

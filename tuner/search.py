@@ -233,8 +233,11 @@ def _report_warm(background: list, progress) -> None:
 
 def _source_and_storage(opts: Options, store) -> tuple:
     """The replay source (``None`` unless ``--backend replay``) and Optuna's storage for this run."""
+    from ..db.store import check_optuna_schema
+
     _quiet_optuna()
     if opts.backend != "replay":
+        check_optuna_schema(store.engine, store.shown_url)
         return None, _storage(store.url)
     from .replay import ReplaySource
 
@@ -247,6 +250,7 @@ def _source_and_storage(opts: Options, store) -> tuple:
     if source is None:
         source = ReplaySource(opts.replay_db, opts.replay_device, opts.replay_kernel)
     if opts.replay_queue == "database":
+        check_optuna_schema(store.engine, store.shown_url)
         return source, _storage(store.url)
     return source, optuna.storages.InMemoryStorage()
 

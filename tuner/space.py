@@ -14,6 +14,7 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import re
 import reprlib
 from dataclasses import dataclass
@@ -22,9 +23,9 @@ from pathlib import Path
 
 import yaml
 
+from ..db.paths import STDIN
 from ..db.paths import PathError
-from ..db.paths import read_bytes
-from ..db.paths import regular_or_missing
+from ..db.paths import read_input
 from . import strategies
 from .adapter import BUILTIN
 from .adapter import DEFAULT as DEFAULT_KERNEL
@@ -53,7 +54,8 @@ TARGETS: dict[str, int] = {
 
 TOP_KEYS = {
     "name": "a name for the space (letters, digits, '_', '-')",
-    "kernel": f"the kernel's adapter: one of {sorted(BUILTIN)} (default {DEFAULT_KERNEL}) or `module:Class`",
+    "kernel": f"the kernel's adapter: one of {sorted(BUILTIN)} (default {DEFAULT_KERNEL}) or a registered "
+    "`module:Class` (docs/adapters.md)",
     "target": f"the arch whose limits feasibility enforces: one of {sorted(TARGETS)}",
     "workloads": "a list of workloads",
     "concurrency": "a list of positive batch sizes",
@@ -379,13 +381,20 @@ def _construct_mapping(loader, node, deep=False):
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+STDIN_NAME = "<stdin>"  # the space's path in messages and records when it is read from `-`
+
+
 def _read(path: str):
-    try:  # a regular file only, read without blocking (a FIFO or a directory is one sentence, never a wait)
-        if regular_or_missing(path, "search space") is None:
+    # an input read once, bounded: a regular file, a FIFO or pipe (`tuner check <(cat space.yaml)`) or `-` (the
+    # standard input); a directory or a device is one sentence
+    shown = STDIN_NAME if path == STDIN else path
+    try:
+        if path != STDIN and not os.path.lexists(path):
             raise SpaceError(f"{path}: cannot read the search space (no such file)")
-        data = read_bytes(path, MAX_FILE_BYTES, "search space")
+        data = read_input(path, MAX_FILE_BYTES, "search space")
     except PathError as e:
-        raise SpaceError(f"{path}: cannot read the search space: {e}") from None
+        raise SpaceError(f"{shown}: cannot read the search space: {e}") from None
+    path = shown
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -440,6 +449,7 @@ def load_space(path: str | Path) -> SearchSpace:
     :class:`SpaceError` with a clear message."""
     path = resolve_space(path)
     text, doc = _read(path)
+    path = STDIN_NAME if path == STDIN else path
     return _space(path, text, doc)
 
 

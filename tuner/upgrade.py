@@ -49,6 +49,9 @@ def label_studies(store: Store) -> int:
     returns how many were labelled."""
     import optuna
 
+    from ..db.store import check_optuna_schema
+
+    check_optuna_schema(store.engine, store.shown_url)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = optuna.storages.RDBStorage(store.url)
     done = 0
@@ -74,3 +77,19 @@ def label_studies(store: Store) -> int:
         storage.remove_session()
         storage.engine.dispose()
     return done
+
+
+def unlabelled_studies(store: Store) -> int:
+    """How many Optuna studies :func:`label_studies` would label, read without writing anything (a read-only
+    database at the current schema upgrades as a no-op when this is 0)."""
+    from optuna.storages._rdb import models as om
+    from sqlalchemy import inspect
+
+    with store.session() as s:
+        if not inspect(s.connection()).has_table(om.StudyModel.__tablename__):
+            return 0
+        ours = set(s.scalars(select(StudyModel.name)))
+        attrs = om.StudySystemAttributeModel
+        named = select(attrs.study_id).where(attrs.key == "study:metric_names")
+        names = s.scalars(select(om.StudyModel.study_name).where(om.StudyModel.study_id.not_in(named)))
+        return sum(n in ours for n in names)

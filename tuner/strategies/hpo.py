@@ -19,9 +19,11 @@ L-BFGS-B iterations, warm-started from the last optimum; the caller subsamples t
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import multiprocessing
 import multiprocessing.util
 import os
+import signal
 import threading
 import time
 import warnings
@@ -108,18 +110,43 @@ multiprocessing.util.Finalize(None, _end_all, exitpriority=100)
 multiprocessing.util.register_after_fork(_FORKED, _in_forked_child)
 
 
-_SPAWN_ENV = threading.Lock()  # one worker's start at a time changes the environment it inherits
-
-
 def _ready() -> None:
     """Import what :func:`optimize` needs (in the worker, before the first optimization)."""
     import sklearn.gaussian_process  # noqa: F401
     import threadpoolctl  # noqa: F401
 
 
+@contextlib.contextmanager
+def _spawning():
+    """What a worker process started in here inherits, this process left as it was after: ``PYTHONSAFEPATH=1`` (the
+    spawned interpreter starts as ``python -c``, with the working folder first on sys.path; that keeps a json.py or
+    torch.py there from running in it), and SIGINT blocked (a thread's signal mask survives fork and exec), so that a
+    Ctrl-C at the terminal, which reaches every process of the group, interrupts the search alone (which ends its
+    worker) and never prints a traceback of the worker's, however early in its start it comes. Blocked, not
+    ignored: one that comes meanwhile reaches this process once the worker has started."""
+    safe = os.environ.get("PYTHONSAFEPATH")
+    os.environ["PYTHONSAFEPATH"] = "1"
+    # multiprocessing's resource tracker first: starting it (at the first spawn) unblocks SIGINT in this thread
+    import multiprocessing.resource_tracker
+
+    multiprocessing.resource_tracker.ensure_running()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hasattr(signal, "pthread_sigmask") else None
+    try:
+        yield
+    finally:
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if safe is None:
+            os.environ.pop("PYTHONSAFEPATH", None)
+        else:
+            os.environ["PYTHONSAFEPATH"] = safe
+
+
 def _watch_parent(pid: int) -> None:
     """In the worker: end when the search's process does, however it ended (a killed parent leaves its pool's
-    worker waiting for work forever)."""
+    worker waiting for work forever). A Ctrl-C at the terminal is the search's to handle, which ends this worker:
+    ignored here (also when the worker was started off the main thread, where it could not be inherited)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch():
         while os.getppid() == pid:
@@ -147,7 +174,8 @@ class Refitter:
         wait for it."""
         if self.mode != "inline" and self._pool is None:
             try:
-                self._worker().submit(_ready)
+                with _spawning():  # the first submit starts the worker process
+                    self._worker().submit(_ready)
             except Exception:  # noqa: BLE001 - no worker process here: optimizations run on the spot
                 self.mode = "inline"
 
@@ -163,7 +191,8 @@ class Refitter:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         if self.mode != "inline":
             try:
-                fut = self._worker().submit(optimize, *args)
+                with _spawning():
+                    fut = self._worker().submit(optimize, *args)
             except Exception:  # noqa: BLE001 - no worker process here: optimize on the spot
                 self.mode = "inline"
         if self.mode == "inline":
@@ -198,24 +227,12 @@ class Refitter:
 
     def _worker(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
-            # spawn: the search runs threads, and a forked child of a threaded process may deadlock
+            # spawn: the search runs threads, and a forked child of a threaded process may deadlock (the worker
+            # process itself starts at the first submit: see _spawning)
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 1, mp_context=multiprocessing.get_context("spawn"), initializer=_watch_parent, initargs=(os.getpid(),)
             )
             _POOLS.add(self._pool)
-            # The spawned interpreter starts as `python -c`, with the working folder first on sys.path: it starts
-            # now (the pool's one worker, at its first task) with PYTHONSAFEPATH set, which keeps that folder's
-            # json.py or torch.py from running in it; the caller's environment is restored at once
-            with _SPAWN_ENV:
-                before = os.environ.get("PYTHONSAFEPATH")
-                os.environ["PYTHONSAFEPATH"] = "1"
-                try:
-                    self._pool.submit(_ready)
-                finally:
-                    if before is None:
-                        os.environ.pop("PYTHONSAFEPATH", None)
-                    else:
-                        os.environ["PYTHONSAFEPATH"] = before
         return self._pool
 
     def close(self) -> None:
