@@ -5,6 +5,7 @@
     python benchmarks/bench_search.py --jobs 2 ...            # two runs at once (results are the same)
     python benchmarks/bench_search.py --overhead              # one replay search's time, and the model's share
     python benchmarks/bench_search.py --option stop_p=0.1 ...   # a strategy option (tuner search --help)
+    python benchmarks/bench_search.py --gpus "1;1,1;1,1,0.5,0.5" ...  # N simulated GPUs per study, by their speeds
 
 Each run is a real ``tuner search --backend replay --seed N`` of a space version stored with the recorded
 full grid (``tuner_spaces``), against a fresh results database, so no run sees another's measurements and
@@ -23,6 +24,8 @@ strategy it prints:
 ``--landscape shifted`` multiplies every launch's recorded times by a smooth random factor of its
 parameters and C (seeded), which moves the optimum: a landscape the strategy was not tuned on.
 TPE gets ``--n-trials`` = 25 % of an average level's distinct launches.
+``--gpus`` replays each run on simulated GPUs sharing each study (:class:`tuner.replay.SimulatedGPUs`: the study's
+own threads, one per GPU, in virtual time): their ``simulated GPU s`` is the virtual wall time of the measurements.
 Full results go to ``--out`` (JSON); the table is printed last.
 
 ``--overhead`` instead times one replay search as ``tuner search SPACE --backend replay --replay-db DB
@@ -57,12 +60,41 @@ from tabulate import tabulate  # noqa: E402
 
 from sparse_mla_tuner.tuner import strategies  # noqa: E402
 
-CASES = {  # name: (space name, kernel hash whose full grid is replayed); levels: those with a full grid
-    "v4_216": ("v4_flash_tp4", "ea528dafbe5c"),
-    "v32_216": ("v32_tp8", "efab766bd8d8"),
-    "v4_756": ("v4_flash_tp4", "b0979f66ca00"),
-    "v32_756": ("v32_tp8", "32ae50587d54"),
+# The default cases: (space name, kernel hash whose full grids are replayed), in order; a case's levels are those
+# at which that kernel recorded every config of the space. The current kernel's grids go first (add a line per
+# space: ("v4_flash_tp4", HASH), ("v32_tp8", HASH), ("v4_flash_layer_tp4", HASH)); older kernels' stay as extra cases.
+CASES: list[tuple[str, str]] = [
+    ("v4_flash_tp4", "be009e1b9a4c"),  # the current kernel: 756 configs at all 15 levels (results/h200_db delta 0002)
+    ("v32_tp8", "be009e1b9a4c"),
+    ("v4_flash_tp4", "ea528dafbe5c"),
+    ("v32_tp8", "efab766bd8d8"),
+    ("v4_flash_tp4", "b0979f66ca00"),
+    ("v32_tp8", "32ae50587d54"),
+]
+SHORT = {  # short names of older kernels' cases (--cases takes these or SPACE:KERNEL)
+    ("v4_flash_tp4", "ea528dafbe5c"): "v4_216",
+    ("v32_tp8", "efab766bd8d8"): "v32_216",
+    ("v4_flash_tp4", "b0979f66ca00"): "v4_756",
+    ("v32_tp8", "32ae50587d54"): "v32_756",
 }
+
+
+def case_name(space: str, kernel: str) -> str:
+    return SHORT.get((space, kernel), f"{space}:{kernel}")
+
+
+def parse_case(name: str) -> tuple[str, str]:
+    """A ``--cases`` entry: a short name, or ``SPACE:KERNEL``."""
+    for key, short in SHORT.items():
+        if name == short:
+            return key
+    space, sep, kernel = name.partition(":")
+    if not sep or not space or not kernel:
+        known = ", ".join(case_name(*c) for c in CASES)
+        raise SystemExit(f"--cases {name!r}: a short name or SPACE:KERNEL (the default cases: {known})")
+    return space, kernel
+
+
 STRATEGIES = ("surrogate", "grid", "tpe")
 TPE_SHARE = 0.25  # TPE's --n-trials: this share of the mean distinct launches per level
 
@@ -197,7 +229,14 @@ def add_priors(case: Case, space, store, opts, seed: int) -> str | None:
 
 
 def run_one(
-    case: Case, strategy: str, seed: int, n_trials, landscape: str, priors: bool = False, options: dict | None = None
+    case: Case,
+    strategy: str,
+    seed: int,
+    n_trials,
+    landscape: str,
+    priors: bool = False,
+    options: dict | None = None,
+    speeds: list[float] | None = None,
 ) -> dict:
     import dataclasses
 
@@ -226,11 +265,14 @@ def run_one(
             strategy_options=dict(options or {}),
         )
         prior = add_priors(case, space, store, opts, seed) if priors else None
+        if speeds:  # N simulated GPUs sharing each study (tuner.replay.SimulatedGPUs)
+            opts = dataclasses.replace(opts, workers=len(speeds), replay_speeds=list(speeds))
         source = ReplaySource(opts.replay_db, None, case.kernel)
         if landscape == "shifted":
             shift_source(source, space.baseline, seed)
         t0 = time.monotonic()
-        rows = search_mod.run_search(space, store, dataclasses.replace(opts, replay_source=source))
+        opts = dataclasses.replace(opts, replay_source=source)
+        rows = search_mod.run_search(space, store, opts)
         wall = time.monotonic() - t0
         wl = space.workloads[0].workload()
         truth = truths(source, space, wl, case.levels)
@@ -271,7 +313,18 @@ def run_one(
                         "stopped": row.get("stopped"),
                     }
                 )
-    return {"case": case.name, "strategy": strategy, "seed": seed, "wall_s": wall, "levels": levels, "prior": prior}
+    sim = opts.simulated
+    return {
+        "case": case.name,
+        "strategy": strategy,
+        "seed": seed,
+        "wall_s": wall,
+        "levels": levels,
+        "prior": prior,
+        "speeds": list(speeds or [1.0]),
+        "gpu_s": sim.now if sim is not None else None,  # simulated wall time of the measurements
+        "busy_s": list(sim.busy) if sim is not None else None,
+    }
 
 
 def mean_launches(case: Case) -> float:
@@ -286,7 +339,7 @@ def mean_launches(case: Case) -> float:
 
 def summarize(runs: list[dict]) -> list[dict]:
     table = []
-    for (case, strategy), group in _groups(runs).items():
+    for (case, strategy, *_), group in _groups(runs).items():
         lv = [x for r in group for x in r["levels"]]
         regrets = np.array([x["regret"] for x in lv])
         near = sum(x["near"] for x in lv)
@@ -310,7 +363,16 @@ def summarize(runs: list[dict]) -> list[dict]:
                 "wall s/run": f"{np.mean([r['wall_s'] for r in group]):.0f}",
             }
         )
+        sims = [r["gpu_s"] for r in group if r.get("gpu_s") is not None]
+        if sims:
+            table[-1]["GPUs"] = _speeds(group[0]["speeds"])
+            table[-1]["simulated GPU s/run"] = f"{np.mean(sims):.0f}"
     return table
+
+
+def _speeds(speeds) -> str:
+    """``4 x 1.0`` or ``1.0,1.0,0.5,0.5``."""
+    return f"{len(speeds)} x {speeds[0]:g}" if len(set(speeds)) == 1 else ",".join(f"{v:g}" for v in speeds)
 
 
 def _per_level(levels) -> str:
@@ -321,7 +383,8 @@ def _per_level(levels) -> str:
 def _groups(runs):
     out: dict = {}
     for r in runs:
-        out.setdefault((r["case"], r["strategy"]), []).append(r)
+        key = (r["case"], r["strategy"]) if "speeds" not in r else (r["case"], r["strategy"], tuple(r["speeds"]))
+        out.setdefault(key, []).append(r)
     return out
 
 
@@ -383,6 +446,17 @@ def overhead(
     }
 
 
+def parse_speeds(text: str) -> list[float]:
+    """``1,1,0.5``: the speeds of simulated GPUs (positive numbers)."""
+    try:
+        speeds = [float(v) for v in text.split(",")]
+    except ValueError:
+        speeds = []
+    if not speeds or any(not (v > 0) for v in speeds):
+        raise SystemExit(f"--gpus {text!r}: comma-separated positive speeds, e.g. 1,1,0.5,0.5")
+    return speeds
+
+
 def parse_options(given: list[str]) -> dict:
     """``NAME=VALUE`` strings as strategy options (a VALUE as a Python literal: ``stop_p=0.1``, ``carry=2``); a
     name no strategy has, or a value out of its rule, ends the benchmark with the reason."""
@@ -412,7 +486,18 @@ def parse_options(given: list[str]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--replay-db", default="results/h200.db")
-    ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {list(CASES)}")
+    ap.add_argument(
+        "--cases",
+        default=",".join(case_name(*c) for c in CASES),
+        help="comma-separated: short names or SPACE:KERNEL (default: every case of CASES)",
+    )
+    ap.add_argument(
+        "--gpus",
+        default=None,
+        metavar="SPEEDS;SPEEDS",
+        help="simulated GPUs sharing each study, as their speeds (1,1,0.5,0.5: four, two at half speed); several "
+        "sets separated by ';' run each (default: one GPU, no simulated time)",
+    )
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--grid-seeds", type=int, default=None, help="seeds for grid and TPE (default: --seeds)")
@@ -427,7 +512,7 @@ def main() -> None:
     ap.add_argument("--levels", default="1,8,48,96", help="--overhead: the concurrency levels")
     ap.add_argument(
         "--replay-kernel",
-        default=CASES["v4_216"][1],
+        default="ea528dafbe5c",
         help="--overhead: the kernel hash whose records are replayed (default: the full grids of v4_216's kernel)",
     )
     ap.add_argument(
@@ -468,8 +553,10 @@ def main() -> None:
         return
     tmp = tempfile.mkdtemp()
     jobs = []
+    gpu_sets = [None] if not args.gpus else [parse_speeds(g) for g in args.gpus.split(";")]
     for name in args.cases.split(","):
-        space, kernel = CASES[name]
+        space, kernel = parse_case(name)
+        name = case_name(space, kernel)
         path = Path(tmp) / f"{name}.yaml"
         path.write_text(space_text(args.replay_db, space, kernel))
         from sparse_mla_tuner.tuner.space import load_space
@@ -485,16 +572,21 @@ def main() -> None:
             mine = (
                 {k: v for k, v in options.items() if k in strategies.options_type(strategy).names()} if options else {}
             )
-            jobs += [(case, strategy, seed, n_trials, args.landscape, args.priors, mine) for seed in range(seeds)]
+            jobs += [
+                (case, strategy, seed, n_trials, args.landscape, args.priors, mine, speeds)
+                for speeds in gpu_sets
+                for seed in range(seeds)
+            ]
     runs = []
     with concurrent.futures.ProcessPoolExecutor(args.jobs) as pool:  # every run is independent
         for r in pool.map(_run_quietly, jobs):
             runs.append(r)
             lv = r["levels"]
+            sim = f", {_speeds(r['speeds'])} GPUs {r['gpu_s']:.0f} s simulated" if r.get("gpu_s") is not None else ""
             print(
                 f"{r['case']} {r['strategy']} seed {r['seed']}: {sum(x['regret'] <= 0.01 for x in lv)}/{len(lv)} "
                 f"within 1 %, {sum(x['measured'] for x in lv)}/{sum(x['launches'] for x in lv)} measured, "
-                f"{r['wall_s']:.0f} s ({_per_level(lv)})",
+                f"{r['wall_s']:.0f} s{sim} ({_per_level(lv)})",
                 flush=True,
             )
             if args.out:  # after every run: a run cut short keeps what it finished

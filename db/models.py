@@ -194,6 +194,8 @@ class StudyModel(Base):
     spread: Mapped[float | None] = mapped_column(Float, nullable=True)  # capture-to-capture spread (A/A)
     baseline_multimodal: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime, default=utcnow)
+    stopped: Mapped[str | None] = mapped_column(Text, nullable=True)  # why the level finished (None: not finished)
+    stopped_n_trials: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the --n-trials it finished under
 
     space: Mapped[SpaceModel] = relationship()
     workload: Mapped[WorkloadModel] = relationship()

@@ -174,6 +174,13 @@ def set_study_noise(
     study.noise_n = n
 
 
+def set_study_stopped(session: Session, study_id: int, stopped: str | None, n_trials: int | None) -> None:
+    """A level finished (why, and the ``--n-trials`` cap it ran under), or reopened (``stopped`` None)."""
+    study = session.get(StudyModel, study_id)
+    study.stopped = stopped
+    study.stopped_n_trials = n_trials if stopped else None
+
+
 def set_effects(session: Session, effects: dict[int, Effect]) -> None:
     """The study-wide calls (after the false-discovery correction), by statistic id."""
     for stat_id, effect in effects.items():

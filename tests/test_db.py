@@ -273,6 +273,36 @@ def test_fixture_of_schema_0009_upgrades_to_adapter_records(tmp_path):
             queries.ensure_kernel(s, s.scalars(select(KernelModel)).first().source_hash, "my.module:Adapter")
 
 
+def test_schema_0012_keeps_a_finished_level_in_the_tuners_own_table(tmp_path):
+    """0012 adds ``tuner_studies.stopped`` and ``stopped_n_trials`` (a level's finished state, whatever holds
+    Optuna's queue) and copies them from the Optuna study's ``stopped`` and ``n_trials`` attributes, so a level an
+    older search finished stays finished; a study without them stays open."""
+    path = tmp_path / "old9.db"
+    shutil.copy("tests/fixtures/schema_0009.db", path)
+    con = sqlite3.connect(path)
+    (study_id,) = con.execute("SELECT study_id FROM studies").fetchone()
+    con.executemany(
+        "INSERT INTO study_user_attributes (study_id, key, value_json) VALUES (?, ?, ?)",
+        [
+            (study_id, "stopped", '"P(an unmeasured launch beats the best by > band) = 1.0% < 5%"'),
+            (study_id, "n_trials", "7"),
+        ],
+    )
+    con.execute(
+        "INSERT INTO tuner_studies (name, space_id, workload_id, environment_id, kernel_id, concurrency, backend, "
+        "created_at) SELECT name || '#open', space_id, workload_id, environment_id, kernel_id, 4, backend, created_at "
+        "FROM tuner_studies"
+    )
+    con.commit()
+    con.close()
+    proc = tuner_in_process("db", "upgrade", "--db", f"sqlite:///{path}")
+    assert proc.returncode == 0, proc.stderr
+    con = sqlite3.connect(path)
+    rows = dict(con.execute("SELECT concurrency, stopped || '/' || coalesce(stopped_n_trials, '-') FROM tuner_studies"))
+    con.close()
+    assert rows == {1: "P(an unmeasured launch beats the best by > band) = 1.0% < 5%/7", 4: None}
+
+
 def test_opening_retries_while_sqlite_says_locked_without_waiting(tmp_path, monkeypatch):
     """SQLite can answer "database is locked" without honouring the busy timeout (WAL switches and
     checkpoints of other starters); opening retries that, and only that."""

@@ -274,6 +274,47 @@ def test_a_larger_n_trials_continues_a_finished_level_and_redo_searches_it_again
     _check_database(db_url)
 
 
+def test_a_finished_replay_with_its_queue_in_memory_measures_nothing_when_run_again(recorded, db_url):
+    """With the replay's default ``--replay-queue memory`` Optuna's study lives only for the run, so a level's
+    finished state lives in the tuner's own table (``tuner_studies.stopped``, with the ``--n-trials`` cap it finished
+    under): a second run of the finished search measures nothing (no trial, no sample) and prints each level's stored
+    reason; a larger ``--n-trials`` continues each level, as with Optuna's queue in the database."""
+    argv = [a for a in _argv(recorded, db_url) if a not in ("--replay-queue", "database")]
+
+    def run(*extra):
+        result = CliRunner().invoke(cli, [*argv, "-f", "json", *extra])
+        assert result.exit_code == 0, result.output
+        return _launches(db_url), _count(db_url, "tuner_samples"), json.loads(result.stdout)
+
+    launches, samples, _ = run("--n-trials", "3")
+    assert launches == dict.fromkeys(LEVELS, 3) and samples
+    assert run()[:2] == (launches, samples)  # no --n-trials: finished under the cap of 3, nothing more
+    stopped = _stopped(db_url)
+    assert all(why.startswith("--n-trials 3 reached") for why in stopped.values()) and set(stopped) == set(LEVELS)
+    assert {r["C"]: r["stopped"] for r in run()[2]} == stopped
+    more, _, _ = run("--n-trials", "5")
+    assert all(3 < more[c] <= 5 for c in LEVELS)
+
+
+def _count(url, table: str) -> int:
+    eng = create_engine(url)
+    try:
+        with eng.connect() as con:
+            return con.execute(text(f"SELECT COUNT(*) FROM {table}")).scalar()
+    finally:
+        eng.dispose()
+
+
+def _stopped(url) -> dict:
+    """Why each level stopped, as the tuner's own table keeps it."""
+    eng = create_engine(url)
+    try:
+        with eng.connect() as con:
+            return dict(con.execute(text("SELECT concurrency, stopped FROM tuner_studies")).all())
+    finally:
+        eng.dispose()
+
+
 def test_every_config_has_at_most_one_complete_optuna_trial(killed):
     """A finalist's rounds update its config's Optuna trial instead of adding one: each config has at most one
     COMPLETE trial per study, and Optuna's best is the tuner's best: in an uninterrupted run, and in a run

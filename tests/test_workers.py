@@ -245,3 +245,82 @@ def test_optunas_tables_made_by_another_process_at_the_same_moment_are_used(tmp_
     with pytest.raises(sqlalchemy.exc.ProgrammingError, match="permission denied"):
         search._storage(f"sqlite:///{tmp_path / 's.db'}")
     assert len(calls) == 1
+
+
+def test_simulated_gpus_run_their_threads_in_the_order_of_virtual_time():
+    """tuner.replay.SimulatedGPUs: one thread runs at a time, and a measurement's thread goes on when that
+    measurement ends in virtual time (a GPU at half speed takes twice as long; a tie goes to the lower index),
+    whatever the threads' real timing."""
+    import random
+    import threading
+
+    from sparse_mla_tuner.tuner.replay import SimulatedGPUs
+
+    gpus = SimulatedGPUs([1.0, 0.5])
+    log, running = [], []
+    plans = {0: [1.0, 1.0, 1.0], 1: [1.0]}  # GPU 1 at half speed: its one measurement ends at t=2
+
+    def worker(i):
+        gpus.begin(i)
+        for seconds in plans[i]:
+            running.append(i)
+            time.sleep(random.uniform(0, 0.01))  # real time does not decide the order
+            assert running == [i]  # no other thread runs meanwhile
+            running.remove(i)
+            gpus.measure(i, seconds)
+            log.append((gpus.now, i))
+        gpus.end(i)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in (1, 0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert log == [(1.0, 0), (2.0, 0), (2.0, 1), (3.0, 0)]
+    assert gpus.busy == [3.0, 2.0] and gpus.now == 3.0
+    gpus.measure(0, 0.5)  # outside a level's threads (the finalists): at once, on the clock
+    assert gpus.now == 3.5
+
+
+def test_a_replay_on_simulated_gpus_shares_each_study_and_repeats_itself(tmp_path):
+    """``--workers N`` on the replay backend: N simulated GPUs share each study as N GPUs would (the study's own
+    threads, proposals with trials running elsewhere, the stop rule), every GPU measures, the run is the same
+    again, and two GPUs take less simulated time than one."""
+    from sparse_mla_tuner.db.store import Store
+    from sparse_mla_tuner.tuner.search import Options
+    from sparse_mla_tuner.tuner.search import run_search
+    from sparse_mla_tuner.tuner.space import load_space
+    from tests.recorded import LEVELS
+    from tests.recorded import SMALL_SPACE
+    from tests.recorded import make_recorded
+
+    recorded = make_recorded(tmp_path / "recorded.db")
+    (tmp_path / "small.yaml").write_text(SMALL_SPACE)
+    space = load_space(str(tmp_path / "small.yaml"))
+
+    def run(name, speeds):
+        url = f"sqlite:///{tmp_path / name}"
+        opts = Options(
+            backend="replay", quiet=True, replay_db=f"sqlite:///{recorded}", seed=1, sampler="grid",
+            workers=len(speeds), replay_speeds=speeds,
+        )  # fmt: skip
+        rows = run_search(space, Store(url), opts)
+        eng = create_engine(url)
+        with eng.connect() as con:
+            trials = con.execute(
+                text(
+                    "SELECT t.concurrency, t.config_key, s.gpu_index FROM tuner_trials t JOIN tuner_samples s "
+                    "ON s.trial_id = t.id WHERE s.phase = 'screen' GROUP BY t.id ORDER BY t.id"
+                )
+            ).all()
+        eng.dispose()
+        return [r["C"] for r in rows], trials, opts.simulated.now
+
+    levels, one, t_one = run("one.db", [1.0])
+    assert levels == list(LEVELS)
+    _, two, t_two = run("two.db", [1.0, 1.0])
+    _, again, t_again = run("again.db", [1.0, 1.0])
+    assert two == again and t_two == t_again  # deterministic
+    assert {g for *_, g in two} == {0, 1}  # both GPUs measured
+    assert sorted((c, k) for c, k, _ in two) == sorted((c, k) for c, k, _ in one)  # the grid: the same launches
+    assert t_two < t_one

@@ -559,7 +559,7 @@ class _SearchCommand(click.Command):
     type=DB_INT,
     default=None,
     help="Measurement workers sharing each study: default one per visible GPU, 1 on the CPU; "
-    "at most the visible GPUs (cuda) or the machine's cores (interpreter).",
+    "at most the visible GPUs (cuda) or the machine's cores (interpreter); replay: N simulated GPUs (docs/workers.md).",
 )
 @click.option("--remeasure", is_flag=True, help="Measure again configs that already have results (kept).")
 @click.option(
@@ -728,9 +728,12 @@ def _levels(text: str | None) -> list[int] | None:
     return levels
 
 
+MAX_SIMULATED_GPUS = 64
+
+
 def _check_workers(workers: int | None, backend: str) -> None:
-    """``--workers`` within what this machine can run: one measurement process per visible GPU (cuda),
-    at most one per core of the machine (interpreter, replay)."""
+    """``--workers`` within what this machine can run: one measurement process per visible GPU (cuda), at most one
+    per core of the machine (interpreter), up to :data:`MAX_SIMULATED_GPUS` simulated GPUs (replay)."""
     if workers is None:
         return
     if backend == "cuda":
@@ -742,6 +745,10 @@ def _check_workers(workers: int | None, backend: str) -> None:
                 f"--workers {workers} needs {workers} GPUs, but {visible} are visible "
                 "(CUDA_VISIBLE_DEVICES); use --workers 1.." + str(max(visible, 1))
             )
+        return
+    if backend == "replay":  # simulated GPUs (tuner.replay.SimulatedGPUs): threads that run one at a time
+        if not 1 <= workers <= MAX_SIMULATED_GPUS:
+            raise TunerError(f"--workers {workers}: the replay backend simulates 1..{MAX_SIMULATED_GPUS} GPUs")
         return
     cores = os.cpu_count() or 1
     if workers > cores:

@@ -48,6 +48,16 @@ class MeasurementProcess:
         self.info: dict = {}
         self._stderr = None  # the child's stderr, a temporary file (a new one per start)
 
+    def begin(self) -> None:
+        """A study's measurement thread for this process starts (simulated GPUs order their threads here)."""
+
+    def idle(self) -> None:
+        """The study has nothing for this process now (others run the last trials): a pause before it looks again."""
+        time.sleep(0.2)
+
+    def end(self) -> None:
+        """A study's measurement thread for this process is done with its level."""
+
     def start(self) -> dict:
         env = child_env({**os.environ, **self.extra_env, "TUNER_BACKEND": self.backend, "PYTHONUNBUFFERED": "1"})
         env.pop("TUNER_KERNEL", None)  # the tool's own message to its child: never one from the caller's environment

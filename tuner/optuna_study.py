@@ -1,11 +1,12 @@
-"""What Optuna is told of a study: its trials, their values and attributes, and the one scale of the values.
+"""What Optuna is told of a study: its trials, their values and attributes, and the study's reference.
 
 :class:`OptunaStudy` is half of the recording part of a study (:mod:`tuner.study`; the tuner's own rows are
 :class:`tuner.recorder.StudyRecorder`'s). Two rules keep Optuna's view equal to the tuner's. Every value Optuna
-holds is the paired ratio times the study's one reference (``reference_us``: this study's own baseline median),
-so Optuna orders trials as the tuner ranks them and optuna-dashboard plots µs within noise of what was measured;
-and a screening result that beats every value told so far gets its finalist rounds before Optuna is told
-(:meth:`tuner.study.StudyRun._record_finalist`). One config has one Optuna trial: a finalist revises it.
+holds is the tuner's own median of the trial's config (µs) from its final statistic: the finalist rounds' when it
+has them, else the screening rounds' (what `tuner best` and the summary show, and ``median_us_measured``); and a
+screening result that beats every ratio told so far gets its finalist rounds before Optuna is told
+(:meth:`tuner.study.StudyRun._record_finalist`). One config has one Optuna trial: a finalist revises it. The
+study's ``reference_us`` (its own baseline median) stays an attribute: the scale its ratios read in.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class OptunaStudy:
         self.dists = optuna_distributions(space)
         self.study: optuna.Study | None = None  # set by load()
         self.study_id = 0  # Optuna's id of the study
-        self.reference_us: float | None = None  # this study's baseline median; Optuna's value = ratio x this
+        self.reference_us: float | None = None  # this study's baseline median (the scale its ratios read in)
         self.baseline_us: float | None = None  # the baseline trial's own median, once measured here
         self.told_min: float | None = None  # the lowest ratio told so far (always a finalist's, see StudyRun._tell)
         self._lock = threading.Lock()  # told_min, shared by the study's measurement threads
@@ -185,30 +186,31 @@ class OptunaStudy:
         """The baseline trial's own median, measured here: the reference unless one is stored already."""
         self.baseline_us = median_us
 
-    def tell_ok(self, trial, attrs: dict, screen, final, reference) -> None:
-        """An ok trial's value (its finalist estimate if it has one, else its screening one, times
-        ``reference()``), with ``attrs`` and what :func:`ok_attrs` shows (one transaction for the attributes)."""
+    def tell_ok(self, trial, attrs: dict, screen, final) -> None:
+        """An ok trial's value (the tuner's median of its finalist rounds if it has them, else of its screening
+        rounds), with ``attrs`` and what :func:`ok_attrs` shows (one transaction for the attributes)."""
         told = final or screen
         with self._lock:
             self.told_min = told.ratio if self.told_min is None else min(self.told_min, told.ratio)
-        optuna_rows.finish(trial, {**attrs, **ok_attrs(screen, final)}, told.ratio * reference())
+        optuna_rows.finish(trial, {**attrs, **ok_attrs(screen, final)}, told.median_us)
 
     def told_trial_ids(self) -> dict[int, int]:
         """The tuner trial id -> Optuna trial number of every trial told a value."""
         return optuna_rows.told(self.study, "tuner_trial_id")
 
-    def finalist(self, trial_id: int, cfg: KernelConfig, screen, final, reference: float, number: int | None) -> None:
-        """A finalist's estimate: its config's one trial (Optuna's ``number``, from :meth:`told_trial_ids`) revised,
-        or a trial added when there is none (its process ended before Optuna was told)."""
+    def finalist(self, trial_id: int, cfg: KernelConfig, screen, final, number: int | None) -> None:
+        """A finalist's estimate: its config's one trial (Optuna's ``number``, from :meth:`told_trial_ids`) revised
+        to the finalist rounds' median, or a trial added when there is none (its process ended before Optuna was
+        told)."""
         attrs = {"tuner_trial_id": trial_id, "verdict": Verdict.OK.value, **ok_attrs(screen, final)}
         if number is not None:
-            optuna_rows.revise(self.study, number, final.ratio * reference, attrs)
+            optuna_rows.revise(self.study, number, final.median_us, attrs)
             return
         trial = optuna.trial.create_trial(
             state=COMPLETE,
             params=cfg.as_dict(),
             distributions=self.dists,
-            value=final.ratio * reference,
+            value=final.median_us,
             user_attrs=attrs,
         )
         self.study.add_trial(trial)

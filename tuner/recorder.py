@@ -178,6 +178,18 @@ class StudyRecorder:
             st = t.statistic(Phase.SCREEN) if t.verdict == Verdict.OK else None
             return True, (float(st.baseline_median_us) if st is not None else None)
 
+    def finished(self) -> tuple[str, int | None] | None:
+        """``(why the level stopped, the --n-trials cap it ran under)`` when a run finished it, else None: the
+        tuner's own record, whatever holds Optuna's queue (an in-memory one forgets it)."""
+        with self.store.session() as s:
+            row = s.get(StudyModel, self.study_id)
+            return (row.stopped, row.stopped_n_trials) if row is not None and row.stopped else None
+
+    def set_finished(self, stopped: str | None, n_trials: int | None) -> None:
+        """Record that the level finished (``stopped``: why, under ``n_trials``), or that it reopened (None)."""
+        with self.store.session() as s:
+            record.set_study_stopped(s, self.study_id, stopped, n_trials)
+
     def summary_row(self) -> dict:
         with self.store.session() as s:
             return summary_row(s, self.study_id, self.plan.spec.name, self.plan.concurrency)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
+import time
 import warnings
 from collections import defaultdict
 from collections.abc import Hashable
@@ -58,6 +60,12 @@ class _Recorded:
     duplicate_of: int | None
     samples: list[tuple[float, float]]
     trial_id: int = 0  # the recording's trial: a later one stands over an earlier one
+    wall_s: float = 0.0  # the recorded trial's wall time (its screening rounds, on the GPU that measured it)
+    screen_rounds: int = 0  # how many of ``samples`` are screening rounds
+
+    def round_s(self) -> float | None:
+        """One screening round's recorded wall time (capture, replays, timing), or None when unknown."""
+        return self.wall_s / self.screen_rounds if self.wall_s and self.screen_rounds else None
 
 
 def _engine(url: str):
@@ -161,7 +169,7 @@ class ReplaySource:
         rows = con.execute(
             text(
                 f"SELECT t.id, t.concurrency, t.config_key, t.verdict, t.reason, t.num_splits, t.shared_bytes, "
-                f"t.limit_bytes, t.registers, t.spill_bytes, t.estimate_bytes, {dup} AS duplicate_of, "
+                f"t.limit_bytes, t.registers, t.spill_bytes, t.estimate_bytes, {dup} AS duplicate_of, t.wall_s, "
                 "t.kernel_id, w.kv_format, w.heads, w.topk, w.page_size, w.context "
                 "FROM tuner_trials t JOIN tuner_workloads w ON t.workload_id = w.id "
                 "JOIN tuner_environments e ON t.environment_id = e.id WHERE e.gpu_name = :d ORDER BY t.id"
@@ -202,6 +210,7 @@ class ReplaySource:
                 r["duplicate_of"],
                 [],
                 r["id"],
+                float(r["wall_s"] or 0.0),
             )
             by_id[r["id"]] = rec  # a duplicate's original may be of any kernel
             if replayed:  # a config measured in several of its studies: the latest stands
@@ -217,17 +226,19 @@ class ReplaySource:
             marks = ", ".join(f":t{i}" for i in range(len(chunk)))
             got = con.execute(
                 text(
-                    "SELECT trial_id, candidate_us, baseline_us FROM tuner_samples "
+                    "SELECT trial_id, candidate_us, baseline_us, phase FROM tuner_samples "
                     f"WHERE trial_id IN ({marks}) ORDER BY id"
                 ),
                 {f"t{i}": t for i, t in enumerate(chunk)},
             )
-            for trial_id, c, b in got:
+            for trial_id, c, b, phase in got:
                 by_id[trial_id].samples.append((c, b))
+                by_id[trial_id].screen_rounds += phase == "screen"
         for rec in by_id.values():
             if rec.duplicate_of is not None and rec.duplicate_of in by_id:
-                rec.samples = by_id[rec.duplicate_of].samples
-                rec.verdict = by_id[rec.duplicate_of].verdict
+                original = by_id[rec.duplicate_of]
+                rec.samples, rec.verdict = original.samples, original.verdict
+                rec.wall_s, rec.screen_rounds = original.wall_s, original.screen_rounds
         if skipped:
             warnings.warn(
                 f"the replay database holds {len(skipped)} config keys this declaration does not allow "
@@ -311,14 +322,114 @@ class ReplaySource:
         return out
 
 
+class SimulatedGPUs:
+    """N simulated GPUs sharing one study, in virtual time: what ``--workers N`` does on N GPUs, replayed.
+
+    Each replayed measurement costs its GPU the recorded wall time of its rounds (:meth:`_Recorded.round_s`)
+    divided by the GPU's ``speeds[i]``. The study's measurement threads (one per GPU, as on a GPU host) run one at a
+    time, in the order of virtual time: a thread that starts a measurement hands the turn on, and the next to run is
+    a thread that has not started yet, then an idle one that has not looked at the study since the last measurement
+    ended, then the measurement that ends first (ties: the lower GPU index), whose thread goes on at that moment. So
+    a replay with N GPUs is deterministic, and the study's own code (proposals with trials running elsewhere, the
+    stop rule, the queue) is what runs on a real multi-GPU host: only the measurement process is simulated.
+
+    ``now`` is the virtual wall time so far; ``busy[i]`` each GPU's measuring time. A measurement outside a level's
+    threads (the finalist rounds, measured by the first GPU after the level's threads end) runs without waiting.
+    """
+
+    NEW, READY, WORK, MEASURE, IDLE, DONE = range(6)
+    DEFAULT_ROUND_S = 0.03  # a round's wall time where the recording has none (the H200's median is 0.03-0.1 s)
+
+    def __init__(self, speeds: list[float]) -> None:
+        if not speeds or any(not (s > 0) for s in speeds):
+            raise TunerError(f"simulated GPU speeds must be positive numbers, got {speeds}")
+        self.speeds = list(speeds)
+        self.n = len(speeds)
+        self.now = 0.0
+        self.busy = [0.0] * self.n
+        self._cond = threading.Condition()
+        self._state = [self.NEW] * self.n
+        self._until = [0.0] * self.n  # a measuring GPU's end, in virtual time
+        self._seen = [0] * self.n  # an idle thread: the last event it saw
+        self._event = 0  # measurements ended so far
+        self._turn: int | None = None  # the thread that runs now
+        self._stalled = False  # every thread idle, none measuring: they look again in real time
+
+    def _grant(self) -> None:
+        """Hand the turn to the next thread (see the class); the caller holds the lock and has given it up."""
+        st = self._state
+        if self._turn is not None or self.NEW in st:
+            return  # a level's threads all start before any runs
+        self._stalled = False
+        nxt = next((i for i in range(self.n) if st[i] == self.READY), None)
+        if nxt is None:
+            nxt = next((i for i in range(self.n) if st[i] == self.IDLE and self._seen[i] < self._event), None)
+        if nxt is None:
+            measuring = [(self._until[i], i) for i in range(self.n) if st[i] == self.MEASURE]
+            if measuring:
+                t, nxt = min(measuring)
+                self.now = max(self.now, t)
+                self._event += 1
+            elif self.IDLE in st:
+                self._stalled = True  # nothing ends in virtual time: the idle threads look again after a real pause
+        if nxt is not None:
+            st[nxt], self._turn = self.WORK, nxt
+            self._seen[nxt] = self._event
+        self._cond.notify_all()
+
+    def _wait_turn(self, i: int, patience_s: float | None = None) -> None:
+        while self._turn != i:
+            if not self._cond.wait(timeout=patience_s) and patience_s is not None and self._stalled:
+                self._state[i], self._turn, self._seen[i], self._stalled = self.WORK, i, self._event, False
+                return
+
+    def begin(self, i: int) -> None:
+        """GPU ``i``'s thread starts its part of a level: it runs when its turn comes."""
+        with self._cond:
+            self._state[i] = self.READY
+            self._grant()
+            self._wait_turn(i)
+
+    def measure(self, i: int, seconds: float) -> None:
+        """GPU ``i`` measures for ``seconds`` (at speed 1): returns when that measurement ends in virtual time."""
+        with self._cond:
+            took = seconds / self.speeds[i]
+            self.busy[i] += took
+            if self._state[i] != self.WORK:  # outside the level's threads (the finalists): no one to wait for
+                self.now += took
+                return
+            self._state[i], self._until[i], self._turn = self.MEASURE, self.now + took, None
+            self._grant()
+            self._wait_turn(i)
+
+    def idle(self, i: int) -> None:
+        """GPU ``i``'s thread has nothing to do now: it looks again once a measurement has ended."""
+        with self._cond:
+            if self._state[i] != self.WORK:
+                return
+            self._state[i], self._turn = self.IDLE, None
+            self._grant()
+            self._wait_turn(i, patience_s=0.2)
+
+    def end(self, i: int) -> None:
+        """GPU ``i``'s thread is done with the level; when all are, the next level's threads start afresh."""
+        with self._cond:
+            self._state[i] = self.DONE
+            if self._turn == i:
+                self._turn = None
+            if all(s == self.DONE for s in self._state):
+                self._state = [self.NEW] * self.n
+            self._grant()
+
+
 class ReplayProcess:
-    """Stands in for a :class:`tuner.measure.MeasurementProcess`: answers from recorded samples."""
+    """Stands in for a :class:`tuner.measure.MeasurementProcess`: answers from recorded samples. With ``gpus``
+    (:class:`SimulatedGPUs`), it is GPU ``gpu_index`` of them, and each measurement takes its virtual time."""
 
-    gpu_index = 0
-
-    def __init__(self, source: ReplaySource) -> None:
+    def __init__(self, source: ReplaySource, gpu_index: int = 0, gpus: SimulatedGPUs | None = None) -> None:
         self.source = source
         self.info = source.info
+        self.gpu_index, self.gpus = gpu_index, gpus
 
     def start(self) -> dict:
         return self.info
@@ -326,7 +437,37 @@ class ReplayProcess:
     def close(self) -> None:
         pass
 
+    def begin(self) -> None:
+        if self.gpus is not None:
+            self.gpus.begin(self.gpu_index)
+
+    def idle(self) -> None:
+        if self.gpus is not None:
+            self.gpus.idle(self.gpu_index)
+        else:
+            time.sleep(0.2)
+
+    def end(self) -> None:
+        if self.gpus is not None:
+            self.gpus.end(self.gpu_index)
+
     def measure(self, req: MeasureRequest | CalibrateRequest, timeout_s: float) -> MeasureReply:
+        reply = self._reply(req)
+        if self.gpus is not None:
+            self.gpus.measure(self.gpu_index, self._seconds(req, reply))
+        return reply
+
+    def _seconds(self, req, reply: MeasureReply) -> float:
+        """The recorded wall time of what ``req`` measured: its rounds at the recording's time per round."""
+        if isinstance(req, CalibrateRequest):
+            return 2 * req.pairs * SimulatedGPUs.DEFAULT_ROUND_S
+        rec = self.source.lookup(req.workload, req.batch, req.candidate)
+        per = rec.round_s() if rec is not None else None
+        if reply.verdict != Verdict.OK:
+            return per or SimulatedGPUs.DEFAULT_ROUND_S  # a failed launch: about one round
+        return req.rounds * (per or SimulatedGPUs.DEFAULT_ROUND_S)
+
+    def _reply(self, req: MeasureRequest | CalibrateRequest) -> MeasureReply:
         if isinstance(req, CalibrateRequest):
             shape = _shape(
                 req.workload.kv_format,

@@ -57,6 +57,8 @@ class Options:
     refit: str | None = None  # when re-fitted hyperparameters swap in (strategies.make; default: see make_strategy)
     strategy_options: dict = field(default_factory=dict)  # the strategy's options, over the space file's (benchmarks)
     replay_source: object | None = None  # a ReplaySource to draw from instead of opening replay_db (benchmarks)
+    replay_speeds: list[float] | None = None  # replay: simulated GPUs' speeds (default: --workers GPUs of speed 1)
+    simulated: object | None = None  # set by run_search when replaying on simulated GPUs: its SimulatedGPUs
     record_kernel: str | None = None  # the kernel hash the search records under (default: this code's)
     interrupted: bool = False  # set by run_search: Ctrl-C or SIGTERM stopped it (the CLI then exits 128 + signal)
     stop_signal: int = 0  # set by run_search: which signal (SIGINT 2: exit 130; SIGTERM 15: exit 143)
@@ -286,8 +288,13 @@ def start_processes(opts: Options, source=None, kernel: str | None = None) -> li
     n = opts.workers
     if source is not None:
         from .replay import ReplayProcess
+        from .replay import SimulatedGPUs
 
-        return [ReplayProcess(source)]
+        speeds = opts.replay_speeds or ([1.0] * n if n and n > 1 else None)
+        if speeds is None:
+            return [ReplayProcess(source)]
+        gpus = opts.simulated = SimulatedGPUs(speeds)
+        return [ReplayProcess(source, i, gpus) for i in range(gpus.n)]
     if opts.backend == "cuda":
         import torch
 

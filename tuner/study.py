@@ -164,15 +164,17 @@ class StudyRun:
         resumes as any interrupted level does); with a larger ``--n-trials`` it measures up to that many
         launches, the strategy's stop rule set aside."""
         attrs = self.optuna.attrs
-        stopped = attrs.get("stopped")
+        mine = self.records.finished()  # the tuner's own record; Optuna's attributes for a level finished before it
+        stopped, cap = mine if mine is not None else (attrs.get("stopped"), attrs.get("n_trials"))
         if not stopped:
             return None
-        n, cap = self.opts.n_trials, attrs.get("n_trials")
+        n = self.opts.n_trials
         more = bool(n and n > self.records.n_launched() and (cap is None or n > cap))
         if not (self.opts.redo or more):
             return stopped
         self.candidates.more = more and not self.opts.redo
         self.optuna.set_attr("stopped", None)
+        self.records.set_finished(None, None)
         return None
 
     def _open(self, done: set) -> None:
@@ -251,6 +253,7 @@ class StudyRun:
                     self._finalists(self.processes[0])
                     opt.set_attr("n_trials", self.opts.n_trials)
                     opt.set_attr("stopped", pg.stopped)
+                    rec.set_finished(pg.stopped, self.opts.n_trials)
                 rec.decide()
                 row = rec.summary_row()
             row["strategy"] = self.strategy.name
@@ -293,7 +296,8 @@ class StudyRun:
 
     def _tell_ok(self, trial, stat, final, attrs: dict) -> None:
         """Optuna is told an ok trial's value: its finalist estimate if it has one, else its screening one."""
-        self.optuna.tell_ok(trial, attrs, stat, final, self._reference)
+        self._reference()  # the study's reference_us, fixed by the first value told
+        self.optuna.tell_ok(trial, attrs, stat, final)
 
     def _tell_recorded(self, proc, trial, cfg: KernelConfig, band: float) -> bool:
         """A retried trial whose config its first process recorded ok, and ended before Optuna was told (killed
@@ -342,7 +346,7 @@ class StudyRun:
         for trial_id, cfg, screen in todo if rounds else []:
             final = self.records.finalist(proc, trial_id, self.measurer.finalist(proc, cfg), band)
             if final is not None:
-                self.optuna.finalist(trial_id, cfg, screen, final, self._reference(), told.get(trial_id))
+                self.optuna.finalist(trial_id, cfg, screen, final, told.get(trial_id))
 
     def _unlaunched(self, items: list[tuple]) -> None:
         """Configs decided without a launch: the tuner's rows in one transaction, their Optuna trials in another."""
@@ -374,6 +378,7 @@ class _Measuring:
         """The loop: the process's noise band, then trials until the level stops."""
         run, pg = self.run, self.run.progress
         try:
+            self.proc.begin()  # (simulated GPUs: this thread runs when its turn comes; a real process: at once)
             self.env_id, self.band = self._noise_band()
             while True:
                 with pg.lock:
@@ -387,12 +392,14 @@ class _Measuring:
                 if trial is None:
                     if pg.stopped:
                         return
-                    time.sleep(0.2)  # others run the last trials; a dead host's come back after its grace period
+                    self.proc.idle()  # others run the last trials; a dead host's come back after its grace period
                     continue
                 self._run_trial(trial)
         except BaseException as e:  # noqa: BLE001 - handed to the main thread
             pg.error = pg.error or e
             run.stop.requested = True
+        finally:
+            self.proc.end()
 
     def _out_of_time(self) -> bool:
         opts = self.run.opts

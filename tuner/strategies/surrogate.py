@@ -37,11 +37,20 @@ each trial still running is added to the model at its predicted value before the
 proposals spread out instead of repeating. A level with no data from any level starts from
 ``n_init`` candidates drawn at random (seeded) among the open ones.
 
+**The floor and the probes.** Whatever the model says, a level does not stop while a tile shape that was within
+``floor_within`` (per doubling of C) of the best at the level before has no launch measured here
+(:meth:`Surrogate.floor`), nor, with ``probe``, while a tile shape has not been measured as the level's best launch
+is, with its shape swapped (:func:`probes`): a model that saw none of a shape's good launches at a level
+is sure of what it has not seen (docs/search.md, "The floor under the stop rule").
+
 **The stop rule.** After at least ``min_here`` measurements at the level, once the previous level's
-best, the incumbent's neighbours and the lines (:meth:`Surrogate._lines`) are measured, it stops when
+best, the incumbent's neighbours, the floor, the probes and the lines (:meth:`Surrogate.lines`) are measured, it
+stops when
 ``P(an unmeasured launch beats the best by > band) < stop_p``: each open candidate's posterior
 probability of a log ratio below ``log(best) + log(1 - band)``, summed (the union bound: no independence
-assumed). ``stop_p`` = 5 % is the threshold the search benchmark (``benchmarks/bench_search.py``) was
+assumed). With launches running on other GPUs, P is asked of the model with them believed at their predicted
+values: a level whose open launches cannot win even so proposes nothing more, and stops once those are measured.
+``stop_p`` = 5 % is the threshold the search benchmark (``benchmarks/bench_search.py``) was
 run with; ``--n-trials`` stays a hard cap.
 """
 
@@ -82,11 +91,27 @@ class SurrogateOptions(Options):
     hpo_max: int = option(100, "training points an optimization sees: this level's, then a seeded sample", 1)
     hpo_restarts: int = option(1, "random starts besides the start point at a level's first optimization", 0)
     hpo_maxiter: int = option(100, "L-BFGS-B iterations per start", 1)
+    noise_max: float = option(
+        0.01, "the white noise's largest level (normalized units): a fit may not call the data noise", 1e-3, 1
+    )
     hpo_lag: int = option(2, "deterministic refits: an optimization swaps in this many measurements later", 0)
     carry: int = option(3, "the previous level's best launches measured first at each level", 0)
     carry_lines: int = option(2, "... and its best tile shapes' best launches at every split target", 0)
     lines: int = option(3, "the best tile shapes whose best launch is tried at every split target before a stop", 0)
     line_within: float = option(0.10, "... among those within this share of the level's best", 0)
+    floor_within: float = option(
+        0.10,
+        "no stop while a tile shape within this share (per doubling of C) of the best at the level before is "
+        "unmeasured here",
+        0,
+    )
+    floor_growth: float = option(1.0, "... the margin grows as (doublings of C between the levels) ** this", 0)
+    probe: int = option(
+        1, "1: before a stop, every tile shape measured as the best launch is, with its shape swapped", 0, 1
+    )
+    probe_within: float = option(
+        100.0, "... but of no shape beyond this share (per doubling of C) of the best at the level before", 0
+    )
 
 
 class Surrogate(Strategy):
@@ -159,11 +184,69 @@ class Surrogate(Strategy):
         self._ranked = (history, key, ranked)
         return ranked
 
+    def floor(self, level: Level, history: History) -> list[KernelConfig]:
+        """The floor under the stop rule: one launch here of each tile shape (the adapter's ``family``) whose best
+        launch at the nearest level searched before this one was within the floor's margin of that level's best,
+        and which has no measurement here yet. The margin is ``floor_within`` per doubling of C between the two
+        levels (at least one doubling's; ``floor_growth`` 0: the same at any distance): the further the level, the
+        less its ranking says here. The launch is the shape's open candidate the model predicts best here, or,
+        before the model has data, the shape's best launch there as launched here. A landscape turns between
+        levels (on the H200, V4's ``BLOCK_T=64 x num_warps=8`` was 7.5 % behind at C=4 and 9 % ahead at C=8), and a
+        model that saw none of a shape's launches at a level cannot say so."""
+        if self.options.floor_within <= 0:
+            return []
+        best = self._shapes_within(level, history, self.options.floor_within) or {}
+        family = level.adapter.family
+        shape = lambda c: tuple(getattr(c, p) for p in family)  # noqa: E731
+        here = {shape(c) for c in level.measured} | {shape(c) for c in level.pending}
+        todo = {f: cfg for f, cfg in best.items() if f not in here}
+        if not todo:
+            return []
+        open_ = level.open()
+        fitted = self.model.fitted(level)
+        rep = level.lookup()
+        out = []
+        for f, cfg in todo.items():
+            mine = [c for c in open_ if shape(c) == f]
+            if not mine:
+                continue
+            if fitted is not None:
+                mu, _ = self.model.posterior(fitted[0], self.model.X(mine, level))
+                out.append(mine[int(np.argmin(mu))])
+            else:
+                cand = rep(cfg)
+                out.append(cand if cand in mine else mine[0])
+        return out
+
+    def _shapes_within(self, level: Level, history: History, within: float) -> dict | None:
+        """Tile shape -> its best launch at the nearest level searched before ``level``, for the shapes within
+        ``within`` per doubling of C between the levels (``** floor_growth``, at least one doubling's) of that
+        level's best; None without such a level."""
+        ranked = self._ranked_before(level, history)
+        if not ranked:
+            return None
+        before = _nearest_before(level, history)
+        doublings = abs(math.log2(level.concurrency / before)) if before else 1.0
+        edge = ranked[0][0] + math.log(1.0 + within * max(1.0, doublings) ** self.options.floor_growth)
+        family = level.adapter.family
+        best: dict = {}
+        for y, cfg in ranked:  # best first: the first of each shape is its best
+            if y <= edge:
+                best.setdefault(tuple(getattr(cfg, p) for p in family), cfg)
+        return best
+
+    def _probes(self, level: Level, history: History) -> list[KernelConfig]:
+        """:func:`probes`, but of no shape whose best at the level before was beyond ``probe_within`` of its best."""
+        if not self.options.probe:
+            return []
+        close = self._shapes_within(level, history, self.options.probe_within) or {}
+        return probes(level, set(self._shapes_within(level, history, math.inf) or {}) - set(close))  # far behind
+
     def _incumbent_neighbours(self, level: Level) -> list[KernelConfig]:
         best = level.best()
         if best is None:
             return []
-        return [c for c in level.neighbours.get(best[0], []) if c not in level.measured]
+        return [c for c in level.neighbours.get(best[0], []) if c not in level.measured and c not in level.pending]
 
     def lines(self, level: Level) -> list[KernelConfig]:
         """The split-target line of the best launch of each of the ``lines`` best tile shapes measured here
@@ -201,7 +284,8 @@ class Surrogate(Strategy):
         if not open_:
             return []
         is_open = set(open_)  # membership by hash: a list's is one comparison per open launch
-        chosen = [c for c in self.carried(level, history) if c in is_open][:n]
+        first = dict.fromkeys([*self.carried(level, history), *self.floor(level, history)])
+        chosen = [c for c in first if c in is_open][:n]
         if len(chosen) == n:
             return chosen
         fitted = self.model.fitted(level)
@@ -213,7 +297,12 @@ class Surrogate(Strategy):
         f, scale = fitted
         best = level.best()
         here_best = best[1] if best is not None else 0.0
-        pool = [c for c in self._incumbent_neighbours(level) if c in is_open] or self.lines(level) or open_
+        pool = (
+            [c for c in self._incumbent_neighbours(level) if c in is_open]
+            or self.lines(level)
+            or [c for c in self._probes(level, history) if c in is_open]
+            or open_
+        )
         believed = [*level.pending, *chosen]
         while len(chosen) < n:
             pool = [c for c in pool if c not in chosen] or [c for c in open_ if c not in chosen]
@@ -244,18 +333,27 @@ class Surrogate(Strategy):
             return f"every one of the {len(level.candidates)} distinct feasible launches measured"
         here = sum(1 for y in level.measured.values() if y is not None)
         best = level.best()
-        if best is None or here < min(self.options.min_here, len(level.candidates)) or level.pending or not open_:
+        if best is None or here < min(self.options.min_here, len(level.candidates)) or not open_:
             return None
         is_open = set(open_)
         if [c for c in self.carried(level, history) if c in is_open] or self._incumbent_neighbours(level):
             return None  # the previous level's best and the incumbent's neighbours come first
+        if self.floor(level, history) or self._probes(level, history):
+            return None  # every tile shape close to the best at the level before is measured here, and every shape
+            # as the best launch is
         if self.lines(level):
             return None  # and the best tile shapes at every split target
         fitted = self.model.fitted(level)
         if fitted is None:
             return None
         f, scale = fitted
-        mu, sd = self.model.open_posterior(f, level, open_)
+        if level.pending:  # other workers' launches at their predicted values (the kriging believer): a level whose
+            # open launches cannot win even so proposes nothing more, and stops once those are measured
+            mu, sd = self.model.posterior(
+                self.model.believe(f, level, sorted(level.pending, key=str)), self.model.X(open_, level)
+            )
+        else:
+            mu, sd = self.model.open_posterior(f, level, open_)
         target = best[1] + win_edge(level.band)
         p_each = ndtr((target - mu) / (sd * scale))
         p = float(min(1.0, p_each.sum()))  # the union bound: no independence assumed
@@ -290,6 +388,40 @@ def _before(level: Level):
         earlier = set(order[: order.index(level.concurrency)])
         return lambda c: c in earlier
     return lambda c: c < level.concurrency
+
+
+def probes(level: Level, skip: set | None = None) -> list[KernelConfig]:
+    """The level's best launch with its tile shape (the adapter's ``family``) swapped for each
+    other shape the level's candidates hold, where that launch is a candidate not yet measured. A shape is
+    judged at the split count and options that win here, not at whichever it happened to be tried with: on
+    V3.2 at C=48 (kernel 32ae50587d54) ``T16-w2-s1-c512-p1`` is 7 % ahead of every other launch, while the
+    same shape at ``TARGET_CTAS=128`` was 181 % behind and ended the shape's trial there."""
+    best = level.best()
+    if best is None:
+        return []
+    family = level.adapter.family
+    held = dict.fromkeys(tuple(getattr(c, p) for p in family) for c in level.candidates)
+    shapes = [f for f in held if not skip or f not in skip]  # ``skip``: shapes left out
+    rep = level.lookup()
+    out = []
+    for f in shapes:
+        try:
+            cand = rep(best[0].replace(**dict(zip(family, f, strict=True))))
+        except (ValueError, TypeError):
+            continue
+        if cand is not None and cand not in level.measured and cand not in level.pending:
+            out.append(cand)
+    return list(dict.fromkeys(out))
+
+
+def _nearest_before(level: Level, history: History) -> int | None:
+    """The concurrency of the nearest level searched before ``level`` with this kernel's measurements."""
+    before = _before(level)
+    levels = {m.concurrency for m in history if m.source is None and m.y is not None and before(m.concurrency)}
+    if not levels:
+        return None
+    logc = math.log2(level.concurrency)
+    return min(levels, key=lambda c: abs(math.log2(c) - logc))
 
 
 def _split_line(level: Level, cfg: KernelConfig) -> list[KernelConfig]:
