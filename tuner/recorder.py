@@ -201,7 +201,7 @@ class StudyRecorder:
 
         Returns ``(trial id, statistic or None)``, or False when another process already recorded this config.
         """
-        fields = self._fields(env_id, cfg, reply, number, wall_s, key, original)
+        fields = trial_fields(self, env_id, cfg, reply, number, wall_s, key, original)
         with self.store.session() as s:
             trial_id = record.insert_trial(s, **fields)
             if trial_id is None:
@@ -210,40 +210,12 @@ class StudyRecorder:
                 return trial_id, None
             return trial_id, add_samples(s, trial_id, Phase.SCREEN, reply, proc.gpu_index, band, seed=trial_id)
 
-    def _fields(self, env_id, cfg: KernelConfig, reply: MeasureReply, number, wall_s, key, original) -> dict:
-        """One ``tuner_trials`` row's fields."""
-        feas = self.plan.verdicts[cfg]
-        return dict(
-            study_id=self.study_id,
-            workload_id=self.workload_id,
-            environment_id=env_id,
-            kernel_id=self.kernel_id,
-            concurrency=self.plan.concurrency,
-            backend=self.opts.backend,
-            config_key=str(cfg),
-            **config_fields(self.plan.space.adapter.spec, cfg.as_dict()),
-            num_splits=reply.num_splits,
-            launch_key=key,
-            duplicate_of=original,
-            is_baseline=cfg == self.plan.space.baseline,
-            verdict=reply.verdict,
-            reason=reply.reason or (feas.reason if feas.feasible else ""),
-            shared_bytes=feas.shared_bytes,
-            limit_bytes=feas.limit_bytes,
-            registers=feas.registers,
-            spill_bytes=feas.spill_bytes,
-            estimate_bytes=feas.estimate_bytes,
-            out_rel_err=reply.out_rel_err,
-            lse_abs_err=reply.lse_abs_err,
-            optuna_study=self.name,
-            optuna_trial_number=number,
-            wall_s=wall_s,
-        )
-
     def unlaunched(self, items: list[tuple]) -> list[int | None]:
         """Configs decided without a launch, ``(cfg, reply, launch key, original trial id)`` each, in one
         transaction; their trial ids (None where another process recorded the config first)."""
-        rows = [self._fields(self.env_id, cfg, reply, None, 0.0, key, original) for cfg, reply, key, original in items]
+        rows = [
+            trial_fields(self, self.env_id, cfg, reply, None, 0.0, key, original) for cfg, reply, key, original in items
+        ]
         with self.store.session() as s:
             return record.add_trials(s, rows)
 
@@ -314,6 +286,39 @@ class StudyRecorder:
                 rows = [st for t in trials if (st := t.statistic(phase)) is not None and st.p_value is not None]
                 effects = stats.decide([(st.p_value, _direction(st)) for st in rows])
                 record.set_effects(s, {st.id: e for st, e in zip(rows, effects, strict=True)})
+
+
+def trial_fields(
+    rec: StudyRecorder, env_id, cfg: KernelConfig, reply: MeasureReply, number, wall_s, key, original
+) -> dict:
+    """One ``tuner_trials`` row's fields, of a config of ``rec``'s study."""
+    feas = rec.plan.verdicts[cfg]
+    return dict(
+        study_id=rec.study_id,
+        workload_id=rec.workload_id,
+        environment_id=env_id,
+        kernel_id=rec.kernel_id,
+        concurrency=rec.plan.concurrency,
+        backend=rec.opts.backend,
+        config_key=str(cfg),
+        **config_fields(rec.plan.space.adapter.spec, cfg.as_dict()),
+        num_splits=reply.num_splits,
+        launch_key=key,
+        duplicate_of=original,
+        is_baseline=cfg == rec.plan.space.baseline,
+        verdict=reply.verdict,
+        reason=reply.reason or (feas.reason if feas.feasible else ""),
+        shared_bytes=feas.shared_bytes,
+        limit_bytes=feas.limit_bytes,
+        registers=feas.registers,
+        spill_bytes=feas.spill_bytes,
+        estimate_bytes=feas.estimate_bytes,
+        out_rel_err=reply.out_rel_err,
+        lse_abs_err=reply.lse_abs_err,
+        optuna_study=rec.name,
+        optuna_trial_number=number,
+        wall_s=wall_s,
+    )
 
 
 class SpaceHistory:
