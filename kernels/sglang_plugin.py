@@ -39,17 +39,15 @@ import threading
 import torch
 
 from . import decode
-from .config import DEFAULT_CONFIG
+from ._engine import Route
+from ._engine import device_reason
 from .config import KernelConfig
 from .coverage import SERVED_HEADS
 from .coverage import coverage
 from .coverage import shape_problem
-from .decode import INTERPRET
 from .decode import device_name
 from .kv_format import FORMATS
 from .models import tune_command
-from .table import fit_config
-from .table import lookup_config
 
 TARGET = "sglang.kernels.ops.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120"
 PLUGIN_NAME = "sparse_mla"  # the entry point's name, as SGLANG_PLUGINS lists it
@@ -309,43 +307,16 @@ def leave_reason(kw: dict) -> str | None:
     ):
         return f"attn_sink is not a [{H}] float32 tensor"
     tensors = [kw.get(k) for k in KEYWORDS if isinstance(kw.get(k), torch.Tensor)]
-    devices = {t.device for t in tensors}
-    if len(devices) != 1:
-        return f"the tensors are on several devices ({sorted(map(str, devices))})"
-    device = q.device
-    if device.type == "cpu" and not INTERPRET:
-        return "tensors on the CPU without Triton's interpreter"
-    if device.type not in ("cpu", "cuda"):
-        return f"device {device.type} (served: CUDA GPUs)"
-    return None
+    return device_reason(q, {t.device for t in tensors})
 
 
-class _Route:
-    """A served shape class (any batch size): which table serves it, and the config of each row count,
-    resolved once."""
+class _Route(Route):
+    """A served shape class (any batch size; rows are B * s_q, V3.2's T): :class:`kernels._engine.Route`, with
+    where its table comes from (``origin``) and the command that would tune the shape's own (``tune``)."""
 
     def __init__(self, device: torch.device, heads: int, topk: int, shape, max_rows, kv_format: str = KV_FORMAT):
-        self.device, self.heads, self.topk, self.kv_format = device, heads, topk, kv_format
-        self.shape = shape  # the tuned (heads, topk) whose table serves; None: the default config (interpreter)
-        self.max_rows = max_rows  # B * s_q served up to this (the table's largest batch); None: no limit
-        self.configs: dict[int, KernelConfig] = {}
-        self.warm = False
+        super().__init__(device, kv_format, heads, topk, shape, max_rows)
         self.origin, self.tune = "default", None
-
-    def config(self, rows: int) -> KernelConfig:
-        cfg = self.configs.get(rows)
-        if cfg is None:
-            if self.shape is None:
-                cfg = DEFAULT_CONFIG
-            else:
-                cfg = lookup_config(device_name(self.device), self.kv_format, *self.shape, rows)
-                if self.shape[1] > self.topk:
-                    cfg = fit_config(cfg, self.topk)
-            self.configs[rows] = cfg
-        return cfg
-
-    def serves(self, rows: int) -> bool:
-        return self.max_rows is None or rows <= self.max_rows
 
 
 _ROUTES: dict[tuple, _Route | str] = {}  # by the call's whole signature
@@ -359,14 +330,6 @@ def _log_once(key, level, msg, *args) -> None:
     if key not in _logged:
         _logged.add(key)
         logger.log(level, msg, *args)
-
-
-def _stamp(path) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except (OSError, ValueError):
-        return None
-    return (st.st_mtime_ns, st.st_size)
 
 
 def largest_batch(device: str, heads: int, topk: int, kv_format: str = KV_FORMAT) -> int:
@@ -434,19 +397,26 @@ def _how(route: _Route) -> str:
     return how
 
 
+def _resolve(kw: dict, leave, shape_class, rows_name: str, rows) -> _Route | str:
+    """A new call's route: why ``leave`` leaves it, else its ``shape_class`` route unless its ``rows(q)`` (named
+    ``rows_name``) pass the largest batch of the table (then why, with the command that tunes larger batches)."""
+    route = leave(kw) or shape_class(kw)
+    if isinstance(route, _Route) and not route.serves(rows(kw["q"])):
+        h, k = route.shape
+        route = (
+            f"{rows_name} above the largest batch ({route.max_rows}) of the table of heads={h}, topk={k} (to tune "
+            f"larger batches: {tune_command(route.kv_format, route.heads, route.topk)}, with --max-batch)"
+        )
+    return route
+
+
 def _route(key: tuple, kw: dict) -> _Route | str:
     with _LOCK:
         route = _ROUTES.get(key)
         if route is not None:
             return route
+        route = _resolve(kw, leave_reason, _shape_class, "B * s_q", lambda q: q.shape[0] * q.shape[1])
         q = kw.get("q")
-        route = leave_reason(kw) or _shape_class(kw)
-        if isinstance(route, _Route) and not route.serves(q.shape[0] * q.shape[1]):
-            h, k = route.shape
-            route = (
-                f"B * s_q above the largest batch ({route.max_rows}) of the table of heads={h}, topk={k} (to tune "
-                f"larger batches: {tune_command(KV_FORMAT, route.heads, route.topk)}, with --max-batch)"
-            )
         shape = list(q.shape[1:]) if isinstance(q, torch.Tensor) else type(q).__name__
         if isinstance(route, _Route):
             how = _how(route)
@@ -700,14 +670,7 @@ def v32_leave_reason(kw: dict) -> str | None:
     if not isinstance(scale, (int, float)):
         return "sm_scale is not a number"
     tensors = [t for t in (q, kv, idx, kw.get("seq_lens")) if isinstance(t, torch.Tensor)]
-    devices = {t.device for t in tensors}
-    if len(devices) != 1:
-        return f"the tensors are on several devices ({sorted(map(str, devices))})"
-    if q.device.type == "cpu" and not INTERPRET:
-        return "tensors on the CPU without Triton's interpreter"
-    if q.device.type not in ("cpu", "cuda"):
-        return f"device {q.device.type} (served: CUDA GPUs)"
-    return None
+    return device_reason(q, {t.device for t in tensors})
 
 
 def _v32_class_key(kw: dict) -> tuple:
@@ -730,14 +693,8 @@ def _v32_route(key: tuple, kw: dict) -> _Route | str:
         route = _ROUTES.get(key)
         if route is not None:
             return route
+        route = _resolve(kw, v32_leave_reason, _v32_shape_class, "T", lambda q: q.shape[0])
         q = kw.get("q")
-        route = v32_leave_reason(kw) or _v32_shape_class(kw)
-        if isinstance(route, _Route) and not route.serves(q.shape[0]):
-            h, k = route.shape
-            route = (
-                f"T above the largest batch ({route.max_rows}) of the table of heads={h}, topk={k} (to tune larger "
-                f"batches: {tune_command(V32_FORMAT, route.heads, route.topk)}, with --max-batch)"
-            )
         shape = list(q.shape[1:]) if isinstance(q, torch.Tensor) else [type(q).__name__]
         if isinstance(route, _Route):
             _log_once(
