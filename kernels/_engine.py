@@ -48,3 +48,11 @@ def device_reason(q: torch.Tensor, devices: set) -> str | None:
     if q.device.type not in ("cpu", "cuda"):
         return f"device {q.device.type} (served: CUDA GPUs)"
     return None
+
+
+def warm_counts(route: Route, counts, capture_sizes, per: int = 1) -> list[int]:
+    """The counts a warm-up runs: ``counts`` (None: each count up to the table's largest batch, ``per`` rows a
+    count, or without a limit ``capture_sizes``) whose ``count * per`` rows the route serves."""
+    if counts is None:
+        counts = range(1, route.max_rows // per + 1) if route.max_rows else capture_sizes
+    return [c for c in counts if route.serves(c * per)]

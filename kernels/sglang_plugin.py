@@ -41,6 +41,7 @@ import torch
 from . import decode
 from ._engine import Route
 from ._engine import device_reason
+from ._engine import warm_counts
 from .config import KernelConfig
 from .coverage import SERVED_HEADS
 from .coverage import coverage
@@ -509,12 +510,8 @@ def warm_up_like(kw: dict, batch_sizes=None) -> list[tuple[int, KernelConfig]]:
         return []
     q = kw["q"]
     s_q, H = q.shape[1], q.shape[2]
-    if batch_sizes is None:
-        batch_sizes = range(1, route.max_rows // s_q + 1) if route.max_rows else CAPTURE_SIZES
     done = []
-    for b in batch_sizes:
-        if not route.serves(b * s_q):
-            continue
+    for b in warm_counts(route, batch_sizes, CAPTURE_SIZES, s_q):
         small = dict(kw)
         small["q"] = q.new_zeros(b, s_q, H, q.shape[3])
         small["indices"] = torch.full((b, s_q, kw["indices"].shape[-1]), -1, dtype=torch.int32, device=q.device)
@@ -747,12 +744,8 @@ def warm_up_v32_like(kw: dict, batch_sizes=None) -> list[tuple[int, KernelConfig
     if isinstance(route, str):
         return []
     q = kw["q"]
-    if batch_sizes is None:
-        batch_sizes = range(1, route.max_rows + 1) if route.max_rows else CAPTURE_SIZES
     done = []
-    for t in batch_sizes:
-        if not route.serves(t):
-            continue
+    for t in warm_counts(route, batch_sizes, CAPTURE_SIZES):
         small = dict(kw)
         small["q"] = q.new_zeros(t, q.shape[1], q.shape[2])
         small["indices"] = torch.full((t, kw["indices"].shape[1]), -1, dtype=torch.int32, device=q.device)

@@ -37,6 +37,7 @@ import torch
 from . import decode
 from ._engine import Route
 from ._engine import device_reason
+from ._engine import warm_counts
 from .config import KernelConfig
 from .coverage import coverage as shared_coverage
 from .decode import device_name
@@ -423,12 +424,8 @@ def warm_up_v32_like(q, kv_cache, indices, scale, token_counts=None) -> list[tup
     route = _v32_route(q, kv_cache, indices)
     if isinstance(route, str):
         return []
-    if token_counts is None:
-        token_counts = range(1, route.max_rows + 1) if route.max_rows else CAPTURE_SIZES
     done = []
-    for t in token_counts:
-        if not route.serves(t):
-            continue
+    for t in warm_counts(route, token_counts, CAPTURE_SIZES):
         small_q = q.new_zeros(t, q.shape[1], q.shape[2])
         small_idx = torch.full((t, indices.shape[1]), -1, dtype=torch.int32, device=q.device)
         _v32_launch(route, small_q, kv_cache, small_idx, scale)
