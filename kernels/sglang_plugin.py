@@ -398,53 +398,57 @@ def _how(route: _Route) -> str:
     return how
 
 
-def _resolve(kw: dict, leave, shape_class, rows_name: str, rows) -> _Route | str:
-    """A new call's route: why ``leave`` leaves it, else its ``shape_class`` route unless its ``rows(q)`` (named
-    ``rows_name``) pass the largest batch of the table (then why, with the command that tunes larger batches)."""
-    route = leave(kw) or shape_class(kw)
-    if isinstance(route, _Route) and not route.serves(rows(kw["q"])):
-        h, k = route.shape
-        route = (
-            f"{rows_name} above the largest batch ({route.max_rows}) of the table of heads={h}, topk={k} (to tune "
-            f"larger batches: {tune_command(route.kv_format, route.heads, route.topk)}, with --max-batch)"
-        )
-    return route
-
-
-def _route(key: tuple, kw: dict) -> _Route | str:
+def _cached_route(key: tuple, kw: dict, leave, shape_class, rows_name: str, rows, log) -> _Route | str:
+    """The route of the call signature ``key``, resolved once (``log(route, kw)`` then says it): why ``leave``
+    leaves the call, else its ``shape_class`` route unless its ``rows(q)`` (named ``rows_name``) pass the largest
+    batch of the table (then why, with the command that tunes larger batches)."""
     with _LOCK:
         route = _ROUTES.get(key)
         if route is not None:
             return route
-        route = _resolve(kw, leave_reason, _shape_class, "B * s_q", lambda q: q.shape[0] * q.shape[1])
-        q = kw.get("q")
-        shape = list(q.shape[1:]) if isinstance(q, torch.Tensor) else type(q).__name__
-        if isinstance(route, _Route):
-            how = _how(route)
-            extra = kw.get("extra_k_cache")
-            _log_once(
-                ("serve", _class_key(kw)),
-                logging.INFO,
-                "sparse-MLA plugin serves q [B, %s], k_cache [..., %s] (page stride %d B)%s with %s",
-                ", ".join(map(str, shape)),
-                ", ".join(map(str, kw["k_cache"].shape[1:])),
-                kw["k_cache"].stride(0),
-                ""
-                if extra is None
-                else f" and extra_k_cache [..., {', '.join(map(str, extra.shape[1:]))}] "
-                f"(page stride {extra.stride(0)} B)",
-                how,
+        route = leave(kw) or shape_class(kw)
+        if isinstance(route, _Route) and not route.serves(rows(kw["q"])):
+            h, k = route.shape
+            route = (
+                f"{rows_name} above the largest batch ({route.max_rows}) of the table of heads={h}, topk={k} (to "
+                f"tune larger batches: {tune_command(route.kv_format, route.heads, route.topk)}, with --max-batch)"
             )
-        else:
-            _log_once(
-                ("leave", str(shape), route),
-                logging.INFO,
-                "sparse-MLA plugin leaves q [B, %s] to SGLang: %s",
-                ", ".join(map(str, shape)) if isinstance(shape, list) else shape,
-                route,
-            )
+        log(route, kw)
         _ROUTES[key] = route
         return route
+
+
+def _route(key: tuple, kw: dict) -> _Route | str:
+    return _cached_route(key, kw, leave_reason, _shape_class, "B * s_q", lambda q: q.shape[0] * q.shape[1], _say)
+
+
+def _say(route: _Route | str, kw: dict) -> None:
+    """Logs once per shape which DeepSeek-V4 calls are served (and how) or left (and why)."""
+    q = kw.get("q")
+    shape = list(q.shape[1:]) if isinstance(q, torch.Tensor) else type(q).__name__
+    if isinstance(route, _Route):
+        how = _how(route)
+        extra = kw.get("extra_k_cache")
+        _log_once(
+            ("serve", _class_key(kw)),
+            logging.INFO,
+            "sparse-MLA plugin serves q [B, %s], k_cache [..., %s] (page stride %d B)%s with %s",
+            ", ".join(map(str, shape)),
+            ", ".join(map(str, kw["k_cache"].shape[1:])),
+            kw["k_cache"].stride(0),
+            ""
+            if extra is None
+            else f" and extra_k_cache [..., {', '.join(map(str, extra.shape[1:]))}] (page stride {extra.stride(0)} B)",
+            how,
+        )
+    else:
+        _log_once(
+            ("leave", str(shape), route),
+            logging.INFO,
+            "sparse-MLA plugin leaves q [B, %s] to SGLang: %s",
+            ", ".join(map(str, shape)) if isinstance(shape, list) else shape,
+            route,
+        )
 
 
 # --- serving -----------------------------------------------------------------------------------------
@@ -686,35 +690,33 @@ def _v32_shape_class(kw: dict) -> _Route | str:
 
 
 def _v32_route(key: tuple, kw: dict) -> _Route | str:
-    with _LOCK:
-        route = _ROUTES.get(key)
-        if route is not None:
-            return route
-        route = _resolve(kw, v32_leave_reason, _v32_shape_class, "T", lambda q: q.shape[0])
-        q = kw.get("q")
-        shape = list(q.shape[1:]) if isinstance(q, torch.Tensor) else [type(q).__name__]
-        if isinstance(route, _Route):
-            _log_once(
-                ("serve", _v32_class_key(kw)),
-                logging.INFO,
-                "sparse-MLA plugin serves %s q [T, %s], kv_cache %s-token pages of 656 B, top-k %d with %s",
-                V32_FORMAT,
-                ", ".join(map(str, shape)),
-                kw["page_size"],
-                kw["indices"].shape[1],
-                _how(route),
-            )
-        else:
-            _log_once(
-                ("leave", "v32", str(shape), route),
-                logging.INFO,
-                "sparse-MLA plugin leaves %s q [T, %s] to SGLang: %s",
-                V32_FORMAT,
-                ", ".join(map(str, shape)),
-                route,
-            )
-        _ROUTES[key] = route
-        return route
+    return _cached_route(key, kw, v32_leave_reason, _v32_shape_class, "T", lambda q: q.shape[0], _v32_say)
+
+
+def _v32_say(route: _Route | str, kw: dict) -> None:
+    """Logs once per shape which V3.2/GLM-5 calls are served (and how) or left (and why)."""
+    q = kw.get("q")
+    shape = list(q.shape[1:]) if isinstance(q, torch.Tensor) else [type(q).__name__]
+    if isinstance(route, _Route):
+        _log_once(
+            ("serve", _v32_class_key(kw)),
+            logging.INFO,
+            "sparse-MLA plugin serves %s q [T, %s], kv_cache %s-token pages of 656 B, top-k %d with %s",
+            V32_FORMAT,
+            ", ".join(map(str, shape)),
+            kw["page_size"],
+            kw["indices"].shape[1],
+            _how(route),
+        )
+    else:
+        _log_once(
+            ("leave", "v32", str(shape), route),
+            logging.INFO,
+            "sparse-MLA plugin leaves %s q [T, %s] to SGLang: %s",
+            V32_FORMAT,
+            ", ".join(map(str, shape)),
+            route,
+        )
 
 
 def _v32_serve(route: _Route, kw: dict, *, warming: bool = False):
