@@ -131,6 +131,22 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
 
 
+def check_args(argv, doc: str, module: str, capture: str, *, heads: bool = False, also: bool = False):
+    """A GPU check's command line (with ``--heads`` and ``--also`` where it has them) and its ``--concurrency``
+    levels: ``(args, levels)``, levels None (the reason printed) without a CUDA GPU or for a bad list."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--concurrency", default=capture)
+    if heads:
+        ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--samples", type=int, default=10)
+    ap.add_argument("--pool", type=int, default=384, help="requests built once; level C rotates pool // C sets")
+    if also:
+        ap.add_argument("--also", default="", help="comma list of config keys to time in three layouts (see above)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    return args, levels_of(args, module)
+
+
 def levels_of(args, module: str) -> list[int] | None:
     """The ``--concurrency`` levels of a GPU check; None (the reason printed) without a CUDA GPU or for a bad list."""
     if not torch.cuda.is_available():
@@ -215,14 +231,7 @@ def finish(module, argv, out_path, rows, compiles, warm_s, flash_mla, fields, ta
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--concurrency", default=CAPTURE)
-    ap.add_argument("--samples", type=int, default=10)
-    ap.add_argument("--pool", type=int, default=384, help="requests built once; level C rotates pool // C sets")
-    ap.add_argument("--also", default="", help="comma list of config keys to time in three layouts (see above)")
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
-    levels = levels_of(args, "sglang_check")
+    args, levels = check_args(argv, __doc__, "sglang_check", CAPTURE, also=True)
     if levels is None:
         return 2
     try:

@@ -19,7 +19,6 @@ counted (``late_compiles``, which must be 0).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
@@ -32,10 +31,10 @@ from .reference import OUT_RTOL
 from .reference import compare
 from .reference import sparse_mla_decode_ref
 from .sglang_check import _Compiles
+from .sglang_check import check_args
 from .sglang_check import finish
 from .sglang_check import first_call
 from .sglang_check import flash_mla_module
-from .sglang_check import levels_of
 from .sglang_check import median_us
 from .sglang_check import rel_err
 from .sglang_check import warm_up_s
@@ -56,13 +55,7 @@ def _vllm_args(bt) -> tuple:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--concurrency", default=CAPTURE)
-    ap.add_argument("--samples", type=int, default=10)
-    ap.add_argument("--pool", type=int, default=384, help="requests built once; level C rotates pool // C sets")
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
-    levels = levels_of(args, "vllm_check")
+    args, levels = check_args(argv, __doc__, "vllm_check", CAPTURE)
     if levels is None:
         return 2
     flash_mla = flash_mla_module()
