@@ -126,33 +126,120 @@ class _Compiles:
             self.count += 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--concurrency", default=CAPTURE)
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative error (Frobenius norm) of ``out`` against ``ref``, both taken in fp32."""
+    return ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
+
+
+def check_args(argv, doc: str, module: str, capture: str, *, heads: bool = False, also: bool = False):
+    """A GPU check's command line (with ``--heads`` and ``--also`` where it has them) and its ``--concurrency``
+    levels: ``(args, levels)``, levels None (the reason printed) without a CUDA GPU or for a bad list."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--concurrency", default=capture)
+    if heads:
+        ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--samples", type=int, default=10)
     ap.add_argument("--pool", type=int, default=384, help="requests built once; level C rotates pool // C sets")
-    ap.add_argument("--also", default="", help="comma list of config keys to time in three layouts (see above)")
+    if also:
+        ap.add_argument("--also", default="", help="comma list of config keys to time in three layouts (see above)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    return args, levels_of(args, module)
+
+
+def levels_of(args, module: str) -> list[int] | None:
+    """The ``--concurrency`` levels of a GPU check; None (the reason printed) without a CUDA GPU or for a bad list."""
     if not torch.cuda.is_available():
-        print("sparse_mla_tuner.kernels.sglang_check needs a CUDA GPU", file=sys.stderr)
-        return 2
+        print(f"sparse_mla_tuner.kernels.{module} needs a CUDA GPU", file=sys.stderr)
+        return None
     try:
         levels = [int(c) for c in args.concurrency.split(",")]
         if not levels or min(levels) < 1:
             raise ValueError
     except ValueError:
         print(f"--concurrency must be positive integers separated by commas, got {args.concurrency!r}", file=sys.stderr)
+        return None
+    return levels
+
+
+def flash_mla_module():
+    """FlashMLA's ``flash_mla`` module, or None where it is not installed."""
+    try:
+        import flash_mla
+    except ImportError:
+        return None
+    return flash_mla
+
+
+def warm_up_s(fn, *args, **kwargs) -> float:
+    """Seconds the first eager ``fn(*args, **kwargs)`` takes (the shape's warm-up), synchronized."""
+    t0 = time.perf_counter()
+    fn(*args, **kwargs)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def first_call(step, compiles: _Compiles):
+    """``step(0)`` run eagerly, its Triton compilations counted."""
+    compiles.armed = True
+    out = step(0)
+    torch.cuda.synchronize()
+    compiles.armed = False
+    return out
+
+
+def median_us(step, n_sets: int, samples: int, compiles: _Compiles | None = None) -> float:
+    """The median of ``samples`` timings (µs per call) of ``step`` over ``n_sets`` sets in one CUDA graph, as
+    ``kernels.bench_call`` times; with ``compiles``, the compilations while capturing are counted."""
+    if compiles is not None:
+        compiles.armed = True
+    sample = timing.sampler(timing.capture(step, n_sets), n_sets, 5.0)
+    if compiles is not None:
+        compiles.armed = False
+    return statistics.median(sample()[0] for _ in range(samples))
+
+
+def finish(module, argv, out_path, rows, compiles, warm_s, flash_mla, fields, table=None, after=()) -> int:
+    """Writes and prints a GPU check's summary (``fields`` after the command) and its table; 0 when every row
+    passed and nothing compiled late, else 1."""
+    summary = {
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": f"python -m sparse_mla_tuner.kernels.{module} " + shlex.join(timing.portable_argv(argv)),
+        **fields,
+        "flash_mla": flash_mla is not None,
+        "warm_up_s": round(warm_s or 0.0, 2),
+        "late_compiles": compiles.count if compiles.supported else None,
+        "ratio_median": round(statistics.median(r["ratio"] for r in rows), 4),
+        "ratio_max": max(r["ratio"] for r in rows),
+        "hook_vs_direct_median": round(statistics.median(r["hook_vs_direct"] for r in rows), 4),
+        "hook_vs_direct_max": max(r["hook_vs_direct"] for r in rows),
+    }
+    if out_path:
+        with open(out_path, "w") as f:
+            json.dump({"env": summary, "rows": rows}, f, indent=1)
+    from tabulate import tabulate
+
+    print(tabulate(rows if table is None else table, headers="keys", floatfmt=".3f"))
+    for line in after:
+        print(line)
+    print(json.dumps(summary))
+    good = all(r["hook_ok"] and r.get("flashmla_ok", True) for r in rows) and not compiles.count
+    return 0 if good else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, levels = check_args(argv, __doc__, "sglang_check", CAPTURE, also=True)
+    if levels is None:
         return 2
     try:
         also = [KernelConfig.parse(k.strip()) for k in args.also.split(",") if k.strip()]
     except ValueError as e:
         print(f"--also: {e}", file=sys.stderr)
         return 2
-    try:
-        import flash_mla
-    except ImportError:
-        flash_mla = None
+    flash_mla = flash_mla_module()
     compiles = _Compiles()
     rows = []
     warm_s = None
@@ -167,18 +254,12 @@ def main(argv: list[str] | None = None) -> int:
         engine = [_engine_kwargs(bt, k_engine, x_engine) for bt in sets]
         row = {"C": C, "sets": n_sets}
         if warm_s is None:  # the first call of the shape warms it up: every config its table can pick
-            t0 = time.perf_counter()
-            sglang_plugin.sglang_hook(_left, **engine[0])
-            torch.cuda.synchronize()
-            warm_s = time.perf_counter() - t0
+            warm_s = warm_up_s(sglang_plugin.sglang_hook, _left, **engine[0])
 
         def step_hook(i, engine=engine):
             return sglang_plugin.sglang_hook(_left, **engine[i])
 
-        compiles.armed = True
-        out, lse = step_hook(0)
-        torch.cuda.synchronize()
-        compiles.armed = False
+        out, lse = first_call(step_hook, compiles)
         ok, rel, _, why = compare(out, lse, ref_out, ref_lse)
         row["hook_ok"], row["hook_rel_err"] = ok, round(rel, 5)
         if flash_mla is not None:
@@ -186,21 +267,16 @@ def main(argv: list[str] | None = None) -> int:
             fout, _ = flash_mla.flash_mla_with_kvcache(
                 *a, flash_mla.get_mla_metadata()[0], **kw, use_legacy=True, kv_format="V4"
             )
-            fout = fout[:, :, :HEADS].float()
-            rel_f = ((out.float() - fout).norm() / fout.norm().clamp_min(1e-30)).item()
+            rel_f = rel_err(out, fout[:, :, :HEADS])
             row["vs_flashmla_rel_err"] = round(rel_f, 5)
             row["flashmla_ok"] = rel_f <= 2 * OUT_RTOL  # each within OUT_RTOL of the fp32 reference
-        compiles.armed = True
-        sample = timing.sampler(timing.capture(step_hook, n_sets), n_sets, 5.0)
-        compiles.armed = False
-        row["hook_us"] = statistics.median(sample()[0] for _ in range(args.samples))
+        row["hook_us"] = median_us(step_hook, n_sets, args.samples, compiles)
         route = sglang_plugin._ROUTES.get(sglang_plugin._signature(engine[0]))
 
         def step_direct(i, engine=engine, route=route):  # the kernel call the hook makes, without the hook
             return sglang_plugin._serve(route, engine[i])
 
-        sample = timing.sampler(timing.capture(step_direct, n_sets), n_sets, 5.0)
-        row["direct_us"] = statistics.median(sample()[0] for _ in range(args.samples))
+        row["direct_us"] = median_us(step_direct, n_sets, args.samples)
         row["hook_vs_direct"] = round(row["hook_us"] / row["direct_us"], 4)
         layer = [_flashmla_args(bt, HEADS, k_64) for bt in sets]
         meta = flashmla_compat.get_mla_metadata()[0]
@@ -209,8 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             a, kw = layer[i]
             return flashmla_compat.flash_mla_with_kvcache(*a, meta, **kw)
 
-        sample = timing.sampler(timing.capture(step_layer, n_sets), n_sets, 5.0)
-        row["layer_call_us"] = statistics.median(sample()[0] for _ in range(args.samples))
+        row["layer_call_us"] = median_us(step_layer, n_sets, args.samples)
         row["ratio"] = round(row["hook_us"] / row["layer_call_us"], 4)
         k_plain = pool.kv_cache  # the window's 256-token pages, unpadded
         k_bench = k_64.view(torch.uint8).squeeze(2)
@@ -240,8 +315,7 @@ def main(argv: list[str] | None = None) -> int:
                         config=cfg,
                     )
 
-                sample = timing.sampler(timing.capture(step_also, n_sets), n_sets, 5.0)
-                got[name] = round(statistics.median(sample()[0] for _ in range(args.samples)), 3)
+                got[name] = round(median_us(step_also, n_sets, args.samples), 3)
             row.setdefault("also", {})[str(cfg)] = got
         if not ok:
             row["why"] = why
@@ -249,33 +323,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
         del sets, engine, layer
         torch.cuda.empty_cache()
-    summary = {
-        "device": torch.cuda.get_device_name(0),
-        "torch": torch.__version__,
-        "triton": __import__("triton").__version__,
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "command": "python -m sparse_mla_tuner.kernels.sglang_check " + shlex.join(timing.portable_argv(argv)),
-        "pool": n_pool,
-        "flash_mla": flash_mla is not None,
-        "warm_up_s": round(warm_s or 0.0, 2),
-        "late_compiles": compiles.count if compiles.supported else None,
-        "ratio_median": round(statistics.median(r["ratio"] for r in rows), 4),
-        "ratio_max": max(r["ratio"] for r in rows),
-        "hook_vs_direct_median": round(statistics.median(r["hook_vs_direct"] for r in rows), 4),
-        "hook_vs_direct_max": max(r["hook_vs_direct"] for r in rows),
-    }
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"env": summary, "rows": rows}, f, indent=1)
-    from tabulate import tabulate
-
-    print(tabulate([{k: v for k, v in r.items() if k != "also"} for r in rows], headers="keys", floatfmt=".3f"))
-    for r in rows:
-        for key, got in r.get("also", {}).items():
-            print(f"C={r['C']} {key}: " + ", ".join(f"{k} {v:.2f}" for k, v in got.items()))
-    print(json.dumps(summary))
-    good = all(r["hook_ok"] and r.get("flashmla_ok", True) for r in rows) and not compiles.count
-    return 0 if good else 1
+    after = [
+        f"C={r['C']} {key}: " + ", ".join(f"{k} {v:.2f}" for k, v in got.items())
+        for r in rows
+        for key, got in r.get("also", {}).items()
+    ]
+    table = [{k: v for k, v in r.items() if k != "also"} for r in rows]
+    return finish("sglang_check", argv, args.out, rows, compiles, warm_s, flash_mla, {"pool": n_pool}, table, after)
 
 
 if __name__ == "__main__":

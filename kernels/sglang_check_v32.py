@@ -21,58 +21,36 @@ check counts Triton compilations after it (``late_compiles``, must be 0).
 
 from __future__ import annotations
 
-import argparse
 import json
-import shlex
-import statistics
 import sys
-import time
 
 import torch
 
 from . import flashmla_compat
 from . import sglang_plugin
-from . import timing
 from .reference import OUT_RTOL
 from .reference import sparse_mla_decode_ref
 from .sglang_check import CAPTURE
 from .sglang_check import _Compiles
+from .sglang_check import _left
+from .sglang_check import check_args
+from .sglang_check import finish
+from .sglang_check import first_call
+from .sglang_check import flash_mla_module
+from .sglang_check import median_us
+from .sglang_check import rel_err
+from .sglang_check import warm_up_s
 from .workload import Workload
 from .workload import make_batch
 
 TOPK, FLASHMLA_HEADS, MIN_SETS, SCALE = 2048, 64, 4, 576**-0.5
 
 
-def _left(**kwargs):
-    raise RuntimeError("the hook left an engine call to the original: the check expects every call served")
-
-
-def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--concurrency", default=CAPTURE)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--samples", type=int, default=10)
-    ap.add_argument("--pool", type=int, default=384, help="requests built once; level C rotates pool // C sets")
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("sparse_mla_tuner.kernels.sglang_check_v32 needs a CUDA GPU", file=sys.stderr)
+    args, levels = check_args(argv, __doc__, "sglang_check_v32", CAPTURE, heads=True)
+    if levels is None:
         return 2
-    try:
-        levels = [int(c) for c in args.concurrency.split(",")]
-        if not levels or min(levels) < 1:
-            raise ValueError
-    except ValueError:
-        print(f"--concurrency must be positive integers separated by commas, got {args.concurrency!r}", file=sys.stderr)
-        return 2
-    try:
-        import flash_mla
-    except ImportError:
-        flash_mla = None
+    flash_mla = flash_mla_module()
     H = args.heads
     compiles = _Compiles()
     rows, warm_s = [], None
@@ -87,19 +65,13 @@ def main(argv: list[str] | None = None) -> int:
         ref_out, _ = sparse_mla_decode_ref(*sets[0].args(), **sets[0].kwargs(), sm_scale=SCALE)
         row = {"C": C, "sets": n_sets}
         if warm_s is None:
-            t0 = time.perf_counter()
-            sglang_plugin.sglang_v32_hook(_left, **engine[0])
-            torch.cuda.synchronize()
-            warm_s = time.perf_counter() - t0
+            warm_s = warm_up_s(sglang_plugin.sglang_v32_hook, _left, **engine[0])
 
         def step_hook(i, engine=engine):
             return sglang_plugin.sglang_v32_hook(_left, **engine[i])
 
-        compiles.armed = True
-        out = step_hook(0)
-        torch.cuda.synchronize()
-        compiles.armed = False
-        row["hook_rel_err"] = round(_rel(out, ref_out), 5)
+        out = first_call(step_hook, compiles)
+        row["hook_rel_err"] = round(rel_err(out, ref_out), 5)
         row["hook_ok"] = row["hook_rel_err"] <= OUT_RTOL
         if flash_mla is not None:
             q = sets[0].q
@@ -108,19 +80,15 @@ def main(argv: list[str] | None = None) -> int:
                 qp, k_flash, None, None, 512, flash_mla.get_mla_metadata()[0], softmax_scale=SCALE,
                 is_fp8_kvcache=True, indices=sets[0].indices.unsqueeze(1), use_legacy=True, kv_format="V32",
             )  # fmt: skip
-            row["vs_flashmla_rel_err"] = round(_rel(out, fout[:, 0, :H]), 5)
+            row["vs_flashmla_rel_err"] = round(rel_err(out, fout[:, 0, :H]), 5)
             row["flashmla_ok"] = row["vs_flashmla_rel_err"] <= 2 * OUT_RTOL
-        compiles.armed = True
-        sample = timing.sampler(timing.capture(step_hook, n_sets), n_sets, 5.0)
-        compiles.armed = False
-        row["hook_us"] = statistics.median(sample()[0] for _ in range(args.samples))
+        row["hook_us"] = median_us(step_hook, n_sets, args.samples, compiles)
         route = sglang_plugin._ROUTES.get(sglang_plugin._v32_signature(engine[0]))
 
         def step_direct(i, engine=engine, route=route):
             return sglang_plugin._v32_serve(route, engine[i])
 
-        sample = timing.sampler(timing.capture(step_direct, n_sets), n_sets, 5.0)
-        row["direct_us"] = statistics.median(sample()[0] for _ in range(args.samples))
+        row["direct_us"] = median_us(step_direct, n_sets, args.samples)
         row["hook_vs_direct"] = round(row["hook_us"] / row["direct_us"], 4)
         meta = flashmla_compat.get_mla_metadata()[0]
         layer = [(bt.q.unsqueeze(1), bt.indices.unsqueeze(1)) for bt in sets]
@@ -132,38 +100,13 @@ def main(argv: list[str] | None = None) -> int:
                 topk_length=seq,
             )  # fmt: skip
 
-        sample = timing.sampler(timing.capture(step_layer, n_sets), n_sets, 5.0)
-        row["layer_call_us"] = statistics.median(sample()[0] for _ in range(args.samples))
+        row["layer_call_us"] = median_us(step_layer, n_sets, args.samples)
         row["ratio"] = round(row["hook_us"] / row["layer_call_us"], 4)
         rows.append(row)
         print(json.dumps(row), flush=True)
         del sets, engine, layer
         torch.cuda.empty_cache()
-    summary = {
-        "device": torch.cuda.get_device_name(0),
-        "torch": torch.__version__,
-        "triton": __import__("triton").__version__,
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "command": "python -m sparse_mla_tuner.kernels.sglang_check_v32 " + shlex.join(timing.portable_argv(argv)),
-        "heads": H,
-        "pool": n_pool,
-        "flash_mla": flash_mla is not None,
-        "warm_up_s": round(warm_s or 0.0, 2),
-        "late_compiles": compiles.count if compiles.supported else None,
-        "ratio_median": round(statistics.median(r["ratio"] for r in rows), 4),
-        "ratio_max": max(r["ratio"] for r in rows),
-        "hook_vs_direct_median": round(statistics.median(r["hook_vs_direct"] for r in rows), 4),
-        "hook_vs_direct_max": max(r["hook_vs_direct"] for r in rows),
-    }
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"env": summary, "rows": rows}, f, indent=1)
-    from tabulate import tabulate
-
-    print(tabulate(rows, headers="keys", floatfmt=".3f"))
-    print(json.dumps(summary))
-    good = all(r["hook_ok"] and r.get("flashmla_ok", True) for r in rows) and not compiles.count
-    return 0 if good else 1
+    return finish("sglang_check_v32", argv, args.out, rows, compiles, warm_s, flash_mla, {"heads": H, "pool": n_pool})
 
 
 if __name__ == "__main__":

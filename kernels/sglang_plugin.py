@@ -39,17 +39,16 @@ import threading
 import torch
 
 from . import decode
-from .config import DEFAULT_CONFIG
+from ._engine import Route
+from ._engine import device_reason
+from ._engine import warm_counts
 from .config import KernelConfig
 from .coverage import SERVED_HEADS
 from .coverage import coverage
 from .coverage import shape_problem
-from .decode import INTERPRET
 from .decode import device_name
 from .kv_format import FORMATS
 from .models import tune_command
-from .table import fit_config
-from .table import lookup_config
 
 TARGET = "sglang.kernels.ops.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120"
 PLUGIN_NAME = "sparse_mla"  # the entry point's name, as SGLANG_PLUGINS lists it
@@ -309,43 +308,16 @@ def leave_reason(kw: dict) -> str | None:
     ):
         return f"attn_sink is not a [{H}] float32 tensor"
     tensors = [kw.get(k) for k in KEYWORDS if isinstance(kw.get(k), torch.Tensor)]
-    devices = {t.device for t in tensors}
-    if len(devices) != 1:
-        return f"the tensors are on several devices ({sorted(map(str, devices))})"
-    device = q.device
-    if device.type == "cpu" and not INTERPRET:
-        return "tensors on the CPU without Triton's interpreter"
-    if device.type not in ("cpu", "cuda"):
-        return f"device {device.type} (served: CUDA GPUs)"
-    return None
+    return device_reason(q, {t.device for t in tensors})
 
 
-class _Route:
-    """A served shape class (any batch size): which table serves it, and the config of each row count,
-    resolved once."""
+class _Route(Route):
+    """A served shape class (any batch size; rows are B * s_q, V3.2's T): :class:`kernels._engine.Route`, with
+    where its table comes from (``origin``) and the command that would tune the shape's own (``tune``)."""
 
     def __init__(self, device: torch.device, heads: int, topk: int, shape, max_rows, kv_format: str = KV_FORMAT):
-        self.device, self.heads, self.topk, self.kv_format = device, heads, topk, kv_format
-        self.shape = shape  # the tuned (heads, topk) whose table serves; None: the default config (interpreter)
-        self.max_rows = max_rows  # B * s_q served up to this (the table's largest batch); None: no limit
-        self.configs: dict[int, KernelConfig] = {}
-        self.warm = False
+        super().__init__(device, kv_format, heads, topk, shape, max_rows)
         self.origin, self.tune = "default", None
-
-    def config(self, rows: int) -> KernelConfig:
-        cfg = self.configs.get(rows)
-        if cfg is None:
-            if self.shape is None:
-                cfg = DEFAULT_CONFIG
-            else:
-                cfg = lookup_config(device_name(self.device), self.kv_format, *self.shape, rows)
-                if self.shape[1] > self.topk:
-                    cfg = fit_config(cfg, self.topk)
-            self.configs[rows] = cfg
-        return cfg
-
-    def serves(self, rows: int) -> bool:
-        return self.max_rows is None or rows <= self.max_rows
 
 
 _ROUTES: dict[tuple, _Route | str] = {}  # by the call's whole signature
@@ -359,14 +331,6 @@ def _log_once(key, level, msg, *args) -> None:
     if key not in _logged:
         _logged.add(key)
         logger.log(level, msg, *args)
-
-
-def _stamp(path) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except (OSError, ValueError):
-        return None
-    return (st.st_mtime_ns, st.st_size)
 
 
 def largest_batch(device: str, heads: int, topk: int, kv_format: str = KV_FORMAT) -> int:
@@ -434,46 +398,57 @@ def _how(route: _Route) -> str:
     return how
 
 
-def _route(key: tuple, kw: dict) -> _Route | str:
+def _cached_route(key: tuple, kw: dict, leave, shape_class, rows_name: str, rows, log) -> _Route | str:
+    """The route of the call signature ``key``, resolved once (``log(route, kw)`` then says it): why ``leave``
+    leaves the call, else its ``shape_class`` route unless its ``rows(q)`` (named ``rows_name``) pass the largest
+    batch of the table (then why, with the command that tunes larger batches)."""
     with _LOCK:
         route = _ROUTES.get(key)
         if route is not None:
             return route
-        q = kw.get("q")
-        route = leave_reason(kw) or _shape_class(kw)
-        if isinstance(route, _Route) and not route.serves(q.shape[0] * q.shape[1]):
+        route = leave(kw) or shape_class(kw)
+        if isinstance(route, _Route) and not route.serves(rows(kw["q"])):
             h, k = route.shape
             route = (
-                f"B * s_q above the largest batch ({route.max_rows}) of the table of heads={h}, topk={k} (to tune "
-                f"larger batches: {tune_command(KV_FORMAT, route.heads, route.topk)}, with --max-batch)"
+                f"{rows_name} above the largest batch ({route.max_rows}) of the table of heads={h}, topk={k} (to "
+                f"tune larger batches: {tune_command(route.kv_format, route.heads, route.topk)}, with --max-batch)"
             )
-        shape = list(q.shape[1:]) if isinstance(q, torch.Tensor) else type(q).__name__
-        if isinstance(route, _Route):
-            how = _how(route)
-            extra = kw.get("extra_k_cache")
-            _log_once(
-                ("serve", _class_key(kw)),
-                logging.INFO,
-                "sparse-MLA plugin serves q [B, %s], k_cache [..., %s] (page stride %d B)%s with %s",
-                ", ".join(map(str, shape)),
-                ", ".join(map(str, kw["k_cache"].shape[1:])),
-                kw["k_cache"].stride(0),
-                ""
-                if extra is None
-                else f" and extra_k_cache [..., {', '.join(map(str, extra.shape[1:]))}] "
-                f"(page stride {extra.stride(0)} B)",
-                how,
-            )
-        else:
-            _log_once(
-                ("leave", str(shape), route),
-                logging.INFO,
-                "sparse-MLA plugin leaves q [B, %s] to SGLang: %s",
-                ", ".join(map(str, shape)) if isinstance(shape, list) else shape,
-                route,
-            )
+        log(route, kw)
         _ROUTES[key] = route
         return route
+
+
+def _route(key: tuple, kw: dict) -> _Route | str:
+    return _cached_route(key, kw, leave_reason, _shape_class, "B * s_q", lambda q: q.shape[0] * q.shape[1], _say)
+
+
+def _say(route: _Route | str, kw: dict) -> None:
+    """Logs once per shape which DeepSeek-V4 calls are served (and how) or left (and why)."""
+    q = kw.get("q")
+    shape = list(q.shape[1:]) if isinstance(q, torch.Tensor) else type(q).__name__
+    if isinstance(route, _Route):
+        how = _how(route)
+        extra = kw.get("extra_k_cache")
+        _log_once(
+            ("serve", _class_key(kw)),
+            logging.INFO,
+            "sparse-MLA plugin serves q [B, %s], k_cache [..., %s] (page stride %d B)%s with %s",
+            ", ".join(map(str, shape)),
+            ", ".join(map(str, kw["k_cache"].shape[1:])),
+            kw["k_cache"].stride(0),
+            ""
+            if extra is None
+            else f" and extra_k_cache [..., {', '.join(map(str, extra.shape[1:]))}] (page stride {extra.stride(0)} B)",
+            how,
+        )
+    else:
+        _log_once(
+            ("leave", str(shape), route),
+            logging.INFO,
+            "sparse-MLA plugin leaves q [B, %s] to SGLang: %s",
+            ", ".join(map(str, shape)) if isinstance(shape, list) else shape,
+            route,
+        )
 
 
 # --- serving -----------------------------------------------------------------------------------------
@@ -539,12 +514,8 @@ def warm_up_like(kw: dict, batch_sizes=None) -> list[tuple[int, KernelConfig]]:
         return []
     q = kw["q"]
     s_q, H = q.shape[1], q.shape[2]
-    if batch_sizes is None:
-        batch_sizes = range(1, route.max_rows // s_q + 1) if route.max_rows else CAPTURE_SIZES
     done = []
-    for b in batch_sizes:
-        if not route.serves(b * s_q):
-            continue
+    for b in warm_counts(route, batch_sizes, CAPTURE_SIZES, s_q):
         small = dict(kw)
         small["q"] = q.new_zeros(b, s_q, H, q.shape[3])
         small["indices"] = torch.full((b, s_q, kw["indices"].shape[-1]), -1, dtype=torch.int32, device=q.device)
@@ -700,14 +671,7 @@ def v32_leave_reason(kw: dict) -> str | None:
     if not isinstance(scale, (int, float)):
         return "sm_scale is not a number"
     tensors = [t for t in (q, kv, idx, kw.get("seq_lens")) if isinstance(t, torch.Tensor)]
-    devices = {t.device for t in tensors}
-    if len(devices) != 1:
-        return f"the tensors are on several devices ({sorted(map(str, devices))})"
-    if q.device.type == "cpu" and not INTERPRET:
-        return "tensors on the CPU without Triton's interpreter"
-    if q.device.type not in ("cpu", "cuda"):
-        return f"device {q.device.type} (served: CUDA GPUs)"
-    return None
+    return device_reason(q, {t.device for t in tensors})
 
 
 def _v32_class_key(kw: dict) -> tuple:
@@ -726,41 +690,33 @@ def _v32_shape_class(kw: dict) -> _Route | str:
 
 
 def _v32_route(key: tuple, kw: dict) -> _Route | str:
-    with _LOCK:
-        route = _ROUTES.get(key)
-        if route is not None:
-            return route
-        q = kw.get("q")
-        route = v32_leave_reason(kw) or _v32_shape_class(kw)
-        if isinstance(route, _Route) and not route.serves(q.shape[0]):
-            h, k = route.shape
-            route = (
-                f"T above the largest batch ({route.max_rows}) of the table of heads={h}, topk={k} (to tune larger "
-                f"batches: {tune_command(V32_FORMAT, route.heads, route.topk)}, with --max-batch)"
-            )
-        shape = list(q.shape[1:]) if isinstance(q, torch.Tensor) else [type(q).__name__]
-        if isinstance(route, _Route):
-            _log_once(
-                ("serve", _v32_class_key(kw)),
-                logging.INFO,
-                "sparse-MLA plugin serves %s q [T, %s], kv_cache %s-token pages of 656 B, top-k %d with %s",
-                V32_FORMAT,
-                ", ".join(map(str, shape)),
-                kw["page_size"],
-                kw["indices"].shape[1],
-                _how(route),
-            )
-        else:
-            _log_once(
-                ("leave", "v32", str(shape), route),
-                logging.INFO,
-                "sparse-MLA plugin leaves %s q [T, %s] to SGLang: %s",
-                V32_FORMAT,
-                ", ".join(map(str, shape)),
-                route,
-            )
-        _ROUTES[key] = route
-        return route
+    return _cached_route(key, kw, v32_leave_reason, _v32_shape_class, "T", lambda q: q.shape[0], _v32_say)
+
+
+def _v32_say(route: _Route | str, kw: dict) -> None:
+    """Logs once per shape which V3.2/GLM-5 calls are served (and how) or left (and why)."""
+    q = kw.get("q")
+    shape = list(q.shape[1:]) if isinstance(q, torch.Tensor) else [type(q).__name__]
+    if isinstance(route, _Route):
+        _log_once(
+            ("serve", _v32_class_key(kw)),
+            logging.INFO,
+            "sparse-MLA plugin serves %s q [T, %s], kv_cache %s-token pages of 656 B, top-k %d with %s",
+            V32_FORMAT,
+            ", ".join(map(str, shape)),
+            kw["page_size"],
+            kw["indices"].shape[1],
+            _how(route),
+        )
+    else:
+        _log_once(
+            ("leave", "v32", str(shape), route),
+            logging.INFO,
+            "sparse-MLA plugin leaves %s q [T, %s] to SGLang: %s",
+            V32_FORMAT,
+            ", ".join(map(str, shape)),
+            route,
+        )
 
 
 def _v32_serve(route: _Route, kw: dict, *, warming: bool = False):
@@ -790,12 +746,8 @@ def warm_up_v32_like(kw: dict, batch_sizes=None) -> list[tuple[int, KernelConfig
     if isinstance(route, str):
         return []
     q = kw["q"]
-    if batch_sizes is None:
-        batch_sizes = range(1, route.max_rows + 1) if route.max_rows else CAPTURE_SIZES
     done = []
-    for t in batch_sizes:
-        if not route.serves(t):
-            continue
+    for t in warm_counts(route, batch_sizes, CAPTURE_SIZES):
         small = dict(kw)
         small["q"] = q.new_zeros(t, q.shape[1], q.shape[2])
         small["indices"] = torch.full((t, kw["indices"].shape[1]), -1, dtype=torch.int32, device=q.device)

@@ -19,23 +19,25 @@ counted (``late_compiles``, which must be 0).
 
 from __future__ import annotations
 
-import argparse
 import json
-import shlex
-import statistics
 import sys
-import time
 
 import torch
 
 from . import flashmla_compat
-from . import timing
 from . import vllm_plugin
 from .decode import sparse_mla_decode
 from .reference import OUT_RTOL
 from .reference import compare
 from .reference import sparse_mla_decode_ref
 from .sglang_check import _Compiles
+from .sglang_check import check_args
+from .sglang_check import finish
+from .sglang_check import first_call
+from .sglang_check import flash_mla_module
+from .sglang_check import median_us
+from .sglang_check import rel_err
+from .sglang_check import warm_up_s
 from .workload import Workload
 from .workload import make_batch
 
@@ -53,26 +55,10 @@ def _vllm_args(bt) -> tuple:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--concurrency", default=CAPTURE)
-    ap.add_argument("--samples", type=int, default=10)
-    ap.add_argument("--pool", type=int, default=384, help="requests built once; level C rotates pool // C sets")
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("sparse_mla_tuner.kernels.vllm_check needs a CUDA GPU", file=sys.stderr)
+    args, levels = check_args(argv, __doc__, "vllm_check", CAPTURE)
+    if levels is None:
         return 2
-    try:
-        levels = [int(c) for c in args.concurrency.split(",")]
-        if not levels or min(levels) < 1:
-            raise ValueError
-    except ValueError:
-        print(f"--concurrency must be positive integers separated by commas, got {args.concurrency!r}", file=sys.stderr)
-        return 2
-    try:
-        import flash_mla
-    except ImportError:
-        flash_mla = None
+    flash_mla = flash_mla_module()
     compiles = _Compiles()
     rows, warm_s = [], None
     n_pool = max(args.pool, MIN_SETS * max(levels))
@@ -85,10 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         ref_out, ref_lse = sparse_mla_decode_ref(q0, kv, idx0, kv_format="fp8_v32", sm_scale=SCALE)
         row = {"C": C, "sets": n_sets}
         if warm_s is None:
-            t0 = time.perf_counter()
-            vllm_plugin.serve_v32(q0, kv, idx0, SCALE)
-            torch.cuda.synchronize()
-            warm_s = time.perf_counter() - t0
+            warm_s = warm_up_s(vllm_plugin.serve_v32, q0, kv, idx0, SCALE)
 
         def step_hook(i, calls=calls):
             out = vllm_plugin.serve_v32(*calls[i], SCALE)
@@ -96,10 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise RuntimeError("the plugin left a vLLM call to vLLM: the check expects every call served")
             return out
 
-        compiles.armed = True
-        out = step_hook(0)
-        torch.cuda.synchronize()
-        compiles.armed = False
+        out = first_call(step_hook, compiles)
         route = vllm_plugin._ROUTES.get(vllm_plugin._v32_signature(q0, kv, idx0))
         # vLLM takes the output only; the lse of the same kernel call (same config) completes the gate's check
         _, lse = sparse_mla_decode(q0, kv, idx0, kv_format="fp8_v32", sm_scale=SCALE, config=route.config(C))
@@ -112,19 +92,14 @@ def main(argv: list[str] | None = None) -> int:
                 pad, k8, None, None, 512, flash_mla.get_mla_metadata()[0], softmax_scale=SCALE, is_fp8_kvcache=True,
                 indices=idx0.unsqueeze(1), use_legacy=True, kv_format="V32",
             )  # fmt: skip
-            fout = fout[:, 0, :HEADS].float()
-            rel_f = ((out.float() - fout).norm() / fout.norm().clamp_min(1e-30)).item()
+            rel_f = rel_err(out, fout[:, 0, :HEADS])
             row["vs_flashmla_rel_err"], row["flashmla_ok"] = round(rel_f, 5), rel_f <= 2 * OUT_RTOL
-        compiles.armed = True
-        sample = timing.sampler(timing.capture(step_hook, n_sets), n_sets, 5.0)
-        compiles.armed = False
-        row["hook_us"] = statistics.median(sample()[0] for _ in range(args.samples))
+        row["hook_us"] = median_us(step_hook, n_sets, args.samples, compiles)
 
         def step_direct(i, calls=calls, route=route):
             return vllm_plugin._v32_launch(route, *calls[i], SCALE)
 
-        sample = timing.sampler(timing.capture(step_direct, n_sets), n_sets, 5.0)
-        row["direct_us"] = statistics.median(sample()[0] for _ in range(args.samples))
+        row["direct_us"] = median_us(step_direct, n_sets, args.samples)
         row["hook_vs_direct"] = round(row["hook_us"] / row["direct_us"], 4)
         meta = flashmla_compat.get_mla_metadata()[0]
 
@@ -135,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                 indices=idx.unsqueeze(1),
             )  # fmt: skip
 
-        sample = timing.sampler(timing.capture(step_bench, n_sets), n_sets, 5.0)
-        row["bench_us"] = statistics.median(sample()[0] for _ in range(args.samples))
+        row["bench_us"] = median_us(step_bench, n_sets, args.samples)
         row["ratio"] = round(row["hook_us"] / row["bench_us"], 4)
         if not ok:
             row["why"] = why
@@ -144,30 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(row), flush=True)
         del sets, calls
         torch.cuda.empty_cache()
-    summary = {
-        "device": torch.cuda.get_device_name(0),
-        "torch": torch.__version__,
-        "triton": __import__("triton").__version__,
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "command": "python -m sparse_mla_tuner.kernels.vllm_check " + shlex.join(timing.portable_argv(argv)),
-        "pool": n_pool,
-        "flash_mla": flash_mla is not None,
-        "warm_up_s": round(warm_s or 0.0, 2),
-        "late_compiles": compiles.count if compiles.supported else None,
-        "ratio_median": round(statistics.median(r["ratio"] for r in rows), 4),
-        "ratio_max": max(r["ratio"] for r in rows),
-        "hook_vs_direct_median": round(statistics.median(r["hook_vs_direct"] for r in rows), 4),
-        "hook_vs_direct_max": max(r["hook_vs_direct"] for r in rows),
-    }
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"env": summary, "rows": rows}, f, indent=1)
-    from tabulate import tabulate
-
-    print(tabulate(rows, headers="keys", floatfmt=".3f"))
-    print(json.dumps(summary))
-    good = all(r["hook_ok"] and r.get("flashmla_ok", True) for r in rows) and not compiles.count
-    return 0 if good else 1
+    return finish("vllm_check", argv, args.out, rows, compiles, warm_s, flash_mla, {"pool": n_pool})
 
 
 if __name__ == "__main__":

@@ -35,14 +35,13 @@ import threading
 import torch
 
 from . import decode
-from .config import DEFAULT_CONFIG
+from ._engine import Route
+from ._engine import device_reason
+from ._engine import warm_counts
 from .config import KernelConfig
 from .coverage import coverage as shared_coverage
-from .decode import INTERPRET
 from .decode import device_name
 from .models import tune_command
-from .table import fit_config
-from .table import lookup_config
 
 PLUGIN_NAME = "sparse_mla"  # the entry point's name, as VLLM_PLUGINS lists it
 ENV_SWITCH = "SPARSE_MLA_VLLM"
@@ -277,29 +276,8 @@ def coverage(device: torch.device, kv_format: str, heads: int, topk: int) -> tup
     return c.tuned, c.max_rows
 
 
-class _Route:
-    """A served shape class (every row count): which table serves it, and the config of each row count, once."""
-
-    def __init__(self, device, kv_format, heads, topk, shape, max_rows):
-        self.device, self.kv_format, self.heads, self.topk = device, kv_format, heads, topk
-        self.shape, self.max_rows = shape, max_rows  # shape None: the default config (interpreter), no limit
-        self.configs: dict[int, KernelConfig] = {}
-        self.warm = False
-
-    def config(self, rows: int) -> KernelConfig:
-        cfg = self.configs.get(rows)
-        if cfg is None:
-            if self.shape is None:
-                cfg = DEFAULT_CONFIG
-            else:
-                cfg = lookup_config(device_name(self.device), self.kv_format, *self.shape, rows)
-                if self.shape[1] > self.topk:
-                    cfg = fit_config(cfg, self.topk)
-            self.configs[rows] = cfg
-        return cfg
-
-    def serves(self, rows: int) -> bool:
-        return self.max_rows is None or rows <= self.max_rows
+class _Route(Route):
+    """A served shape class (every row count, T): :class:`kernels._engine.Route`, and how the log names it."""
 
     def how(self) -> str:
         if self.shape is None:
@@ -342,14 +320,7 @@ def v32_leave_reason(q, kv_cache, indices) -> str | None:
         return f"indices are not [{T}, topk]"
     if indices.dtype not in (torch.int32, torch.int64):
         return f"indices are {indices.dtype} (served: int32 or int64)"
-    devices = {q.device, kv_cache.device, indices.device}
-    if len(devices) != 1:
-        return f"the tensors are on several devices ({sorted(map(str, devices))})"
-    if q.device.type == "cpu" and not INTERPRET:
-        return "tensors on the CPU without Triton's interpreter"
-    if q.device.type not in ("cpu", "cuda"):
-        return f"device {q.device.type} (served: CUDA GPUs)"
-    return None
+    return device_reason(q, {q.device, kv_cache.device, indices.device})
 
 
 def _v32_signature(q, kv_cache, indices) -> tuple:
@@ -453,12 +424,8 @@ def warm_up_v32_like(q, kv_cache, indices, scale, token_counts=None) -> list[tup
     route = _v32_route(q, kv_cache, indices)
     if isinstance(route, str):
         return []
-    if token_counts is None:
-        token_counts = range(1, route.max_rows + 1) if route.max_rows else CAPTURE_SIZES
     done = []
-    for t in token_counts:
-        if not route.serves(t):
-            continue
+    for t in warm_counts(route, token_counts, CAPTURE_SIZES):
         small_q = q.new_zeros(t, q.shape[1], q.shape[2])
         small_idx = torch.full((t, indices.shape[1]), -1, dtype=torch.int32, device=q.device)
         _v32_launch(route, small_q, kv_cache, small_idx, scale)
