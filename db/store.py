@@ -343,6 +343,36 @@ def _sqlite_readonly_connect(path: Path):
     return con
 
 
+_AT_EXIT: dict[str, list] = {}  # SQLite files written in this process: their engines, checkpointed at exit
+
+
+def _checkpoint_at_exit(engine: Engine, database: str | None) -> None:
+    """At this process's exit, however it ends (the executable ends with ``os._exit`` after its atexit callbacks,
+    before the interpreter would close the connections): close ``engine``'s connections and fold the write-ahead log
+    into the database file, so that the file alone holds everything measured (a user may copy just ``tuner.db``)."""
+    if not database or database == ":memory:":
+        return
+    if not _AT_EXIT:
+        import atexit
+
+        atexit.register(_checkpoint_all)
+    _AT_EXIT.setdefault(os.path.abspath(database), []).append(engine)
+
+
+def _checkpoint_all() -> None:
+    for path, engines in list(_AT_EXIT.items()):
+        for engine in engines:
+            with contextlib.suppress(Exception):
+                engine.dispose()
+        with contextlib.suppress(Exception):  # another process may hold it: its own exit folds the log in
+            con = sqlite3.connect(path, timeout=2)
+            try:
+                con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            finally:
+                con.close()
+    _AT_EXIT.clear()
+
+
 class Store:
     """The results database at ``url``; created at the head schema if new.
 
@@ -369,6 +399,7 @@ class Store:
                 self.engine = create_engine(self.url)
                 if self.engine.dialect.name == "sqlite":
                     _sqlite_pragmas(self.engine)
+                    _checkpoint_at_exit(self.engine, u.database)
             if self.engine.dialect.is_async:
                 raise DatabaseError(
                     f"{self.shown_url} uses the async driver {self.engine.dialect.driver!r}; "
