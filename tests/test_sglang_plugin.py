@@ -553,7 +553,9 @@ def test_v32_warm_up_launches_every_row_count(fresh_plugin, launches):
 def test_register_without_sglangs_hook_registry_logs_one_line_and_returns(monkeypatch, caplog, missing):
     """An SGLang release before the hook registry (or none at all): one line, SGLang's own kernels serve."""
     monkeypatch.delenv(plugin.ENV_SWITCH, raising=False)
-    monkeypatch.setitem(__import__("sys").modules, missing, None)  # `import` of it raises ImportError
+    modules = __import__("sys").modules
+    for name in [m for m in modules if m == missing or m.startswith(missing + ".")] + [missing]:
+        monkeypatch.setitem(modules, name, None)  # `import` of it (or of a module under it) raises ImportError
     with caplog.at_level(logging.INFO, logger=plugin.logger.name):
         assert plugin.register() is None
     msgs = [r.getMessage() for r in caplog.records]
