@@ -9,7 +9,8 @@ each cache's top-k (DeepSeek-V4's sliding window and compressed cache, with the 
 one 656-byte cache). The engine fixes the rest: the CUDA-graph batch sizes it captures (:data:`CAPTURE_SIZES`),
 and with speculative decoding the verify step's query tokens per request (``q_tokens``, 1 to 8).
 
-Facts (from each model's published ``config.json``: ``num_attention_heads``, ``index_topk``, the window): DeepSeek-V4-Flash has 64 heads,
+Facts (from each model's published ``config.json``: ``num_attention_heads``, ``index_topk``, the window):
+DeepSeek-V4-Flash has 64 heads,
 a 128-token window (top-k 128) and, in its compress-ratio-4 layers, an indexer top-k of 512 over a compressed
 cache of 64-token pages; DeepSeek-V3.2 has 128 heads and index top-k 2048; GLM-5 has 64 heads and index top-k
 2048 (the same 656-byte cache as V3.2).

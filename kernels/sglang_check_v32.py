@@ -15,8 +15,8 @@ relative error at most twice the gate's. Timed as ``kernels.bench_call`` times (
 requests; level C rotates over its ``pool // C`` disjoint request sets in one CUDA graph): the hook; the kernel call
 the hook makes without it (``direct_us``, so ``hook_vs_direct`` is the wrapper's cost); and the layer-call
 benchmark's call at the same level, ``kernels.flashmla_compat.flash_mla_with_kvcache`` on the same cache and sets
-(``layer_call_us``; ``ratio`` = hook / layer call, the 5 % bar of the V4 hook). The first eager call warms the shape up; the
-check counts Triton compilations after it (``late_compiles``, must be 0).
+(``layer_call_us``; ``ratio`` = hook / layer call, the 5 % bar of the V4 hook). The first eager call warms the
+shape up; the check counts Triton compilations after it (``late_compiles``, must be 0).
 """
 
 from __future__ import annotations
