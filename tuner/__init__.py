@@ -51,9 +51,22 @@ def _end_on_interrupt(signum, frame) -> None:
     exit_now(130)
 
 
-def interrupted(e: BaseException) -> bool:
-    """Whether ``e`` is, or comes of, a Ctrl-C: one that lands inside a C extension's import surfaces as another
-    error (Triton's ``ImportError: initialization failed``) whose cause is the KeyboardInterrupt."""
+_SIGINT_SEEN: list = []  # the executable's Ctrl-Cs after its import guard, as the command's handler saw them
+
+
+def _raise_interrupt(signum, frame) -> None:
+    """The command's Ctrl-C: Python's own KeyboardInterrupt, remembered (see :func:`interrupted`)."""
+    _SIGINT_SEEN.append(signum)
+    raise KeyboardInterrupt
+
+
+def interrupted(e: BaseException | None = None) -> bool:
+    """Whether ``e`` is, or comes of, a Ctrl-C. One that lands inside a C extension's import surfaces as another
+    error (Triton's ``ImportError: initialization failed``), with or without the KeyboardInterrupt as its cause,
+    perhaps wrapped again (an adapter that does not import): once the executable's handler has seen a Ctrl-C,
+    any error is its outcome."""
+    if _SIGINT_SEEN:
+        return True
     seen = set()
     while e is not None and id(e) not in seen:
         if isinstance(e, KeyboardInterrupt):
@@ -74,7 +87,7 @@ def _install(handler) -> bool:
 def release_import_guard() -> None:
     """The imports are done: Ctrl-C is the command's again (KeyboardInterrupt; a search installs its own stop)."""
     if _signal.getsignal(_signal.SIGINT) is _end_on_interrupt:
-        _install(_signal.default_int_handler)
+        _install(_raise_interrupt)
 
 
 _EXIT: list = []  # the executable's exit status, once its command is done

@@ -374,6 +374,10 @@ def load_adapter(spec, where: str = "`kernel`") -> KernelAdapter:
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # noqa: BLE001 - any failure to import is the user's module's, told in one sentence
+        from . import interrupted
+
+        if interrupted(e):  # a Ctrl-C inside an extension's import (Triton: "initialization failed")
+            raise
         raise SpaceError(
             f"{where}: module {module_name!r} does not import ({type(e).__name__}: {_one_line(e)})"
         ) from None

@@ -67,6 +67,11 @@ def expected_errors(fn):
             check_environment()
             return fn(*args, **kwargs)
         except (TunerError, DatabaseError) as e:
+            from . import interrupted
+
+            if interrupted(e):  # e.g. an adapter whose import a Ctrl-C broke: the interrupt, not the error
+                click.echo("interrupted", err=True)
+                sys.exit(130)
             _fail(_from_env(str(e), kwargs.get("db_url")))
         except KeyboardInterrupt:  # a second Ctrl-C: what was recorded stays recorded
             click.echo("interrupted", err=True)
