@@ -245,6 +245,7 @@ def run_one(
     from sparse_mla_tuner.db.verdicts import Verdict
     from sparse_mla_tuner.kernels.config import kernel_source_hash
     from sparse_mla_tuner.tuner import search as search_mod
+    from sparse_mla_tuner.tuner.adapters.sparse_mla.records import config_of
     from sparse_mla_tuner.tuner.replay import ReplaySource
     from sparse_mla_tuner.tuner.search import Options
     from sparse_mla_tuner.tuner.space import load_space
@@ -289,7 +290,7 @@ def run_one(
                 band = max((st.noise_band for t in trials if (st := t.statistic()) is not None), default=0.01)
                 per = truth[c]
                 best_true = min(per.values())
-                pick_true = per.get(launch_key(best.config(), wl, c)) if best else None
+                pick_true = per.get(launch_key(config_of(best), wl, c)) if best else None
                 regret = (pick_true / best_true - 1.0) if pick_true else float("inf")
                 measured = sum(t.verdict not in (Verdict.INFEASIBLE, Verdict.DUPLICATE) for t in trials)
                 near = flagged = 0

@@ -5,7 +5,8 @@ in the same database. One class per table, uniqueness in ``__table_args__`` (Opt
 ``_rdb/models.py`` style); reads are in :mod:`db.queries` and writes in :mod:`db.record`, as
 functions that take a session. The config columns are the kernel's declared parameters (``kernels.config.PARAMS``),
 named here with their defaults, as the migrations made them (tests/test_architecture.py checks that they agree), so
-that reading the database imports no kernel module.
+that reading the database imports no kernel module: what they mean, a row read back as the kernel's config and
+workload, is the kernel's adapter's (``tuner/adapters/sparse_mla/records.py``).
 
 Those columns (and the workload's shape columns) are the built-in kernel's, :data:`COLUMNS_ADAPTER`. A kernel of
 another adapter records its trial's parameters in ``tuner_trials.params`` and its workload's description in
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import TYPE_CHECKING
 
 from sqlalchemy import Boolean
 from sqlalchemy import DateTime
@@ -37,9 +37,6 @@ from sqlalchemy.orm import mapped_column
 from sqlalchemy.orm import relationship
 
 from .verdicts import Phase
-
-if TYPE_CHECKING:
-    from ..kernels.config import KernelConfig
 
 # the adapter whose parameters and workload shape are this schema's columns (tuner/adapter.py: DEFAULT)
 COLUMNS_ADAPTER = "sparse_mla"
@@ -143,26 +140,6 @@ class WorkloadModel(Base):
             return {"name": self.name, **json.loads(self.fields or "{}")}
         return {c.name: getattr(self, c.name) for c in self.__table__.columns if c.name not in ("adapter", "fields")}
 
-    def workload(self):
-        """The whole :class:`kernels.workload.Workload` this row stands for, the call's extra cache, sink
-        and query tokens (``call``) included, so bytes moved and table keys are those of the call measured.
-        (Imported here: the kernels' workload module imports torch, which the rest of ``db`` does not need.)
-        """
-        from ..kernels.workload import Workload
-
-        call = json.loads(self.call) if self.call else {}
-        extra = call.get("extra")
-        return Workload(
-            self.kv_format,
-            self.heads,
-            self.topk,
-            self.page_size,
-            self.context,
-            extra=None if extra is None else Workload(**{**extra, "heads": self.heads}),
-            attn_sink=bool(call.get("attn_sink", False)),
-            q_tokens=int(call.get("q_tokens", 1)),
-        )
-
 
 class SpaceModel(Base):
     __tablename__ = "tuner_spaces"
@@ -260,15 +237,9 @@ class TrialModel(_ConfigColumns, Base):
         primaryjoin="foreign(TrialModel.duplicate_of) == TrialModel.id", remote_side="TrialModel.id", viewonly=True
     )
 
-    def config(self) -> KernelConfig:
-        """The built-in kernel's config (see :meth:`param_values` for any adapter's). (Imported here, as in
-        :meth:`WorkloadModel.workload`: reading the database needs no kernel module.)"""
-        from ..kernels.config import KernelConfig
-
-        return KernelConfig(**{name: getattr(self, name) for name in PARAM_COLUMNS})
-
     def param_values(self) -> dict:
-        """The config's parameters by name: another adapter's ``params``, else the built-in kernel's columns."""
+        """The config's parameters by name: another adapter's ``params``, else the built-in kernel's columns (its
+        adapter's :meth:`~tuner.adapter.KernelAdapter.recorded_config` reads them back as a config)."""
         if self.params is not None:
             return json.loads(self.params)
         return {name: getattr(self, name) for name in PARAM_COLUMNS}

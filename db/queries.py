@@ -236,12 +236,12 @@ def history(
     ]
 
 
-def other_adapters(session: Session) -> list[str]:
-    """The adapters other than the built-in kernel's (:data:`db.models.COLUMNS_ADAPTER`) with trials here, sorted."""
+def other_adapters(session: Session, adapter: str = COLUMNS_ADAPTER) -> list[str]:
+    """The adapters other than ``adapter`` (the built-in kernel's by default) with trials here, sorted."""
     q = (
         select(WorkloadModel.adapter)
         .join(TrialModel, TrialModel.workload_id == WorkloadModel.id)
-        .where(WorkloadModel.adapter != COLUMNS_ADAPTER)
+        .where(WorkloadModel.adapter != adapter)
         .distinct()
     )
     return sorted(session.scalars(q))

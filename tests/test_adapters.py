@@ -200,11 +200,12 @@ def test_a_bad_adapter_stops_search_and_calibrate_in_one_sentence(tmp_path, comm
     assert not (tmp_path / "s.db").exists()  # refused before anything was created
 
 
-def test_the_replay_backend_refuses_another_adapters_space_in_one_sentence(tmp_path):
+def test_the_replay_backend_of_the_example_asks_for_its_source_in_one_sentence(tmp_path):
+    """Any adapter's space replays (tests/test_example_adapter.py); without the database to draw from, one sentence."""
     proc = tuner_in_process("search", EXAMPLE, "--backend", "replay", "--db", f"sqlite:///{tmp_path / 's.db'}")
     assert proc.returncode == 2
     message = proc.stderr.strip()
-    assert "\n" not in message and "--backend replay replays the sparse_mla kernel's" in message
+    assert message == "error: --backend replay needs --replay-db URL (the database whose samples are replayed)"
 
 
 def test_a_request_of_the_example_crosses_the_protocol_as_its_adapter_says(example):

@@ -1,6 +1,6 @@
-"""Model presets (kernels/models.py, tuner/models.py), the coverage rule (kernels/coverage.py) that the SGLang plugin
-and `tuner shapes` share, `tuner search --model`, `tuner export --engine`, and the shapes users run served correctly
-(interpreter, against kernels/reference.py; a shape not served reaches the engine's function)."""
+"""Model presets (kernels/models.py, tuner/adapters/sparse_mla/presets.py), the coverage rule (kernels/coverage.py)
+that the SGLang plugin and `tuner shapes` share, `tuner search --model`, `tuner export --engine`, and the shapes users
+run served correctly (interpreter, against kernels/reference.py; a shape not served reaches the engine's function)."""
 
 import json
 import logging
@@ -71,7 +71,7 @@ def test_presets_give_the_engines_calls():
 
 
 def test_preset_space_takes_the_shipped_spaces_sections():
-    from sparse_mla_tuner.tuner.models import preset_space
+    from sparse_mla_tuner.tuner.adapters.sparse_mla.presets import preset_space
     from sparse_mla_tuner.tuner.space import load_space
 
     space = preset_space("deepseek-v4-flash", 4, q_tokens=(1, 2))

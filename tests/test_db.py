@@ -16,6 +16,7 @@ from sparse_mla_tuner.db.models import TrialModel
 from sparse_mla_tuner.db.store import DatabaseError
 from sparse_mla_tuner.db.store import Store
 from sparse_mla_tuner.db.store import head_revision
+from sparse_mla_tuner.tuner.adapters.sparse_mla.records import config_of
 from tests.conftest import tuner_in_process  # commands that read and write the database: no interpreter start
 
 
@@ -230,7 +231,7 @@ def test_fixture_of_schema_0004_upgrades_to_the_declared_parameters(tmp_path):
             t.maxnreg == 0 and t.PREFETCH == 0 and t.BALANCED == 0 and t.MERGE == 0 and t.duplicate_of is None
             for t in trials
         )
-        assert {str(t.config()) for t in trials} == {t.config_key for t in trials}  # old keys parse unchanged
+        assert {str(config_of(t)) for t in trials} == {t.config_key for t in trials}  # old keys parse unchanged
 
 
 def test_fixture_of_schema_0009_upgrades_to_adapter_records(tmp_path):
@@ -257,8 +258,8 @@ def test_fixture_of_schema_0009_upgrades_to_adapter_records(tmp_path):
     assert store.revision() == head_revision()
     with store.session() as s:
         trials = s.scalars(select(TrialModel)).all()
-        assert trials and all(t.params is None and t.param_values() == t.config().as_dict() for t in trials)
-        assert {str(t.config()) for t in trials} == {t.config_key for t in trials}
+        assert trials and all(t.params is None and t.param_values() == config_of(t).as_dict() for t in trials)
+        assert {str(config_of(t)) for t in trials} == {t.config_key for t in trials}
         for model in (KernelModel, SpaceModel, WorkloadModel):
             assert {r.adapter for r in s.scalars(select(model))} == {COLUMNS_ADAPTER}
         old = s.scalars(select(WorkloadModel)).first()

@@ -162,7 +162,7 @@ def test_engine_export_is_what_an_engine_loader_and_the_kernel_read(h200, engine
 def test_sidecar_and_export_row_hold_no_password(results, tmp_path):
     from sparse_mla_tuner.db.models import ExportModel
     from sparse_mla_tuner.db.store import Store
-    from sparse_mla_tuner.tuner.export import export_tables
+    from sparse_mla_tuner.tuner.adapters.sparse_mla.export import export_tables
 
     store = Store(results["url"])
     store.url = "postgresql+psycopg://tuner:s3cr3t-pw@db-host/tuner?sslpassword=other-secret"
@@ -636,7 +636,7 @@ def test_the_export_history_names_paths_inside_the_working_directory_relatively(
     """A committed database must not carry one machine's folders: a table written under the working
     directory is recorded relative to it; one written elsewhere keeps its absolute path."""
     from sparse_mla_tuner.db.store import Store
-    from sparse_mla_tuner.tuner.export import export_tables
+    from sparse_mla_tuner.tuner.adapters.sparse_mla.export import export_tables
 
     store = Store(results["url"])
     monkeypatch.chdir(tmp_path)

@@ -12,7 +12,7 @@ import pytest
 
 from sparse_mla_tuner.kernels import KernelConfig
 from sparse_mla_tuner.kernels import Workload
-from sparse_mla_tuner.tuner.adapters.sparse_mla import estimate_shared
+from sparse_mla_tuner.tuner.adapters.sparse_mla.adapter import estimate_shared
 from sparse_mla_tuner.tuner.feasibility import check
 from sparse_mla_tuner.tuner.feasibility import check_many
 from sparse_mla_tuner.tuner.space import load_space

@@ -45,7 +45,7 @@ def test_a_started_trial_is_the_trial_optuna_makes_of_its_row(tmp_path):
 
 
 @pytest.mark.parametrize("value", [1.25, None])
-def test_finish_writes_what_set_attrs_and_tell_write(tmp_path, value):
+def test_finish_writes_what_optunas_public_api_writes(tmp_path, value):
     attrs = {"tuner_trial_id": 7, "verdict": "ok", "ratio_ci": [0.9, 1.1]}
     views = []
     for name in ("ours", "optunas"):
@@ -55,7 +55,8 @@ def test_finish_writes_what_set_attrs_and_tell_write(tmp_path, value):
         if name == "ours":
             optuna_rows.finish(trial, attrs, value, state=None if value is not None else PRUNED)
         else:
-            optuna_rows.set_attrs(trial, attrs)
+            for k, v in attrs.items():
+                trial.set_user_attr(k, v)
             study.tell(trial, value, state=None if value is not None else PRUNED)
         views.append(_view(study))
     assert views[0] == views[1]
@@ -109,3 +110,81 @@ def test_bulk_finished_trials_unfinished_and_told_read_as_optuna_reads_them(tmp_
     assert optuna_rows.unfinished(study) == [(t.state, t.params) for t in study.get_trials(states=states)]
     assert optuna_rows.unfinished(study)[1] == (optuna.trial.TrialState.RUNNING, running.params)
     assert optuna_rows.told(study, "tuner_trial_id") == {11: 4}
+
+
+# What tuner/optuna_rows.py (and tuner/compact.py, tuner/upgrade.py) take of Optuna's private storage: the tables and
+# columns they write or read, and the helpers they call. An Optuna release that changes any of them fails here.
+PINNED_COLUMNS = {
+    "studies": {"study_id": "INTEGER", "study_name": "VARCHAR(512)"},
+    "trials": {
+        "trial_id": "INTEGER",
+        "number": "INTEGER",
+        "study_id": "INTEGER",
+        "state": "VARCHAR(8)",
+        "datetime_start": "DATETIME",
+        "datetime_complete": "DATETIME",
+    },
+    "trial_params": {
+        "param_id": "INTEGER",
+        "trial_id": "INTEGER",
+        "param_name": "VARCHAR(512)",
+        "param_value": "FLOAT",
+        "distribution_json": "TEXT",
+    },
+    "trial_values": {
+        "trial_value_id": "INTEGER",
+        "trial_id": "INTEGER",
+        "objective": "INTEGER",
+        "value": "FLOAT",
+        "value_type": "VARCHAR(7)",
+    },
+    "trial_user_attributes": {
+        "trial_user_attribute_id": "INTEGER",
+        "trial_id": "INTEGER",
+        "key": "VARCHAR(512)",
+        "value_json": "TEXT",
+    },
+    "trial_system_attributes": {
+        "trial_system_attribute_id": "INTEGER",
+        "trial_id": "INTEGER",
+        "key": "VARCHAR(512)",
+        "value_json": "TEXT",
+    },
+    "trial_heartbeats": {"trial_heartbeat_id": "INTEGER", "trial_id": "INTEGER", "heartbeat": "DATETIME"},
+}
+PINNED_HELPERS = [
+    ("optuna.storages._rdb.storage", "_create_scoped_session"),
+    ("optuna.storages._rdb.storage", "RDBStorage._set_trial_value_without_commit"),
+    ("optuna.storages._rdb.storage", "RDBStorage._set_trial_attr_without_commit"),
+    ("optuna.storages._rdb.storage", "RDBStorage.check_trial_is_updatable"),
+    ("optuna.storages._rdb.models", "StudyModel.find_or_raise_by_id"),
+    ("optuna.storages._rdb.models", "TrialModel.find_or_raise_by_id"),
+    ("optuna.storages._rdb.models", "TrialValueModel.value_to_stored_repr"),
+    ("optuna.storages._rdb.models", "TrialValueModel.find_by_trial_and_objective"),
+    ("optuna.storages._rdb.models", "TrialUserAttributeModel.find_by_trial_and_key"),
+    ("optuna.pruners", "_filter_study"),
+]
+
+
+def test_the_private_tables_written_are_those_of_the_pinned_optuna_schema():
+    """The Alembic head of Optuna's storage is the one optuna_rows was written for, and every private table,
+    column and helper it uses is still there as it was: an Optuna upgrade that changes them fails here."""
+    import importlib
+    from pathlib import Path
+
+    from alembic.script import ScriptDirectory
+    from optuna.storages._rdb import models as om
+
+    head = ScriptDirectory(str(Path(om.__file__).parent / "alembic")).get_heads()
+    assert head == [optuna_rows.OPTUNA_SCHEMA], (
+        f"Optuna {optuna.__version__}'s storage schema is {head}, not {optuna_rows.OPTUNA_SCHEMA}: check "
+        "tuner/optuna_rows.py's private writes against its tables, then move the pin"
+    )
+    tables = {m.__tablename__: m.__table__ for m in vars(om).values() if hasattr(m, "__tablename__")}
+    for name, columns in PINNED_COLUMNS.items():
+        assert {c.name: str(c.type) for c in tables[name].columns} == columns, name
+    for module, path in PINNED_HELPERS:
+        obj = importlib.import_module(module)
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+        assert callable(obj), f"{module}.{path} is gone"

@@ -77,6 +77,7 @@ def test_a_whole_call_workload_is_read_back_whole(regenerated):
 
     from sparse_mla_tuner.db.models import WorkloadModel
     from sparse_mla_tuner.kernels.workload import Workload
+    from sparse_mla_tuner.tuner.adapters.sparse_mla.records import workload_of
 
     con = sqlite3.connect(regenerated / "results" / "h200.db")
     row = con.execute(
@@ -84,9 +85,11 @@ def test_a_whole_call_workload_is_read_back_whole(regenerated):
     ).fetchone()
     con.close()
     name, kv_format, heads, topk, page_size, context, call = row
-    w = WorkloadModel(
-        name=name, kv_format=kv_format, heads=heads, topk=topk, page_size=page_size, context=context, call=call
-    ).workload()
+    w = workload_of(
+        WorkloadModel(
+            name=name, kv_format=kv_format, heads=heads, topk=topk, page_size=page_size, context=context, call=call
+        )
+    )
     plain = Workload(kv_format, heads, topk, page_size, context)
     assert w.extra is not None and w.call() is not None and w.min_bytes(96) > plain.min_bytes(96)
     text = (regenerated / "docs" / "h200_report.md").read_text()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sparse_mla_tuner.db.store import Store
-from sparse_mla_tuner.tuner.report import load_bench
+from sparse_mla_tuner.tuner.adapters.sparse_mla.report import load_bench
 from sparse_mla_tuner.tuner.report import render_report
 from tests.conftest import tuner_in_process as tuner
 

@@ -14,6 +14,7 @@ import pytest
 
 from sparse_mla_tuner.db.verdicts import Effect
 from sparse_mla_tuner.tuner import stats
+from sparse_mla_tuner.tuner.adapters.sparse_mla.records import config_of
 from tests.conftest import tuner_in_process
 
 ROUNDS, FINALIST_ROUNDS, FINALISTS = 10, 30, 3  # the shipped spaces' measurement settings
@@ -170,9 +171,9 @@ def _picks(url, ratios=None):
             newest = queries.newest_kernel(ts)
             b = queries.best_of(newest)  # as `tuner best`: the newest kernel measured there
             w = b.workload
-            picks[key] = (launch_identity(b.config(), w.heads, w.topk, b.concurrency), b.config_key)
+            picks[key] = (launch_identity(config_of(b), w.heads, w.topk, b.concurrency), b.config_key)
             if ratios is not None:
-                stats = {launch_identity(t.config(), w.heads, w.topk, t.concurrency): t.statistic() for t in newest}
+                stats = {launch_identity(config_of(t), w.heads, w.topk, t.concurrency): t.statistic() for t in newest}
                 ratios[key] = ({k: st.ratio for k, st in stats.items() if st}, b.statistic().noise_band)
     return picks
 

@@ -49,7 +49,7 @@ from typing import Any
 from .errors import SpaceError
 
 # Built-in adapters by the name a space file gives (``kernel: sparse_mla``): "module:Class".
-BUILTIN: dict[str, str] = {"sparse_mla": "sparse_mla_tuner.tuner.adapters.sparse_mla:SparseMlaAdapter"}
+BUILTIN: dict[str, str] = {"sparse_mla": "sparse_mla_tuner.tuner.adapters.sparse_mla.adapter:SparseMlaAdapter"}
 DEFAULT = "sparse_mla"
 _SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -237,6 +237,62 @@ class KernelAdapter(abc.ABC):
         """A number recorded with each trial to describe its grid (the sparse-MLA adapter: the split's partials
         per row; 0 by default)."""
         return 0
+
+    # --- what the results database holds of it (export, replay and report read rows through these) --------------
+
+    def parse_config(self, text: str) -> Any:
+        """A config from its printed key, as ``tuner_trials.config_key`` stores it (``ValueError`` in one sentence)."""
+        return self.config_type.parse(text)
+
+    def recorded_config(self, trial) -> Any:
+        """The config of a ``tuner_trials`` row (:class:`db.models.TrialModel`): its parameters read back."""
+        return self.config(trial.param_values())
+
+    def recorded_workload(self, row) -> Any:
+        """The workload a ``tuner_workloads`` row stands for (:class:`db.models.WorkloadModel`, or any object with
+        its columns): its stored description (``fields()``) read back by :meth:`workload_from_dict`."""
+        return self.workload_from_dict(row.description())
+
+    def compiled_label(self, config) -> str:
+        """A config's compiled parameters alone, naming its binary (the report's infeasible list)."""
+        return " ".join(f"{p.name}={getattr(config, p.name)}" for p in self.params if p.compiled)
+
+    # --- the drivers of export, replay and report (tuner/export.py, replay.py, report.py) ------------------------
+
+    def exporters(self) -> Mapping[str, Callable]:
+        """The formats of ``tuner export --format``, by name, the first the default: each a function
+        ``(store, adapter, out_dir, *, backend, record, shapes, progress)`` that writes the tables and returns the
+        paths written (or, with ``out_dir`` None where the format allows it, the text). Empty: the tuner's own
+        JSON tables of :meth:`export_table` (:func:`tuner.export.json_tables`)."""
+        return {}
+
+    def export_dir(self):
+        """Where ``tuner export --engine`` puts the tables an engine of this kernel reads (a path), or None: the
+        kernel has no such place."""
+        return None
+
+    def replay_key(self, workload) -> Hashable:
+        """What the replay backend matches a recorded workload by (with the level and the config): the workload's
+        :meth:`workload_dict` by default, so a recording replays for exactly the workload it measured."""
+        return json.dumps(self.workload_dict(workload), sort_keys=True, default=str)
+
+    def report_sections(self):
+        """The kernel's parts of ``tuner report`` (:class:`tuner.report.ReportSections`): None, the generic ones."""
+        return None
+
+    def model_space(self, model: str, tp: int, **options):
+        """``tuner search --model NAME --tp N``: the search space of a model's calls, and lines to say (a
+        :class:`tuner.space.SearchSpace` and a list of str); a kernel without model presets refuses."""
+        from .errors import TunerError
+
+        raise TunerError(f"the {self.name} kernel has no model presets; give a SPACE_FILE")
+
+    def served_shapes(self, device: str, **filters) -> list[dict]:
+        """``tuner shapes``: one row per shape the kernel serves on ``device`` and whose table configures it
+        (``filters``: the command's options); a kernel without engine tables refuses."""
+        from .errors import TunerError
+
+        raise TunerError(f"the {self.name} kernel serves no engine shapes")
 
 
 @functools.cache

@@ -32,7 +32,8 @@ VERDICT_FIELDS = (  # a check row's fields after the config's parameters
     "feasible",
     "reason",
 )
-# The built-in kernel (adapters/sparse_mla.py) is imported by the commands that use it, never at import: `--help`,
+# A kernel's adapter (the built-in one included) is loaded by the commands that use it, never at
+# import, and reached through tuner/adapter.py alone: `--help`,
 # `--version`, a completion and a bad option's error load no kernel, torch or Triton (tests/test_architecture.py).
 
 INT64_MAX = 2**63 - 1  # SQLite's INTEGER and PostgreSQL's BIGINT: the largest integer the database stores
@@ -217,17 +218,14 @@ def _values_text(v) -> str:
 
 
 def _check_brief(rows: list[dict], adapter=None) -> list[dict]:
-    from .adapters.sparse_mla import KernelConfig
-    from .adapters.sparse_mla import SparseMlaAdapter
+    from .adapter import default_adapter
 
-    params = (adapter or SparseMlaAdapter()).params
+    adapter = adapter or default_adapter()
+    params = adapter.params
     out = []
     for r in rows:
         compiled_values = {p.name: r[p.name] for p in params if p.compiled}
-        if adapter is None or adapter.config_type is KernelConfig:
-            compiled = KernelConfig(**compiled_values).compile_label()
-        else:
-            compiled = " ".join(f"{k}={v}" for k, v in compiled_values.items())
+        compiled = adapter.compiled_label(adapter.config(compiled_values))
         launch = {p.name: r[p.name] for p in params if not p.compiled}
         out.append(
             {
@@ -339,6 +337,12 @@ db_option = click.option(
     default=lambda: os.environ.get("TUNER_DB", "sqlite:///tuner.db"),
     show_default="sqlite:///tuner.db or $TUNER_DB",
     help="Results database URL (SQLAlchemy).",
+)
+kernel_option = click.option(  # export's and report's kernel (a search's is its space's `kernel:`)
+    "--kernel",
+    default="sparse_mla",
+    show_default=True,
+    help="Whose results: a kernel adapter, as a space's `kernel:` names it (built-in name or module:Class).",
 )
 
 
@@ -618,7 +622,6 @@ def search(
     from .search import run_search
     from .summary import time_lines
 
-    _replay_kernel(space, backend)
     levels = _levels(concurrency)
     first_configs = _first_configs(first, space)
     if (replay_db or replay_kernel or replay_queue != "memory") and backend != "replay":
@@ -672,16 +675,10 @@ def _search_space(space_file, model, tp, q_tokens, max_batch, backend, replay_db
         if preset_options:
             raise TunerError(f"{', '.join(preset_options)} apply to --model, not to a SPACE_FILE")
         return load_space(space_file)
-    from . import models
+    from .adapter import default_adapter
 
-    if tp is None:
-        raise TunerError(f"--model {model} needs --tp N, the tensor-parallel size")
-    kw = {"q_tokens": models.parse_q_tokens(q_tokens)}
-    if max_batch:
-        kw["max_batch"] = max_batch
-    if backend != "replay" or not replay_db:
-        return models.preset_space(model, tp, **kw)
-    space, notes = models.recorded_only(model, tp, replay_db, replay_device, **kw)
+    replayed = {"replay_db": replay_db, "replay_device": replay_device} if backend == "replay" and replay_db else {}
+    space, notes = default_adapter().model_space(model, tp, q_tokens=q_tokens, max_batch=max_batch, **replayed)
     for line in notes:
         click.echo(line, err=True)
     return space
@@ -707,18 +704,6 @@ def _first_configs(text: str | None, space) -> list:
             )
         configs.append(cfg)
     return configs
-
-
-def _replay_kernel(space, backend: str | None) -> None:
-    """The replay backend draws from the built-in kernel's recorded samples: a space of another adapter is
-    measured on a GPU or the interpreter, and says so before anything starts."""
-    from .adapter import DEFAULT
-
-    if backend == "replay" and space.adapter.spec != DEFAULT:
-        raise TunerError(
-            f"{space.path}: `kernel`: --backend replay replays the {DEFAULT} kernel's recorded samples only, not "
-            f"those of {space.kernel!r}; use --backend cuda or interpreter"
-        )
 
 
 def _levels(text: str | None) -> list[int] | None:
@@ -876,17 +861,11 @@ def _bytes_moved(wl, concurrency: int) -> int | None:
     """The least bytes a call of a recorded workload moves: the built-in kernel's whole call (both caches, every
     token), or another adapter's :meth:`~tuner.adapter.KernelAdapter.bytes_moved` (None when it cannot be
     made here)."""
-    from ..db.models import COLUMNS_ADAPTER
-
-    if wl.adapter == COLUMNS_ADAPTER:
-        from .adapters.sparse_mla import SparseMlaAdapter
-
-        return SparseMlaAdapter().bytes_moved(wl.workload(), concurrency)
     from .adapter import adapter_named
 
     try:
         adapter = adapter_named(wl.adapter)
-        return adapter.bytes_moved(adapter.workload_from_dict(wl.description()), concurrency)
+        return adapter.bytes_moved(adapter.recorded_workload(wl), concurrency)
     except Exception:  # noqa: BLE001 - an adapter this environment cannot import: the row goes without it
         return None
 
@@ -1044,10 +1023,11 @@ def trials(concurrency, verdict, space, kernel, sort, fmt, db_url):
 @click.option(
     "--format",
     "export_format",
-    type=click.Choice(["engine", "sglang", "triton"]),
+    type=click.Choice(["engine", "sglang", "triton", "json"]),
     default=None,
     help="engine (default): flat JSON tables {batch: config} the kernel reads, with a provenance sidecar; "
-    "sglang: the same in a triton_<version>/ folder; triton: an importable list of triton.Config.",
+    "sglang: the same in a triton_<version>/ folder; triton: an importable list of triton.Config; json: another "
+    "kernel's tables (--kernel), its adapter's export_table().",
 )
 @results_backend_option
 @click.option(
@@ -1063,51 +1043,38 @@ def trials(concurrency, verdict, space, kernel, sort, fmt, db_url):
     help="engine/sglang: only the table of this shape (repeatable, e.g. --shape 8x128 --shape 64x1152); a shape "
     "not tuned gets the nearest tuned shape's configs (docs/engines.md).",
 )
+@kernel_option
 @db_option
 @expected_errors
-def export(out_dir, engine, export_format, backend, record, shapes, db_url):
+def export(out_dir, engine, export_format, backend, record, shapes, kernel, db_url):
     """Write the kernel's autotune tables: the best ok config per concurrency, per device and workload."""
     from ..db.store import Store
-    from .export import export_tables
-    from .export import parse_shape
-    from .export import triton_module
+    from .adapter import load_adapter
+    from .export import export as write_tables
+    from .export import records
     from .progress import Progress
 
+    adapter = load_adapter(kernel, "--kernel")
     if engine is not None:
         layout = {"sglang": "sglang", "vllm": "engine"}[engine]
         if export_format not in (None, layout):
             raise TunerError(f"--engine {engine} writes the {layout} layout; leave out --format {export_format}")
         export_format = layout
         if out_dir is None:
-            from .adapters.sparse_mla import tables_dir
+            out_dir = adapter.export_dir()
 
-            out_dir = str(tables_dir())
-    export_format = export_format or "engine"
-
-    store = Store(db_url, create=False) if record and export_format != "triton" else Store(db_url, readonly=True)
-    if export_format == "triton" and shapes:
-        raise TunerError("--shape applies to the engine and sglang formats, not to --format triton")
-    if export_format == "triton":
-        if out_dir is not None:
-            from .export import check_output
-
-            check_output(Path(out_dir))
-        text = triton_module(store, backend, Progress(False))
-        if out_dir is None:
-            click.echo(text, nl=False)
-            return
-        from .export import write_file
-
-        write_file(Path(out_dir), text)  # atomically, a regular file only (never a FIFO, never through a link)
-        click.echo(out_dir)
-        return
+    store = Store(db_url, create=False) if record and records(adapter, export_format) else Store(db_url, readonly=True)
     try:
-        named = [parse_shape(x) for x in shapes]
         progress = Progress(False)  # the reading (when slow) and the tables written, on stderr
-        paths = export_tables(store, out_dir, backend, export_format, record=record, shapes=named, progress=progress)
+        written = write_tables(
+            store, adapter, export_format, out_dir, backend=backend, record=record, shapes=shapes, progress=progress
+        )
     except OSError as e:
         raise TunerError(f"cannot write {e.filename or out_dir}: {e.strerror}") from None
-    for path in paths:
+    if isinstance(written, str):  # a module's text, to stdout
+        click.echo(written, nl=False)
+        return
+    for path in written:
         click.echo(str(path))
 
 
@@ -1122,16 +1089,18 @@ def export(out_dir, engine, export_format, backend, record, shapes, db_url):
     help="A same-run benchmark of ours against FlashMLA (the JSON of the built-in kernel's `bench` or `bench_call` "
     "module; repeatable): the median plot of its device and call shows FlashMLA from it.",
 )
+@kernel_option
 @db_option
 @expected_errors
-def report(output, plots_dir, bench_files, db_url):
+def report(output, plots_dir, bench_files, kernel, db_url):
     """The A/B report: noise band, best per concurrency, each lever's effect, dead ends, infeasible configs."""
     import os.path
 
     from ..db.store import Store
+    from .adapter import load_adapter
     from .progress import Progress
-    from .report import load_bench
     from .report import render_report
+    from .report import sections_of
 
     if output:  # a FIFO, a directory or a link where the report should go: one sentence before any work
         from .export import check_output
@@ -1141,8 +1110,9 @@ def report(output, plots_dir, bench_files, db_url):
     if plots_dir and output:
         prefix = os.path.relpath(plots_dir, os.path.dirname(os.path.abspath(output)) or ".") + "/"
     try:
-        benches = tuple(load_bench(f) for f in bench_files)
-        text = render_report(Store(db_url, readonly=True), plots_dir, prefix, benches, Progress(False))
+        adapter = load_adapter(kernel, "--kernel")
+        benches = tuple(sections_of(adapter).load_bench(f) for f in bench_files)
+        text = render_report(Store(db_url, readonly=True), plots_dir, prefix, benches, Progress(False), adapter)
     except OSError as e:
         raise TunerError(f"cannot write {e.filename or plots_dir}: {e.strerror}") from None
     if output:
@@ -1262,9 +1232,7 @@ def shapes(device, formats, heads, topk, q_tokens, model, tp, fmt):
     edition of the chip), nearest HxK (the nearest tuned shape's table), default (the interpreter without a
     table), none (not served: `why not` names the argument).
     """
-    from .adapters.sparse_mla import SERVED_FORMATS
-    from .adapters.sparse_mla import get_preset
-    from .adapters.sparse_mla import inventory
+    from .adapter import default_adapter
 
     if device is None:
         import torch
@@ -1272,27 +1240,9 @@ def shapes(device, formats, heads, topk, q_tokens, model, tp, fmt):
         device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu-interpreter"
     kw = {}
     for name, option, value in (("heads", "--heads", heads), ("topks", "--topk", topk)):
-        parsed = _int_list(value, option, 1, 999_999_999)
-        if parsed:
-            kw[name] = parsed
-    parsed = _int_list(q_tokens, "--q-tokens", 1, 64)
-    if parsed:
-        kw["q_tokens"] = parsed
-    bad = [f for f in formats if f not in SERVED_FORMATS]
-    if bad:
-        raise TunerError(f"--kv-format {bad[0]!r} is not a cache format the kernel has (formats: {SERVED_FORMATS})")
-    if formats:
-        kw["formats"] = formats
-    if (model is None) != (tp is None):
-        raise TunerError("--model and --tp go together")
-    if model is not None:
-        try:
-            preset = get_preset(model)
-            local = preset.heads_per_rank(tp)
-        except ValueError as e:
-            raise TunerError(str(e)) from None
-        kw.update(formats=[preset.kv_format], heads=[local], topks=[preset.topk])
-    rows = [c.as_dict() for c in inventory(device, **kw)]
+        kw[name] = _int_list(value, option, 1, 999_999_999)
+    kw["q_tokens"] = _int_list(q_tokens, "--q-tokens", 1, 64)
+    rows = default_adapter().served_shapes(device, formats=formats, model=model, tp=tp, **kw)
     click.echo(render(rows, fmt, _shapes_brief))
 
 
@@ -1359,10 +1309,10 @@ def compare(config_a, config_b, space, fmt, db_url):
 
 
 def _parse_config(text: str):
-    from .adapters.sparse_mla import KernelConfig
+    from .adapter import default_adapter
 
     try:
-        return KernelConfig.parse(text)
+        return default_adapter().parse_config(text)
     except ValueError as e:
         raise TunerError(str(e)) from None
 

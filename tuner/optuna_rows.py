@@ -5,6 +5,14 @@ Optuna's public API adds finished trials one transaction each (``Study.add_trial
 finished trial. For an :class:`optuna.storages.RDBStorage` this module writes Optuna's own rows through its
 models in one session, and keeps this process's cached copy of a revised trial in step; an
 :class:`optuna.storages.InMemoryStorage` (the replay backend's queue) is updated through its own methods.
+
+Where the public API does the same at the same cost it is used (any storage but an RDB one, a sampler other than
+Optuna's default, a value Optuna would refuse). The rest writes and reads Optuna's private tables
+(``optuna.storages._rdb.models``) and helpers, each for a cost the public API cannot avoid: revising a finished
+trial (no public way), a level's finished trials in one transaction, a started or ended trial in one, the queue and
+the told trials as columns. ``tests/test_optuna_rows.py`` pins what is used to the Optuna storage schema it was
+written for (:data:`OPTUNA_SCHEMA`: the columns and the Alembic head), so an Optuna upgrade that changes them fails
+there, loudly, before any database is written.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ from optuna.trial import FrozenTrial
 from sqlalchemy import func
 from sqlalchemy import insert
 from sqlalchemy import select
+
+OPTUNA_SCHEMA = "v3.2.0.a"  # the Alembic head of Optuna's storage whose tables this module writes (Optuna 4.x-5.x)
 
 
 def _backend(storage):
@@ -222,11 +232,12 @@ def _cached(storage, study_id: int, trial_id: int, number: int) -> FrozenTrial |
 
 def finish(trial: optuna.Trial, attrs: dict, value: float | None = None, state=None) -> None:
     """Tell a running trial its user attributes and its end, ``value`` (complete) or ``state`` (pruned, failed), in
-    one transaction: ``set_attrs`` then ``Study.tell`` take two, and ``tell`` first reads the whole trial back.
-    What it writes is what they write: the attributes, the value, the state and the time it ended (a trial
-    another host finished first raises :class:`optuna.exceptions.UpdateFinishedTrialError`, as they do). Optuna's
-    default sampler does nothing after a trial, so nothing is skipped; any other sampler, a storage that is not
-    an :class:`optuna.storages.RDBStorage` or a value Optuna would refuse goes through ``tell`` itself."""
+    one transaction: ``Trial.set_user_attr`` then ``Study.tell`` take one per attribute and one more, and ``tell``
+    first reads the whole trial back. What it writes is what they write: the attributes, the value, the state and
+    the time it ended (a trial another host finished first raises :class:`optuna.exceptions.UpdateFinishedTrialError`,
+    as they do). Optuna's default sampler does nothing after a trial, so nothing is skipped; any other sampler, a
+    storage that is not an :class:`optuna.storages.RDBStorage` or a value Optuna would refuse goes through ``tell``
+    itself."""
     storage, study = trial.study._storage, trial.study
     rdb = _backend(storage)
     state = optuna.trial.TrialState.COMPLETE if value is not None else state
@@ -237,7 +248,8 @@ def finish(trial: optuna.Trial, attrs: dict, value: float | None = None, state=N
         and type(sampler._random_sampler).after_trial is optuna.samplers.BaseSampler.after_trial
     )
     if not isinstance(rdb, optuna.storages.RDBStorage) or not plain or (value is not None and not math.isfinite(value)):
-        set_attrs(trial, attrs)
+        for k, v in attrs.items():  # Optuna's public API: a transaction per attribute
+            trial.set_user_attr(k, v)
         study.tell(trial, value, state=None if value is not None else state)
         return
     with _attributed(rdb, trial._trial_id, attrs) as (session, row):
@@ -330,19 +342,3 @@ def told(study: optuna.Study, key: str) -> dict:
     )
     with _create_scoped_session(rdb.scoped_session) as session:
         return {json.loads(v): number for number, v in session.execute(q)}
-
-
-def set_attrs(trial: optuna.Trial, attrs: dict) -> None:
-    """A running trial's user attributes, all in one transaction (``Trial.set_user_attr`` commits each)."""
-    storage = trial.study._storage
-    rdb = _backend(storage)
-    if not isinstance(rdb, optuna.storages.RDBStorage) or len(attrs) < 2:
-        for k, v in attrs.items():
-            trial.set_user_attr(k, v)
-        return
-    trial_id = trial._trial_id
-    with _attributed(rdb, trial_id, attrs):
-        pass
-    cached = _cached(storage, trial.study._study_id, trial_id, trial.number)
-    if cached is not None:
-        cached.user_attrs = {**cached.user_attrs, **attrs}

@@ -14,7 +14,10 @@ The A/A comes from that kernel's calibrations (or, in databases older than calib
 A/A samples): another kernel's A/A measured other binaries.
 
 The source is read with plain SQL on columns every schema version has, opened read-only, so any
-results database, old or new, can be replayed without being migrated.
+results database, old or new, can be replayed without being migrated. It replays one kernel's recordings, through
+its adapter (the space's): a stored workload is read back by :meth:`KernelAdapter.recorded_workload` and matched by
+:meth:`KernelAdapter.replay_key`, a stored config by :meth:`KernelAdapter.parse_config`, and two configs of one
+launch by :meth:`KernelAdapter.launch_identity`.
 """
 
 from __future__ import annotations
@@ -35,11 +38,12 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
+from ..db.models import COLUMNS_ADAPTER
+from ..db.models import WorkloadModel
 from ..db.store import check_url
 from ..db.verdicts import Verdict
+from .adapter import KernelAdapter
 from .adapter import default_adapter
-from .adapters.sparse_mla import KernelConfig
-from .adapters.sparse_mla import Workload
 from .errors import TunerError
 from .feasibility import Feasibility
 from .protocol import CalibrateRequest
@@ -75,10 +79,6 @@ def _engine(url: str):
         path = u.database
         return create_engine("sqlite://", creator=lambda: sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True))
     return create_engine(url)
-
-
-def _shape(kv_format, heads, topk, page_size, context) -> tuple:
-    return (kv_format, int(heads), int(topk), int(page_size), int(context))
 
 
 def _pick_device(con, device: str | None) -> str:
@@ -132,21 +132,38 @@ def _environment_info(con, device: str) -> dict:
 _IN_CHUNK = 900  # trial ids per ``IN (...)`` list: under SQLite's oldest bound of 999 variables
 
 
-def _key(r) -> tuple:
-    """A recorded trial's (workload shape, concurrency)."""
-    return (_shape(r["kv_format"], r["heads"], r["topk"], r["page_size"], r["context"]), r["concurrency"])
+def workload_keys(con, adapter: KernelAdapter) -> dict[int, Hashable]:
+    """{workload id: :meth:`KernelAdapter.replay_key`} of the stored workloads of ``adapter``'s kernel (a database
+    older than other adapters' records holds the built-in kernel's alone)."""
+    known = set(WorkloadModel.__table__.columns.keys())
+    cols = [c["name"] for c in inspect(con).get_columns("tuner_workloads") if c["name"] in known]
+    out = {}
+    for r in con.execute(text("SELECT * FROM tuner_workloads")).mappings():
+        row = WorkloadModel(**{"adapter": COLUMNS_ADAPTER, "fields": "", "call": None, **{c: r[c] for c in cols}})
+        if row.adapter != adapter.spec:
+            continue
+        try:
+            out[r["id"]] = adapter.replay_key(adapter.recorded_workload(row))
+        except (ValueError, TypeError, KeyError):  # stored by another version of the adapter: not replayed
+            continue
+    return out
 
 
 class ReplaySource:
-    """Every trial and sample of one device in another results database, in memory."""
+    """Every trial and sample of one device in another results database, in memory, of one kernel (``adapter``:
+    the space's; by default the one a space that names none gets)."""
 
-    def __init__(self, url: str, device: str | None = None, kernel: str | None = None) -> None:
+    def __init__(
+        self, url: str, device: str | None = None, kernel: str | None = None, adapter: KernelAdapter | None = None
+    ) -> None:
+        self.adapter = adapter or default_adapter()
         try:
             engine = _engine(url)
             with engine.connect() as con:
                 tables = inspect(con).get_table_names()
                 if "tuner_trials" not in tables:
                     raise TunerError("the replay database has no tuner results (run `tuner search` on a GPU first)")
+                self.workloads = workload_keys(con, self.adapter)
                 self.device = _pick_device(con, device)
                 self.info = _environment_info(con, self.device)
                 self.kernel_id = _pick_kernel(con, kernel)
@@ -156,8 +173,12 @@ class ReplaySource:
             raise TunerError(f"cannot read the replay database: {str(getattr(e, 'orig', e)).splitlines()[0]}") from None
         self._by_launch: dict[tuple, dict[Hashable, _Recorded]] = {}  # (shape, batch) -> launch -> recording
 
-    @staticmethod
-    def _recorded_trials(con, device: str, kernel_id: int | None) -> tuple[dict[tuple, _Recorded], dict]:
+    def _key(self, r) -> tuple | None:
+        """A recorded trial's (workload key, concurrency); None: another kernel's workload."""
+        w = self.workloads.get(r["workload_id"])
+        return None if w is None else (w, r["concurrency"])
+
+    def _recorded_trials(self, con, device: str, kernel_id: int | None) -> tuple[dict[tuple, _Recorded], dict]:
         """The recorded trials on ``device`` by (shape, concurrency, config), with their samples (a
         duplicate takes its original's samples and verdict): at each (shape, concurrency) only those of
         the newest kernel measured there, as ``tuner best`` reads them. A ratio is against the baseline
@@ -170,13 +191,14 @@ class ReplaySource:
             text(
                 f"SELECT t.id, t.concurrency, t.config_key, t.verdict, t.reason, t.num_splits, t.shared_bytes, "
                 f"t.limit_bytes, t.registers, t.spill_bytes, t.estimate_bytes, {dup} AS duplicate_of, t.wall_s, "
-                "t.kernel_id, w.kv_format, w.heads, w.topk, w.page_size, w.context "
-                "FROM tuner_trials t JOIN tuner_workloads w ON t.workload_id = w.id "
-                "JOIN tuner_environments e ON t.environment_id = e.id WHERE e.gpu_name = :d ORDER BY t.id"
+                "t.kernel_id, t.workload_id "
+                "FROM tuner_trials t JOIN tuner_environments e ON t.environment_id = e.id WHERE e.gpu_name = :d "
+                "ORDER BY t.id"
             ),
             {"d": device},
         ).mappings()
-        rows = list(rows)
+        rows = [r for r in rows if self._key(r) is not None]  # this kernel's workloads alone
+        _key = self._key
         newest: dict[tuple, int] = {}  # (shape, concurrency) -> the replayed kernel: given, else the latest
         for r in rows:  # ordered by id
             if kernel_id is None or r["kernel_id"] == kernel_id:
@@ -215,7 +237,7 @@ class ReplaySource:
             by_id[r["id"]] = rec  # a duplicate's original may be of any kernel
             if replayed:  # a config measured in several of its studies: the latest stands
                 try:
-                    cfg = KernelConfig.parse(r["config_key"])
+                    cfg = self.adapter.parse_config(r["config_key"])
                 except ValueError:  # stored by another version of the declaration: data, not a config here
                     skipped.add(str(r["config_key"])[:80])
                     continue
@@ -258,43 +280,40 @@ class ReplaySource:
         queries = []
         if cal:
             queries.append(
-                "SELECT c.samples, c.concurrency, c.kernel_id, w.kv_format, w.heads, w.topk, w.page_size, "
-                "w.context FROM tuner_calibrations c JOIN tuner_workloads w ON c.workload_id = w.id "
+                "SELECT c.samples, c.concurrency, c.kernel_id, c.workload_id FROM tuner_calibrations c "
                 "JOIN tuner_environments e ON c.environment_id = e.id WHERE e.gpu_name = :d"
             )
         if "tuner_noise" in tables:
             queries.append(
-                "SELECT n.samples, c.concurrency, c.kernel_id, w.kv_format, w.heads, w.topk, w.page_size, "
-                "w.context FROM tuner_noise n JOIN tuner_studies c ON n.study_id = c.id "
-                "JOIN tuner_workloads w ON c.workload_id = w.id "
+                "SELECT n.samples, c.concurrency, c.kernel_id, c.workload_id FROM tuner_noise n "
+                "JOIN tuner_studies c ON n.study_id = c.id "
                 "JOIN tuner_environments e ON c.environment_id = e.id WHERE e.gpu_name = :d"
             )
         for q in queries:  # each source only where the ones before it had nothing
             out: dict[tuple, list] = defaultdict(list)
             for r in con.execute(text(q), {"d": device}).mappings():
-                key = (_shape(r["kv_format"], r["heads"], r["topk"], r["page_size"], r["context"]), r["concurrency"])
-                if key not in found and r["kernel_id"] == kernel_at.get(key):
+                key = self._key(r)
+                if key is not None and key not in found and r["kernel_id"] == kernel_at.get(key):
                     out[key] += [tuple(x) for x in json.loads(r["samples"])]
             found.update(out)
         q = (
-            "SELECT x.candidate_us, x.baseline_us, t.concurrency, t.kernel_id, w.kv_format, w.heads, w.topk, "
-            "w.page_size, w.context FROM tuner_samples x JOIN tuner_trials t ON x.trial_id = t.id "
-            "JOIN tuner_workloads w ON t.workload_id = w.id "
+            "SELECT x.candidate_us, x.baseline_us, t.concurrency, t.kernel_id, t.workload_id "
+            "FROM tuner_samples x JOIN tuner_trials t ON x.trial_id = t.id "
             "JOIN tuner_environments e ON t.environment_id = e.id "
             "WHERE e.gpu_name = :d AND t.is_baseline AND x.phase = 'screen'"
         )
         out = defaultdict(list)
         for r in con.execute(text(q), {"d": device}).mappings():
-            key = (_shape(r["kv_format"], r["heads"], r["topk"], r["page_size"], r["context"]), r["concurrency"])
-            if key not in found and r["kernel_id"] == kernel_at.get(key):
+            key = self._key(r)
+            if key is not None and key not in found and r["kernel_id"] == kernel_at.get(key):
                 out[key].append((r["candidate_us"], r["baseline_us"]))
         found.update(out)
         return found
 
-    def lookup(self, wl: Workload, batch: int, cfg: KernelConfig) -> _Recorded | None:
+    def lookup(self, wl, batch: int, cfg) -> _Recorded | None:
         """The recording of ``cfg`` at ``batch``, else the latest of a config with the same launch (a bounded
         search measured one config of a launch; a replayed grid may ask for another of the same launch)."""
-        shape = _shape(wl.kv_format, wl.heads, wl.topk, wl.page_size, wl.context)
+        shape = self.adapter.replay_key(wl)
         rec = self.trials.get((shape, batch, cfg))
         if rec is not None:
             return rec
@@ -302,13 +321,13 @@ class ReplaySource:
             latest: dict[Hashable, _Recorded] = {}
             for (s, c, recorded), r in self.trials.items():
                 if (s, c) == (shape, batch):
-                    launch = default_adapter().launch_identity(recorded, wl, batch)
+                    launch = self.adapter.launch_identity(recorded, wl, batch)
                     if launch not in latest or r.trial_id > latest[launch].trial_id:
                         latest[launch] = r
             self._by_launch[(shape, batch)] = latest
-        return self._by_launch[(shape, batch)].get(default_adapter().launch_identity(cfg, wl, batch))
+        return self._by_launch[(shape, batch)].get(self.adapter.launch_identity(cfg, wl, batch))
 
-    def feasibility(self, configs: list[KernelConfig], wl: Workload, levels: list[int]) -> list[Feasibility]:
+    def feasibility(self, configs: list, wl, levels: list[int]) -> list[Feasibility]:
         """The recorded compile-only verdicts: a config recorded infeasible at any level stays infeasible."""
         out = []
         for cfg in configs:
@@ -469,14 +488,7 @@ class ReplayProcess:
 
     def _reply(self, req: MeasureRequest | CalibrateRequest) -> MeasureReply:
         if isinstance(req, CalibrateRequest):
-            shape = _shape(
-                req.workload.kv_format,
-                req.workload.heads,
-                req.workload.topk,
-                req.workload.page_size,
-                req.workload.context,
-            )
-            pool = self.source.noise.get((shape, req.batch), [])
+            pool = self.source.noise.get((self.source.adapter.replay_key(req.workload), req.batch), [])
             if len(pool) < 2:
                 return MeasureReply(Verdict.MISSING, "no recorded A/A samples for this workload and concurrency")
             return MeasureReply(Verdict.OK, "", _draw(pool, req.pairs, seed=req.seed))

@@ -6,6 +6,11 @@ bandwidth; each lever (one parameter changed from the baseline) as win / flat / 
 CI per concurrency, or the reason it could not run and the nearest variant that did; the levers that
 never win and are in no best config (dead ends); infeasible configs; optional PNG plots (median µs
 per concurrency with each point's winner, and a lever × concurrency heatmap).
+
+It speaks of one kernel's results, through its adapter (``tuner report --kernel``): the parameters, the configs'
+keys and compiled labels, the bytes a call moves; what only the kernel can say, the workload's line, the note on
+bytes moved and a same-run benchmark, are its :class:`ReportSections` (the built-in kernel's own show the call's
+caches and a same-run benchmark against FlashMLA).
 """
 
 from __future__ import annotations
@@ -20,21 +25,17 @@ from pathlib import Path
 import yaml
 
 from ..db import queries
-from ..db.models import COLUMNS_ADAPTER
 from ..db.models import TrialModel
 from ..db.paths import PathError
 from ..db.paths import folder as safe_folder
-from ..db.paths import read_bytes
 from ..db.paths import write_atomic
 from ..db.store import Store
 from ..db.store import redact_url
 from ..db.verdicts import Effect
 from ..db.verdicts import Phase
 from ..db.verdicts import Verdict
-from .adapters.sparse_mla import BENCH_MODULE
-from .adapters.sparse_mla import PARAM_NAMES
-from .adapters.sparse_mla import KernelConfig
-from .adapters.sparse_mla import Workload
+from .adapter import KernelAdapter
+from .adapter import default_adapter
 from .errors import TunerError
 from .output import bounded
 from .output import gbps
@@ -105,11 +106,11 @@ def _cell(t: TrialModel | None) -> str:
     return f"{st.classification} {st.ratio:.3f} [{st.ratio_ci_low:.3f}, {st.ratio_ci_high:.3f}]"
 
 
-def _groups(s) -> dict[tuple, list[TrialModel]]:
+def _groups(s, adapter: KernelAdapter) -> dict[tuple, list[TrialModel]]:
     """Trials per (space, workload, device, backend), at each concurrency only those of the newest kernel
     measured there (as ``tuner best`` and export read them: older kernels' numbers are history)."""
     out = defaultdict(list)
-    for t in queries.trials(s, adapter=COLUMNS_ADAPTER):
+    for t in queries.trials(s, adapter=adapter.spec):
         out[(t.study.space.name, t.workload.name, t.environment.gpu_name, t.backend)].append(t)
     for key, ts in out.items():
         by_c = defaultdict(list)
@@ -119,48 +120,34 @@ def _groups(s) -> dict[tuple, list[TrialModel]]:
     return out
 
 
-@dataclass(frozen=True)
-class Bench:
-    """A same-run benchmark of ours against FlashMLA (``python -m kernels.bench`` or
-    ``kernels.bench_call`` JSON): its name as given, device, date and rows."""
+class ReportSections:
+    """What only the kernel can say in its report, behind :meth:`KernelAdapter.report_sections`; these defaults
+    speak of any kernel from its adapter and its stored workload description."""
 
-    name: str
-    device: str
-    date: str
-    rows: list[dict]
+    def __init__(self, adapter: KernelAdapter) -> None:
+        self.adapter = adapter
 
-    def points(self, w: Workload) -> dict[int, tuple[float, float]]:
-        """{C: (ours µs, FlashMLA µs)} for workload ``w``: kernels.bench's rows of its format (one cache),
-        kernels.bench_call's rows (no format: the V4 layer call, two caches and a sink); both correct."""
-        out: dict[int, tuple[float, float]] = {}
-        for r in self.rows:
-            ours, theirs = r.get("us", r.get("ours_us")), r.get("flashmla_us")
-            ok = r.get("correct", r.get("ours_ok")) and r.get("flashmla_correct", r.get("flashmla_ok"))
-            if "format" in r:
-                fits = w.extra is None and not w.attn_sink and r["format"] == w.kv_format
-            else:
-                fits = w.extra is not None and w.attn_sink
-            if fits and ok and isinstance(ours, float) and isinstance(theirs, float) and math.isfinite(theirs):
-                out.setdefault(int(r["C"]), (ours, theirs))
-        return out
+    def workload_line(self, row) -> str:
+        """The header's line of the workload measured (a ``tuner_workloads`` row)."""
+        fields = ", ".join(f"{md(k)} {md_code(v)}" for k, v in row.description().items() if k != "name")
+        return f"- Workload: {md_code(row.name)}" + (f", {fields}." if fields else ".")
+
+    def bytes_note(self) -> str:
+        """The header's line on the % copy bandwidth column."""
+        return (
+            "- % copy BW: the fewest bytes a call must move (the kernel adapter's `bytes_moved`) per µs of the best "
+            "median, as a share of the measured device-to-device copy bandwidth."
+        )
+
+    def load_bench(self, path: str):
+        """A same-run benchmark file (``tuner report --bench``): an object with ``name``, ``device``, ``date`` and
+        ``points(workload)`` (``{C: (ours µs, theirs µs)}``); a kernel without one refuses."""
+        raise TunerError(f"--bench: the {self.adapter.name} kernel has no same-run benchmark to show")
 
 
-def load_bench(path: str) -> Bench:
-    """A benchmark JSON file (``{"env": {"device", "date", ...}, "rows": [...]}``); a file of another shape
-    is one sentence."""
-    import json
-
-    try:
-        doc = json.loads(read_bytes(path, 64 << 20, "benchmark file"))  # a regular file only, never a FIFO's wait
-        env, rows = doc["env"], doc["rows"]
-        return Bench(Path(path).name, str(env["device"]), str(env.get("date", "")), [r for r in rows if "C" in r])
-    except PathError as e:
-        raise TunerError(f"cannot read {path}: {e}") from None
-    except (ValueError, KeyError, TypeError, RecursionError):
-        raise TunerError(
-            f"{path} is not a benchmark of python -m {BENCH_MODULE} or kernels.bench_call "
-            '(JSON with "env": {"device", "date"} and "rows")'
-        ) from None
+def sections_of(adapter: KernelAdapter) -> ReportSections:
+    """The adapter's report sections, else the generic ones."""
+    return adapter.report_sections() or ReportSections(adapter)
 
 
 def _save(fig, path: Path, plots_dir: Path) -> None:
@@ -179,12 +166,16 @@ def render_report(
     store: Store,
     plots_dir: Path | None = None,
     link_prefix: str = "",
-    benches: tuple[Bench, ...] = (),
+    benches: tuple = (),
     progress: Progress | None = None,
+    adapter: KernelAdapter | None = None,
 ) -> str:
-    """The report in Markdown; ``progress`` shows the reading and each section on stderr (a report of the whole
-    H200 record takes about a minute)."""
+    """The report in Markdown of ``adapter``'s kernel (the built-in one by default); ``benches``: its sections'
+    :meth:`ReportSections.load_bench`; ``progress`` shows the reading and each section on stderr (a report of the
+    whole H200 record takes about a minute)."""
     progress = progress or Progress(quiet=True)
+    adapter = adapter or default_adapter()
+    sections = sections_of(adapter)
     if plots_dir is not None:
         _pyplot()  # before any work: a missing matplotlib is one sentence, not a half-written report
         try:  # a FIFO or a file where the folder should be: one sentence before any work
@@ -196,17 +187,17 @@ def render_report(
     lines = ["# A/B report", "", f"Generated by `tuner report` from {md_code(source)}.", ""]
     with store.session() as s:
         with progress.slow(f"report: reading the trials of {source}"):
-            groups = _groups(s)
-        if not groups and (others := queries.other_adapters(s)):
+            groups = _groups(s, adapter)
+        if not groups and (others := queries.other_adapters(s, adapter.spec)):
             raise TunerError(
                 f"nothing to report: {source} holds results of {others} only, and tuner report speaks of the "
-                f"{COLUMNS_ADAPTER} kernel's results only (docs/adapters.md)"
+                f"{adapter.spec} kernel's results only (another kernel's: --kernel NAME; docs/adapters.md)"
             )
         if not groups:
             raise TunerError(f"nothing to report: {source} has no trials (run `tuner search` first)")
         task = progress.task("report", total=len(groups))  # a line per 10 % and 10 s at most, then "done in"
         for (space, workload, device, backend), trials in sorted(groups.items()):
-            lines += _section(space, workload, device, backend, trials, plots_dir, link_prefix, benches)
+            lines += _section(sections, space, workload, device, backend, trials, plots_dir, link_prefix, benches)
             task.advance(1, postfix=f"{space}/{workload} on {device}")
         task.close(f"{len(groups)} sections")
     return "\n".join(lines) + "\n"
@@ -226,12 +217,12 @@ def _arch(compute_capability: str) -> str | None:
     return f"sm_{major}{minor or 0}" if major.isdigit() and (minor or "0").isdigit() else None
 
 
-def _copy_share(w: Workload, batch: int, median_us: float, copy_gbps: float | None) -> float | None:
-    """Achieved bytes/s of the fewest bytes a call must move (the whole call: both caches, every query
-    token), as a fraction of copy bandwidth."""
+def _copy_share(adapter, w, batch: int, median_us: float, copy_gbps: float | None) -> float | None:
+    """Achieved bytes/s of the fewest bytes a call must move (:meth:`KernelAdapter.bytes_moved`), as a fraction of
+    copy bandwidth."""
     if not copy_gbps or not median_us:
         return None
-    return w.min_bytes(batch) / (median_us * 1e-6) / (copy_gbps * 1e9)
+    return adapter.bytes_moved(w, batch) / (median_us * 1e-6) / (copy_gbps * 1e9)
 
 
 @dataclass
@@ -244,34 +235,35 @@ class _Level:
     share: float | None = None
 
 
-def _section(space, workload, device, backend, trials, plots_dir, link_prefix, benches=()) -> list[str]:
+def _section(sections, space, workload, device, backend, trials, plots_dir, link_prefix, benches=()) -> list[str]:
+    adapter = sections.adapter
     by_c: dict[int, dict[str, TrialModel]] = defaultdict(dict)
     for t in trials:
         by_c[t.concurrency][t.config_key] = t
     levels = sorted(by_c)
     base_key = next((t.config_key for t in trials if t.is_baseline), None)
     out = [f"## {md(space)} / {md(workload)} on {md(device)} ({md(backend)})", ""]
-    out += _header(trials, device, backend, base_key)
-    table, series = _summary(trials[-1], by_c, levels)
+    out += _header(sections, trials, device, backend, base_key)
+    table, series = _summary(adapter, trials[-1], by_c, levels)
     out += table
-    rows = _lever_rows(by_c, levels, base_key)
-    out += _levers(rows, by_c, levels, series)
-    out += _infeasible(trials)
+    rows = _lever_rows(adapter, by_c, levels, base_key)
+    out += _levers(adapter, rows, by_c, levels, series)
+    out += _infeasible(adapter, trials)
     if plots_dir is not None and any(lv.best for lv in series):
         stem = file_stem(space, workload, device, backend)
         bands = {c: next(iter(by_c[c].values())).study.noise_band or 0.0 for c in levels}
         title = plot_text(f"{space}/{workload} on {device} ({backend})")
-        wl = trials[-1].workload.workload()
+        wl = adapter.recorded_workload(trials[-1].workload)
         # the newest same-run benchmark of this device and call that has FlashMLA at some measured level
         found = [(b, pts) for b in benches if b.device == device and backend == "cuda" for pts in [b.points(wl)]]
         found = [(b, pts) for b, pts in found if set(pts) & set(levels)]
         bench = max(found, key=lambda bp: bp[0].date, default=None)
         out += _plots(Path(plots_dir), link_prefix, stem, title, series, base_key, bench)
-        out += _heatmap(Path(plots_dir), link_prefix, stem, title, rows, by_c, levels, bands, base_key)
+        out += _heatmap(adapter, Path(plots_dir), link_prefix, stem, title, rows, by_c, levels, bands, base_key)
     return out
 
 
-def _header(trials, device, backend, base_key) -> list[str]:
+def _header(sections, trials, device, backend, base_key) -> list[str]:
     """What was measured, where, with which kernel, and how to read the verdicts."""
     env, w, study = trials[-1].environment, trials[-1].workload, trials[-1].study
     hashes = sorted({t.study.kernel.source_hash for t in trials})
@@ -287,8 +279,7 @@ def _header(trials, device, backend, base_key) -> list[str]:
             "",
         ]
     out += [
-        f"- Workload: {md_code(w.kv_format)}, {w.heads} local heads (TP {w.tp}), topk {w.topk}, page {w.page_size}, "
-        f"context {w.context}{_call_text(w.workload())}.",
+        sections.workload_line(w),
         f"- Environment: {md(env.gpu_name)}, compute capability {md(env.compute_capability)}, {env.sm_count} SMs, "
         f"driver {md(env.driver)}, CUDA {md(env.cuda)}, torch {md(env.torch)}, triton {md(env.triton)}, "
         f"host {md_code(env.host)}" + (f", copy bandwidth {gbps(env.copy_gbps)}." if env.copy_gbps else "."),
@@ -302,9 +293,7 @@ def _header(trials, device, backend, base_key) -> list[str]:
         "(Benjamini–Hochberg over the study's p-values). The ratio is exp(mean(d)), the geometric-mean time "
         "relative to the baseline, with its 95 % t interval; the noise band is the larger of the A/A spread "
         "and the space's `min_effect`.",
-        "- % copy BW: the fewest bytes a call must move (gathered KV rows of every cache attended, q, out, lse, "
-        "indices, for every query token) per µs of the best median, as a share of the measured "
-        "device-to-device copy bandwidth.",
+        sections.bytes_note(),
         "",
     ]
     if backend == "interpreter":
@@ -316,26 +305,10 @@ def _header(trials, device, backend, base_key) -> list[str]:
     return out
 
 
-def _call_text(w: Workload) -> str:
-    """What a whole-call workload adds to one cache and one query token, for the workload line."""
-    parts = []
-    if w.extra is not None:
-        e = w.extra
-        parts.append(
-            f"an extra {md_code(e.kv_format)} cache (topk {e.topk}, page {e.page_size}, context {e.context}) "
-            "in the same softmax"
-        )
-    if w.attn_sink:
-        parts.append("a learned attention sink per head")
-    if w.q_tokens > 1:
-        parts.append(f"{w.q_tokens} query tokens per request")
-    return "; the whole call: " + ", ".join(parts) if parts else ""
-
-
-def _summary(last: TrialModel, by_c, levels) -> tuple[list[str], list[_Level]]:
+def _summary(adapter, last: TrialModel, by_c, levels) -> tuple[list[str], list[_Level]]:
     """One row per concurrency: the best config, its numbers and the tally of verdicts; and the series."""
     env = last.environment
-    wl = last.workload.workload()
+    wl = adapter.recorded_workload(last.workload)
     out = [
         "| C | noise band | best | median µs | % copy BW | ratio vs baseline (95 % CI) | effect | "
         + " | ".join(map(str, Verdict))
@@ -352,7 +325,7 @@ def _summary(last: TrialModel, by_c, levels) -> tuple[list[str], list[_Level]]:
         if b is not None:
             st = b.statistic()
             lv.median_us, lv.ci, lv.baseline_us = st.median_us, (st.ci_low_us, st.ci_high_us), st.baseline_median_us
-            lv.share = _copy_share(wl, c, st.median_us, env.copy_gbps)
+            lv.share = _copy_share(adapter, wl, c, st.median_us, env.copy_gbps)
             cells = [
                 md_code(b.config_key),
                 f"{st.median_us:.2f}",
@@ -383,10 +356,10 @@ class _Row:
         return f"{self.param} = {self.value}" + (f" via {md_code(self.key)}" if self.via else "")
 
 
-def _lever_configs(base_key: str, values: dict[str, set]) -> list[tuple[str, int, str]]:
-    base = KernelConfig.parse(base_key)
+def _lever_configs(adapter, base_key: str, values: dict[str, set]) -> list[tuple[str, int, str]]:
+    base = adapter.parse_config(base_key)
     out = []
-    for p in PARAM_NAMES:
+    for p in adapter.param_names:
         for v in sorted(values[p]):
             if v != getattr(base, p):
                 out.append((p, v, str(base.replace(**{p: v}))))
@@ -398,46 +371,52 @@ def _values(by_c) -> dict[str, set]:
     values = defaultdict(set)
     for ts in by_c.values():
         for t in ts.values():
-            for p, v in t.config().as_dict().items():
+            for p, v in t.param_values().items():
                 values[p].add(v)
     return values
+
+
+def _param(t: TrialModel, p: str) -> int:
+    """One parameter of a trial's config: the built-in kernel's column, or another adapter's ``params``."""
+    return getattr(t, p) if t.params is None else t.param_values()[p]
 
 
 def _ok_somewhere(by_c, key: str) -> bool:
     return any(key in ts and ts[key].verdict == Verdict.OK for ts in by_c.values())
 
 
-def _nearest_feasible(by_c, p: str, v: int, key: str) -> tuple[str, str] | None:
+def _nearest_feasible(adapter, by_c, p: str, v: int, key: str) -> tuple[str, str] | None:
     """The measured-ok config with ``p = v`` that differs from ``key`` in the fewest parameters
     (then: ok at the most levels, then the lowest key), and what changed."""
-    want = KernelConfig.parse(key).as_dict()
+    names = adapter.param_names
+    want = adapter.parse_config(key).as_dict()
     cands = {}
     for ts in by_c.values():
         for k, t in ts.items():
-            if t.verdict == Verdict.OK and getattr(t, p) == v:
-                cands[k] = t.config().as_dict()
+            if t.verdict == Verdict.OK and _param(t, p) == v:
+                cands[k] = t.param_values()
     if not cands:
         return None
 
     def rank(k):
-        diff = sum(cands[k][q] != want[q] for q in PARAM_NAMES)
+        diff = sum(cands[k][q] != want[q] for q in names)
         ok_levels = sum(k in ts and ts[k].verdict == Verdict.OK for ts in by_c.values())
         return (diff, -ok_levels, k)
 
     k = min(cands, key=rank)
-    changes = ", ".join(f"{q} {want[q]} → {cands[k][q]}" for q in PARAM_NAMES if cands[k][q] != want[q])
+    changes = ", ".join(f"{q} {want[q]} → {cands[k][q]}" for q in names if cands[k][q] != want[q])
     return k, changes
 
 
-def _lever_rows(by_c, levels, base_key) -> list[_Row]:
+def _lever_rows(adapter, by_c, levels, base_key) -> list[_Row]:
     """Each lever alone; where it never ran ok, its nearest variant that did follows it (``via``), and a
     lever with no trial at any level is left out for that variant (its row would only say "not measured")."""
     if base_key is None:
         return []
     rows = []
-    for p, v, key in _lever_configs(base_key, _values(by_c)):
+    for p, v, key in _lever_configs(adapter, base_key, _values(by_c)):
         alone = _Row(p, v, key)
-        near = None if _ok_somewhere(by_c, key) else _nearest_feasible(by_c, p, v, key)
+        near = None if _ok_somewhere(by_c, key) else _nearest_feasible(adapter, by_c, p, v, key)
         if near is None or any(key in ts for ts in by_c.values()):
             rows.append(alone)
         if near is not None:
@@ -445,7 +424,7 @@ def _lever_rows(by_c, levels, base_key) -> list[_Row]:
     return rows
 
 
-def _levers(rows: list[_Row], by_c, levels, series: list[_Level]) -> list[str]:
+def _levers(adapter, rows: list[_Row], by_c, levels, series: list[_Level]) -> list[str]:
     if not rows:
         return []
     out = [
@@ -462,7 +441,7 @@ def _levers(rows: list[_Row], by_c, levels, series: list[_Level]) -> list[str]:
     in_best: dict[tuple[str, int], list[int]] = defaultdict(list)
     for lv in series:
         if lv.best is not None:
-            for p, v in lv.best.config().as_dict().items():
+            for p, v in lv.best.param_values().items():
                 in_best[(p, v)].append(lv.c)
     wins: dict[tuple[str, int], bool] = defaultdict(bool)
     verdicts: dict[tuple[str, int], set] = defaultdict(set)
@@ -485,7 +464,7 @@ def _levers(rows: list[_Row], by_c, levels, series: list[_Level]) -> list[str]:
         if not verdicts[pv]:  # a bounded search may not reach a lever: no evidence either way
             unmeasured.append(f"- **{p} = {v}** ({md_code(keys[pv])} and its nearest variants)")
             continue
-        if not any(getattr(t, p) == v and t.verdict == Verdict.OK for ts in by_c.values() for t in ts.values()):
+        if not any(_param(t, p) == v and t.verdict == Verdict.OK for ts in by_c.values() for t in ts.values()):
             dead.append(f"- **{p} = {v}** never runs: every measured config with {p} = {v} is {what}.")
         elif in_best.get(pv):
             cs = ", ".join(map(str, in_best[pv]))
@@ -499,17 +478,20 @@ def _levers(rows: list[_Row], by_c, levels, series: list[_Level]) -> list[str]:
     return out
 
 
-def _infeasible(trials) -> list[str]:
+def _infeasible(adapter, trials) -> list[str]:
+    compiled = [p.name for p in adapter.params if p.compiled]
     bad = {}
     for t in trials:
         if t.verdict == Verdict.INFEASIBLE:
-            cfg = t.config()
-            bad.setdefault(cfg.compile_key(), (cfg, t))
+            values = t.param_values()
+            bad.setdefault(tuple(values[p] for p in compiled), (adapter.recorded_config(t), t))
     if not bad:
         return []
-    out = [f"### Infeasible ({len(bad)} compiled configs, never launched; TARGET_CTAS does not change the code)", ""]
+    launch = ", ".join(p.name for p in adapter.params if not p.compiled)
+    why = f"; {launch} does not change the code" if launch else ""
+    out = [f"### Infeasible ({len(bad)} compiled configs, never launched{why})", ""]
     for cfg, t in sorted(bad.values(), key=lambda ct: ct[1].shared_bytes or 0):
-        out.append(f"- {md_code(cfg.compile_label())}: {md(t.reason)}")
+        out.append(f"- {md_code(adapter.compiled_label(cfg))}: {md(t.reason)}")
     return out + [""]
 
 
@@ -688,20 +670,20 @@ def _lever_grid(rows: list[_Row], by_c, levels):
     return [(label, stand_in) for label, _, stand_in in shown_rows], ratio, text
 
 
-def _value_grid(by_c, levels, base_key):
+def _value_grid(adapter, by_c, levels, base_key):
     """Each value of each parameter that varies: the best ok config with that value at each level (its ratio
     to the baseline), so every cell holds a measurement wherever the level measured that value at all."""
-    base = KernelConfig.parse(base_key).as_dict() if base_key else {}
+    base = adapter.parse_config(base_key).as_dict() if base_key else {}
     values = _values(by_c)
     labels, ratio, text = [], [], []
-    for p in PARAM_NAMES:
+    for p in adapter.param_names:
         if len(values[p]) < 2:
             continue
         for v in sorted(values[p]):
             labels.append((plot_text(f"{p}={v}" + ("  (baseline's)" if base.get(p) == v else "")), False))
             r_row, t_row = [], []
             for c in levels:
-                ok = [t for t in by_c[c].values() if t.verdict == Verdict.OK and getattr(t, p) == v]
+                ok = [t for t in by_c[c].values() if t.verdict == Verdict.OK and _param(t, p) == v]
                 b = queries.best_of(ok) if ok else None
                 st = b.statistic() if b is not None else None
                 r_row.append(st.ratio if st is not None else math.nan)
@@ -711,7 +693,9 @@ def _value_grid(by_c, levels, base_key):
     return labels, ratio, text
 
 
-def _heatmap(plots_dir: Path, prefix, stem, title, rows: list[_Row], by_c, levels, bands, base_key) -> list[str]:
+def _heatmap(
+    adapter, plots_dir: Path, prefix, stem, title, rows: list[_Row], by_c, levels, bands, base_key
+) -> list[str]:
     """Lever × concurrency; colour = log ratio to the baseline on a diverging scale centred at 1,
     white inside that level's noise band, grey where nothing ran. Where the search measured the one-lever
     grid in fewer than SPARSE of its cells (a strategy that does not try each lever alone), each row is a
@@ -725,7 +709,7 @@ def _heatmap(plots_dir: Path, prefix, stem, title, rows: list[_Row], by_c, level
     measured = sum(math.isfinite(x) for r in ratio_rows for x in r) / max(len(ratio_rows) * len(levels), 1)
     per_value = measured < SPARSE
     if per_value:
-        labels, ratio_rows, text = _value_grid(by_c, levels, base_key)
+        labels, ratio_rows, text = _value_grid(adapter, by_c, levels, base_key)
     if not labels:
         return []
     ratio = np.array(ratio_rows, dtype=float)

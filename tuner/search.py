@@ -169,7 +169,7 @@ def run_search(space: SearchSpace, store, opts: Options, strategy: strategies.St
     unknown = [c for c in levels if c not in space.concurrency]
     if unknown:
         raise TunerError(f"--concurrency {unknown} not in {space.path}'s concurrency list {space.concurrency}")
-    source, storage = _source_and_storage(opts, store)
+    source, storage = _source_and_storage(opts, store, space.adapter)
     processes = start_processes(opts, source, space.adapter.spec)
     if opts.backend == "interpreter":
         click.echo(
@@ -233,8 +233,9 @@ def _report_warm(background: list, progress) -> None:
             background.remove(item)
 
 
-def _source_and_storage(opts: Options, store) -> tuple:
-    """The replay source (``None`` unless ``--backend replay``) and Optuna's storage for this run."""
+def _source_and_storage(opts: Options, store, adapter) -> tuple:
+    """The replay source (``None`` unless ``--backend replay``: ``adapter``'s recordings) and Optuna's storage for
+    this run."""
     from ..db.store import check_optuna_schema
 
     _quiet_optuna()
@@ -250,7 +251,7 @@ def _source_and_storage(opts: Options, store) -> tuple:
     # processes share each study's queue and a resumed one continues the trials a killed one left
     source = opts.replay_source
     if source is None:
-        source = ReplaySource(opts.replay_db, opts.replay_device, opts.replay_kernel)
+        source = ReplaySource(opts.replay_db, opts.replay_device, opts.replay_kernel, adapter)
     if opts.replay_queue == "database":
         check_optuna_schema(store.engine, store.shown_url)
         return source, _storage(store.url)

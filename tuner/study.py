@@ -199,13 +199,13 @@ class StudyRun:
         self.optuna.open()
         history = cand.history_of(rec.history(self.history), rec.study_id, rec.kernel_id, device)
         cand.open(self.opts.first, rec.prior_ranked(), done, history)
-        level = self._level()
+        level = self.level()
         first = {plan.space.baseline, *cand.prior}
         self.optuna.enqueue(
             [c for c in cand.queue_order if c in first and c not in level.measured and c not in level.pending]
         )
 
-    def _level(self, read: bool = True) -> strategies.Level:
+    def level(self, read: bool = True) -> strategies.Level:
         """The level as the strategy sees it, brought up to date with what was recorded since the last look (the
         trials queued or running read anew, or with ``read=False`` as :meth:`OptunaStudy.waiting` just read them)."""
         self.candidates.update(self.records.measured_since())
@@ -238,7 +238,7 @@ class StudyRun:
                 given = "the configs given with --first, then " if self.opts.first else ""
                 prior = " ".join(map(str, self.candidates.prior))
                 bar.phase(f"first {given}the previous kernel's best (and untried values): {prior}")
-            threads = [threading.Thread(target=_Measuring(self, p), daemon=True) for p in self.processes]
+            threads = [threading.Thread(target=_measuring(self, p), daemon=True) for p in self.processes]
             for t in threads:
                 t.start()
             for t in threads:
@@ -273,7 +273,7 @@ class StudyRun:
 
     # --- telling -------------------------------------------------------------------------------------------------
 
-    def _tell(self, proc, trial, cfg: KernelConfig, reply: MeasureReply, recorded, band: float) -> None:
+    def tell(self, proc, trial, cfg: KernelConfig, reply: MeasureReply, recorded, band: float) -> None:
         """What Optuna learns of a trial the tuner has recorded (or that another process recorded first)."""
         pg = self.progress
         if recorded is False:  # another process or host recorded this config first
@@ -299,7 +299,7 @@ class StudyRun:
         self._reference()  # the study's reference_us, fixed by the first value told
         self.optuna.tell_ok(trial, attrs, stat, final)
 
-    def _tell_recorded(self, proc, trial, cfg: KernelConfig, band: float) -> bool:
+    def tell_recorded(self, proc, trial, cfg: KernelConfig, band: float) -> bool:
         """A retried trial whose config its first process recorded ok, and ended before Optuna was told (killed
         in the finalist rounds, say): this one tells Optuna what that process would have told, with the
         finalist rounds that process would have measured, so a resumed study holds what an uninterrupted one
@@ -366,26 +366,72 @@ def launch_key(cfg: KernelConfig, workload: Workload, concurrency: int, adapter:
     return stored_launch((adapter or default_adapter()).launch_identity(cfg, workload, concurrency))
 
 
+def _measuring(run: StudyRun, proc: MeasurementProcess) -> _Measuring:
+    """The loop of one measurement process in ``run``, given the parts of the study it uses."""
+    timeout_s = run.opts.timeout_s
+    return _Measuring(
+        proc,
+        plan=run.plan,
+        candidates=run.candidates,
+        measurer=run.measurer,
+        records=run.records,
+        noise_records=run.noise_records,
+        optuna_study=run.optuna,
+        progress=run.progress,
+        clock=run.clock,
+        stop=run.stop,
+        ui=run.ui,
+        deadline=run.t_start + timeout_s if timeout_s else None,
+        level=run.level,
+        tell=run.tell,
+        tell_recorded=run.tell_recorded,
+    )
+
+
 class _Measuring:
     """One measurement process's loop in a study (a thread): its band, then the next trial, measured and
-    handed to the study to record, until the level stops. The study's parts are reached through the study."""
+    handed to the study to record, until the level stops. It is given the study's parts it uses: the plan, what to
+    measure next (``candidates``, and ``level``: the level as the strategy sees it now), how to measure
+    (``measurer``), what is recorded (``records``, ``noise_records``, ``optuna``), and what the study tells of a
+    measured trial (``tell``; ``tell_recorded``: a retried trial another process recorded)."""
 
-    def __init__(self, run: StudyRun, proc: MeasurementProcess) -> None:
-        self.run, self.proc = run, proc
+    def __init__(
+        self,
+        proc: MeasurementProcess,
+        *,
+        plan: StudyPlan,
+        candidates: Candidates,
+        measurer: Measurer,
+        records: StudyRecorder,
+        noise_records: NoiseRecords,
+        optuna_study: OptunaStudy,
+        progress: _Progress,
+        clock: Clock,
+        stop,
+        ui,
+        deadline: float | None,
+        level,
+        tell,
+        tell_recorded,
+    ) -> None:
+        self.proc, self.plan, self.candidates, self.measurer = proc, plan, candidates, measurer
+        self.records, self.noise_records, self.optuna = records, noise_records, optuna_study
+        self.progress, self.clock, self.stop, self.ui, self.deadline = progress, clock, stop, ui, deadline
+        self.level, self.tell, self.tell_recorded = level, tell, tell_recorded
         self.env_id, self.band = 0, 0.0  # this process's environment row and noise band (set when it starts)
 
     def __call__(self) -> None:
         """The loop: the process's noise band, then trials until the level stops."""
-        run, pg = self.run, self.run.progress
+        pg = self.progress
         try:
             self.proc.begin()  # (simulated GPUs: this thread runs when its turn comes; a real process: at once)
             self.env_id, self.band = self._noise_band()
             while True:
                 with pg.lock:
-                    if run.stop.requested or pg.stopped or self._out_of_time():
+                    if self.stop.requested or pg.stopped or self._out_of_time():
                         return
                     try:
-                        with run.clock.section("database"):
+                        with self.clock.section("database"):
                             trial = self._next_trial()
                     except optuna.exceptions.UpdateFinishedTrialError:
                         trial = None  # another process finished the trial this one was pruning: nothing lost
@@ -397,73 +443,72 @@ class _Measuring:
                 self._run_trial(trial)
         except BaseException as e:  # noqa: BLE001 - handed to the main thread
             pg.error = pg.error or e
-            run.stop.requested = True
+            self.stop.requested = True
         finally:
             self.proc.end()
 
     def _out_of_time(self) -> bool:
-        opts = self.run.opts
-        return bool(opts.timeout_s and time.monotonic() - self.run.t_start > opts.timeout_s)
+        return self.deadline is not None and time.monotonic() > self.deadline
 
     def _noise_band(self) -> tuple[int, float]:
         """The band this GPU's verdicts use in the study (see :mod:`tuner.noise`) and its environment id."""
-        run, proc = self.run, self.proc
-        env_id, known, cal = run.noise_records.noise(proc)
+        proc, measurer, noise = self.proc, self.measurer, self.noise_records
+        env_id, known, cal = noise.noise(proc)
         if known is not None:
-            band = run.measurer.known_band(*known)
-            run.candidates.set_band(band)
+            band = measurer.known_band(*known)
+            self.candidates.set_band(band)
             return env_id, band
         if cal is None:
-            c = run.measurer.aa(proc, run.progress.bar.phase)
-            run.noise_records.calibration(proc, c)
+            c = measurer.aa(proc, self.progress.bar.phase)
+            noise.calibration(proc, c)
             cal = (c.spread, c.multimodal, c.samples)
         spread, multimodal, samples = cal
-        band = run.measurer.band(spread, samples)
-        run.candidates.set_band(band)
-        run.optuna.set_attr("noise_band", band)
-        run.noise_records.band(proc, band, spread, run.measurer.min_effect, multimodal, samples)
+        band = measurer.band(spread, samples)
+        self.candidates.set_band(band)
+        self.optuna.set_attr("noise_band", band)
+        noise.band(proc, band, spread, measurer.min_effect, multimodal, samples)
         if multimodal:
-            run.ui.warn(
-                f"warning: the baseline's A/A samples look multimodal (two speeds) at C={run.plan.concurrency}; "
+            self.ui.warn(
+                f"warning: the baseline's A/A samples look multimodal (two speeds) at C={self.plan.concurrency}; "
                 "treat close calls with care"
             )
         return env_id, band
 
     def _next_trial(self) -> optuna.Trial | None:
         """The next trial to measure, or None to wait (or when the level stopped). Under the progress lock."""
-        run = self.run
-        if not run.optuna.waiting():
-            level = run._level(read=False)
-            with run.clock.section("model"):
-                why = run.candidates.why_stop(level, run.stop.requested)
+        cand, opt = self.candidates, self.optuna
+        if not opt.waiting():
+            level = self.level(read=False)
+            with self.clock.section("model"):
+                why = cand.why_stop(level, self.stop.requested)
             if why is not None:
                 # done when nothing of this level is still queued or running anywhere: a trial already recorded
                 # may still be running its finalist rounds elsewhere, or be a dead process's, to be retried
-                if not level.pending and not run.optuna.settle_running():
-                    run.progress.stopped = why
+                if not level.pending and not opt.settle_running():
+                    self.progress.stopped = why
                 return None
-            with run.clock.section("model"):
-                cfg = run.candidates.propose(level)
-            return None if cfg is None else run.optuna.start(cfg)  # the rest may run elsewhere
-        return run.optuna.take()
+            with self.clock.section("model"):
+                cfg = cand.propose(level)
+            return None if cfg is None else opt.start(cfg)  # the rest may run elsewhere
+        return opt.take()
 
     def _run_trial(self, trial: optuna.Trial) -> None:
-        run, plan, proc, env_id, band = self.run, self.run.plan, self.proc, self.env_id, self.band
+        plan, proc, env_id, band, rec = self.plan, self.proc, self.env_id, self.band, self.records
         cfg = plan.space.adapter.config_type.from_dict(trial.params)
-        why = run.candidates.not_a_candidate(cfg, run.records.recorded)
-        if why is not None and run._tell_recorded(proc, trial, cfg, band):
+        why = self.candidates.not_a_candidate(cfg, rec.recorded)
+        if why is not None and self.tell_recorded(proc, trial, cfg, band):
             return  # the retry of a trial whose process recorded it and ended before Optuna was told
         if why is not None:  # a sampler's suggestion that needs no launch
             try:
-                run.optuna.prune(trial, {"reason": why})
+                self.optuna.prune(trial, {"reason": why})
             except optuna.exceptions.UpdateFinishedTrialError:
                 pass  # another process finished it first
             return
         feas = plan.verdicts[cfg]
         key = launch_key(cfg, plan.workload, plan.concurrency, plan.space.adapter) if feas.feasible else None
-        original = run.records.measured_launch(key) if feas.feasible else None
+        original = rec.measured_launch(key) if feas.feasible else None
         # the heartbeat runs until Optuna is told: a finalist re-measurement can take longer than the grace
-        beat = Heartbeat(run.optuna.storage, trial._trial_id, beaten=True) if run.optuna.beats else None
+        beat = Heartbeat(self.optuna.storage, trial._trial_id, beaten=True) if self.optuna.beats else None
         t0 = time.monotonic()
         try:
             if not feas.feasible:
@@ -471,15 +516,15 @@ class _Measuring:
             elif original is not None:  # one measurement per distinct launch
                 reply = MeasureReply(Verdict.DUPLICATE, f"launches exactly what trial {original} measured")
             else:
-                reply = run.measurer.screen(proc, cfg, self._promising)
+                reply = self.measurer.screen(proc, cfg, self._promising)
             wall_s = time.monotonic() - t0
-            recorded = run.records.trial(proc, env_id, cfg, reply, band, trial.number, wall_s, key, original)
-            with run.clock.section("database"):
-                run._tell(proc, trial, cfg, reply, recorded, band)
+            recorded = rec.trial(proc, env_id, cfg, reply, band, trial.number, wall_s, key, original)
+            with self.clock.section("database"):
+                self.tell(proc, trial, cfg, reply, recorded, band)
         except optuna.exceptions.UpdateFinishedTrialError:
             # this host's beats stalled past the grace and another host failed and re-queued the trial;
             # the tuner's tables hold the result, and the re-queued copy finds it recorded
-            run.ui.warn(f"{cfg}: Optuna trial {trial.number} was failed by another host while measured here")
+            self.ui.warn(f"{cfg}: Optuna trial {trial.number} was failed by another host while measured here")
         finally:
             if beat is not None:
                 beat.stop()
@@ -487,7 +532,6 @@ class _Measuring:
     def _promising(self, samples: list[tuple[float, float]]) -> bool:
         """Whether a launch's first screening rounds earn it the rest (:meth:`Candidates.promising`), against
         the level as recorded now, by every process."""
-        run = self.run
-        with run.progress.lock:
-            run.candidates.update(run.records.measured_since())
-            return run.candidates.promising(samples)
+        with self.progress.lock:
+            self.candidates.update(self.records.measured_since())
+            return self.candidates.promising(samples)

@@ -1,6 +1,7 @@
-"""``tuner search --model NAME --tp N``: the search space of the decode calls an engine makes for a model preset.
+"""``tuner search --model NAME --tp N``: the search space of the decode calls an engine makes for a model preset
+(:meth:`SparseMlaAdapter.model_space`), and ``tuner shapes``' rows (:meth:`SparseMlaAdapter.served_shapes`).
 
-The preset (``kernels/models.py``, through the adapter) gives the call: local heads, each cache's top-k, the
+The preset (``kernels/models.py``) gives the call: local heads, each cache's top-k, the
 compressed cache and the sink. The engine gives the levels: its CUDA-graph batch sizes up to ``--max-batch``, times
 each verify step's query tokens (``--q-tokens``), as rows ``B * s_q`` (the kernel folds query tokens into rows and a
 table is keyed by rows). Everything else, the parameters, constraints, baseline, measurement and sampler, comes from
@@ -20,18 +21,17 @@ import json
 
 import yaml
 
-from .adapters.sparse_mla import MODEL_MAX_BATCH
-from .adapters.sparse_mla import MODEL_MAX_Q_TOKENS
-from .adapters.sparse_mla import PRESETS
-from .adapters.sparse_mla import WorkloadSpec
-from .adapters.sparse_mla import capture_sizes
-from .adapters.sparse_mla import get_preset
-from .adapters.sparse_mla import rows
-from .errors import TunerError
-from .space import SearchSpace
-from .space import _read
-from .space import load_space_text
-from .space import resolve_space
+from ....kernels.models import MAX_BATCH as MODEL_MAX_BATCH
+from ....kernels.models import MAX_Q_TOKENS as MODEL_MAX_Q_TOKENS
+from ....kernels.models import PRESETS
+from ....kernels.models import capture_sizes
+from ....kernels.models import get_preset
+from ....kernels.models import rows
+from ...errors import TunerError
+from ...space import SearchSpace
+from ...space import _read
+from ...space import load_space_text
+from ...space import resolve_space
 
 BASE_SPACES = {"fp8_model1": "v4_flash_layer_tp4", "fp8_v32": "v32_tp8"}  # measurement and parameter sections
 MEASURED_PAGE_SIZE = 64
@@ -118,8 +118,8 @@ def recorded_levels(replay_db: str, device: str | None = None) -> dict[tuple, se
     """{workload identity: concurrency levels with recorded trials} in the replay database (any kernel)."""
     from sqlalchemy import text
 
-    from .replay import _engine
-    from .replay import _pick_device
+    from ...replay import _engine
+    from ...replay import _pick_device
 
     out: dict[tuple, set[int]] = {}
     with _engine(replay_db).connect() as con:  # checks the URL as --replay-db is checked
@@ -164,4 +164,49 @@ def preset_names() -> list[str]:
     return list(PRESETS)
 
 
-__all__ = ["WorkloadSpec", "preset_space", "preset_text", "recorded_only", "parse_q_tokens", "preset_names"]
+def model_space(model, tp, q_tokens=None, max_batch=None, replay_db=None, replay_device=None):
+    """``tuner search --model NAME --tp N``: the preset's space (with ``replay_db``, cut to what it recorded) and the
+    lines to say of what it leaves out."""
+    if tp is None:
+        raise TunerError(f"--model {model} needs --tp N, the tensor-parallel size")
+    kw = {"q_tokens": parse_q_tokens(q_tokens)}
+    if max_batch:
+        kw["max_batch"] = max_batch
+    if not replay_db:
+        return preset_space(model, tp, **kw), []
+    return recorded_only(model, tp, replay_db, replay_device, **kw)
+
+
+def served_shapes(device: str, formats=(), heads=None, topks=None, q_tokens=None, model=None, tp=None) -> list[dict]:
+    """``tuner shapes``: the coverage rows of ``device`` (:func:`kernels.coverage.inventory`), of these cache
+    formats, heads, top-ks and query tokens, or of a model preset's calls at ``tp``."""
+    from ....kernels.coverage import SERVED_FORMATS
+    from ....kernels.coverage import inventory
+
+    kw: dict = {k: v for k, v in (("heads", heads), ("topks", topks), ("q_tokens", q_tokens)) if v}
+    bad = [f for f in formats if f not in SERVED_FORMATS]
+    if bad:
+        raise TunerError(f"--kv-format {bad[0]!r} is not a cache format the kernel has (formats: {SERVED_FORMATS})")
+    if formats:
+        kw["formats"] = formats
+    if (model is None) != (tp is None):
+        raise TunerError("--model and --tp go together")
+    if model is not None:
+        try:
+            preset = get_preset(model)
+            local = preset.heads_per_rank(tp)
+        except ValueError as e:
+            raise TunerError(str(e)) from None
+        kw.update(formats=[preset.kv_format], heads=[local], topks=[preset.topk])
+    return [c.as_dict() for c in inventory(device, **kw)]
+
+
+__all__ = [
+    "model_space",
+    "preset_space",
+    "preset_text",
+    "recorded_only",
+    "parse_q_tokens",
+    "preset_names",
+    "served_shapes",
+]

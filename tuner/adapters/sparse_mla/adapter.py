@@ -1,9 +1,7 @@
 """The sparse-MLA decode kernel (``kernels/``) as the tuner's first adapter (``kernel: sparse_mla``).
 
-This module and :mod:`tuner.measure_main` (the measurement process's program) are the only modules of
-``tuner/`` that import ``kernels/``. The names below the adapter are the kernel's own types and helpers, which
-the parts of the tuner that still speak of this kernel's records (the database's columns, the engine tables,
-the report) take from here.
+The wing's door: the tuner's core reaches the kernel through this class alone (:class:`tuner.adapter.KernelAdapter`),
+and the wing's other modules (export, replay, report, records, presets) through its hooks.
 """
 
 from __future__ import annotations
@@ -13,87 +11,34 @@ import math
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from ...kernels import decode
-from ...kernels.config import BY_NAME
-from ...kernels.config import PARAM_NAMES
-from ...kernels.config import PARAMS
-from ...kernels.config import KernelConfig
-from ...kernels.config import Role
-from ...kernels.config import block_h_for
-from ...kernels.config import head_blocks_for
-from ...kernels.config import kernel_source_hash
-from ...kernels.config import launch_identity
-from ...kernels.config import split_grid
-from ...kernels.coverage import SERVED_FORMATS
-from ...kernels.coverage import Coverage
-from ...kernels.coverage import coverage
-from ...kernels.coverage import inventory
-from ...kernels.kv_format import FORMATS
-from ...kernels.kv_format import check_pair
-from ...kernels.kv_format import get_format
-from ...kernels.models import MAX_BATCH as MODEL_MAX_BATCH
-from ...kernels.models import MAX_Q_TOKENS as MODEL_MAX_Q_TOKENS
-from ...kernels.models import PRESETS
-from ...kernels.models import capture_sizes
-from ...kernels.models import get_preset
-from ...kernels.models import rows
-from ...kernels.reference import compare
-from ...kernels.reference import sparse_mla_decode_ref
-from ...kernels.table import ENV_DIR
-from ...kernels.table import device_slug
-from ...kernels.table import nearest_shape
-from ...kernels.table import raw_slug
-from ...kernels.table import sidecar_path
-from ...kernels.table import table_name
-from ...kernels.table import tables_dir
-from ...kernels.table import triton_folder
-from ...kernels.table import version_tuple
-from ...kernels.workload import Workload
-from ...kernels.workload import make_batch
-from ..adapter import KernelAdapter
-from ..adapter import Tunable
-from ..space import _check_keys
-from ..space import _choice
-from ..space import _err
-from ..space import _name
-from ..space import _pos_int
-from ..space import _show
+from ....kernels import decode
+from ....kernels.config import BY_NAME
+from ....kernels.config import PARAM_NAMES
+from ....kernels.config import PARAMS
+from ....kernels.config import KernelConfig
+from ....kernels.config import Role
+from ....kernels.config import block_h_for
+from ....kernels.config import head_blocks_for
+from ....kernels.config import kernel_source_hash
+from ....kernels.config import launch_identity
+from ....kernels.config import split_grid
+from ....kernels.kv_format import FORMATS
+from ....kernels.kv_format import check_pair
+from ....kernels.kv_format import get_format
+from ....kernels.reference import compare
+from ....kernels.reference import sparse_mla_decode_ref
+from ....kernels.workload import Workload
+from ....kernels.workload import make_batch
+from ...adapter import KernelAdapter
+from ...adapter import Tunable
+from ...space import _check_keys
+from ...space import _choice
+from ...space import _err
+from ...space import _name
+from ...space import _pos_int
+from ...space import _show
+from . import records
 
-__all__ = [
-    "BENCH_MODULE",
-    "Coverage",
-    "ENV_DIR",
-    "MODEL_MAX_BATCH",
-    "MODEL_MAX_Q_TOKENS",
-    "PRESETS",
-    "SERVED_FORMATS",
-    "PARAMS",
-    "PARAM_NAMES",
-    "KernelConfig",
-    "Role",
-    "SparseMlaAdapter",
-    "Workload",
-    "WorkloadSpec",
-    "block_h_for",
-    "capture_sizes",
-    "coverage",
-    "estimate_shared",
-    "device_slug",
-    "get_format",
-    "get_preset",
-    "inventory",
-    "kernel_source_hash",
-    "nearest_shape",
-    "raw_slug",
-    "rows",
-    "sidecar_path",
-    "table_name",
-    "tables_dir",
-    "triton_folder",
-    "version_tuple",
-]
-
-BENCH_MODULE = "sparse_mla_tuner.kernels.bench"  # the same-run benchmark against FlashMLA (``tuner report --bench``)
 WORKLOAD_KEYS = ("name", "kv_format", "heads", "tp", "topk", "page_size", "context", "extra", "attn_sink", "q_tokens")
 EXTRA_KEYS = ("kv_format", "topk", "page_size", "context")  # the second cache of a whole V4 call
 MAX_Q_TOKENS = 16
@@ -344,6 +289,49 @@ class SparseMlaAdapter(KernelAdapter):
         ``batch`` requests times ``q_tokens`` query tokens (as :meth:`launch_identity` counts them)."""
         extra_topk = workload.extra.topk if workload.extra is not None else 0
         return split_grid(config, batch * workload.q_tokens, workload.heads, workload.topk, extra_topk).slots
+
+    # --- the database's columns, export, replay, report, presets (the wing's other modules) ---------------------
+
+    def recorded_config(self, trial) -> KernelConfig:
+        return records.config_of(trial)
+
+    def recorded_workload(self, row) -> Workload:
+        return records.workload_of(row)
+
+    def compiled_label(self, config: KernelConfig) -> str:
+        return config.compile_label()
+
+    def exporters(self) -> dict:
+        from . import export
+
+        return {
+            "engine": export.exporter("engine"),
+            "sglang": export.exporter("sglang"),
+            "triton": export.triton_exporter,
+        }
+
+    def export_dir(self):
+        from ....kernels.table import tables_dir
+
+        return tables_dir()
+
+    def replay_key(self, workload: Workload) -> Hashable:
+        return records.shape(workload)
+
+    def report_sections(self):
+        from .report import SparseMlaSections
+
+        return SparseMlaSections(self)
+
+    def model_space(self, model: str, tp: int, **options):
+        from . import presets
+
+        return presets.model_space(model, tp, **options)
+
+    def served_shapes(self, device: str, **filters) -> list[dict]:
+        from . import presets
+
+        return presets.served_shapes(device, **filters)
 
 
 _TUNABLES = tuple(
