@@ -13,7 +13,6 @@ from ....db.paths import read_bytes
 from ....kernels.workload import Workload
 from ...errors import TunerError
 from ...report import ReportSections
-from ...report import md
 from ...report import md_code
 from .records import workload_of
 
@@ -100,4 +99,4 @@ class SparseMlaSections(ReportSections):
         return load_bench(path)
 
 
-__all__ = ["BENCH_MODULE", "Bench", "SparseMlaSections", "call_text", "load_bench", "md"]
+__all__ = ["BENCH_MODULE", "Bench", "SparseMlaSections", "call_text", "load_bench"]
