@@ -86,3 +86,27 @@ def test_the_example_is_searched_exported_replayed_and_reported(tmp_path):
     # the built-in kernel's report of this database: nothing of its own, said in one sentence
     none = tuner_in_process("report", "--db", f"sqlite:///{measured}")
     assert none.returncode == 2 and "--kernel NAME" in none.stderr and "\n" not in none.stderr.strip()
+
+
+def test_what_only_a_kernel_with_engine_tables_has_is_refused_for_the_example_in_one_sentence():
+    """The adapter's defaults of the commands only the built-in kernel has (model presets, served shapes, an engine's
+    tables folder), and of export and report: the tuner's own JSON tables, the generic report sections."""
+    import pytest
+
+    from sparse_mla_tuner.tuner.adapter import load_adapter
+    from sparse_mla_tuner.tuner.errors import TunerError
+    from sparse_mla_tuner.tuner.export import formats
+    from sparse_mla_tuner.tuner.export import json_tables
+    from sparse_mla_tuner.tuner.report import ReportSections
+    from sparse_mla_tuner.tuner.report import sections_of
+
+    example = load_adapter(KERNEL)
+    with pytest.raises(TunerError, match="^the row_softmax kernel has no model presets; give a SPACE_FILE$"):
+        example.model_space("glm-5", 8)
+    with pytest.raises(TunerError, match="^the row_softmax kernel serves no engine shapes$"):
+        example.served_shapes("cpu-interpreter")
+    assert example.export_dir() is None and formats(example) == {"json": json_tables}
+    assert type(sections_of(example)) is ReportSections
+    builtin = load_adapter("sparse_mla")
+    assert list(formats(builtin)) == ["engine", "sglang", "triton"] and builtin.export_dir() is not None
+    assert type(sections_of(builtin)).__name__ == "SparseMlaSections"

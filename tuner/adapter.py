@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import SpaceError
+from .errors import TunerError
 
 # Built-in adapters by the name a space file gives (``kernel: sparse_mla``): "module:Class".
 BUILTIN: dict[str, str] = {"sparse_mla": "sparse_mla_tuner.tuner.adapters.sparse_mla.adapter:SparseMlaAdapter"}
@@ -283,15 +284,11 @@ class KernelAdapter(abc.ABC):
     def model_space(self, model: str, tp: int, **options):
         """``tuner search --model NAME --tp N``: the search space of a model's calls, and lines to say (a
         :class:`tuner.space.SearchSpace` and a list of str); a kernel without model presets refuses."""
-        from .errors import TunerError
-
         raise TunerError(f"the {self.name} kernel has no model presets; give a SPACE_FILE")
 
     def served_shapes(self, device: str, **filters) -> list[dict]:
         """``tuner shapes``: one row per shape the kernel serves on ``device`` and whose table configures it
         (``filters``: the command's options); a kernel without engine tables refuses."""
-        from .errors import TunerError
-
         raise TunerError(f"the {self.name} kernel serves no engine shapes")
 
 
@@ -344,8 +341,6 @@ def entry_point_adapters() -> dict[str, str]:
 def allowed_adapters() -> tuple[str, ...]:
     """The entries of ``$TUNER_ADAPTERS`` (``module:Class`` or a whole ``module``); TunerError naming the
     variable when one is neither."""
-    from .errors import TunerError
-
     text = os.environ.get(ALLOW_ENV, "")
     entries = tuple(e for e in re.split(r"[,\s]+", text) if e)
     for e in entries:
