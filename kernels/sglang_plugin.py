@@ -8,10 +8,11 @@ device the tables cover (see :func:`leave_reason`) with :func:`kernels.sparse_ml
 and hands every other call, unchanged, to the original. A second hook, :func:`sglang_v32_hook`, wraps
 :data:`V32_TARGET`, the call SGLang's DSA backend makes for DeepSeek-V3.2 / GLM decode on sm_120, by the same rules:
 the 656-byte ``fp8_v32`` cache (``kv_cache_dim`` 656, RoPE 64) and the 528-byte ``fp8_v32_nope`` one of a model
-without RoPE (``kv_cache_dim`` 528, ``qk_rope_head_dim`` 0: GLM-5.3, FlashMLA's ``V32_NO_ROPE``). Which shapes and tables serve is :func:`kernels.coverage.coverage`, the rule
-``tuner shapes`` prints; a call the kernel raises on goes back to SGLang (once said, then left). Each distinct
-call shape is logged once (logger ``sglang.srt.plugins.sparse_mla``, which goes to SGLang's log): served with which
-table, or left and why (with the command that tunes the shape's own table).
+without RoPE (``kv_cache_dim`` 528, ``qk_rope_head_dim`` 0: GLM-5.3, FlashMLA's ``V32_NO_ROPE``). Which shapes and
+tables serve is :func:`kernels.coverage.coverage`, the rule ``tuner shapes`` prints; a call the kernel raises on
+goes back to SGLang (once said, then left). Each distinct call shape is logged once (logger
+``sglang.srt.plugins.sparse_mla``, which goes to SGLang's log): served with which table, or left and why (with the
+command that tunes the shape's own table).
 
 - Off without uninstalling: ``SPARSE_MLA_SGLANG=0`` (also ``false``/``off``/``no``), read at load and at every
   call; or leave ``sparse_mla`` out of SGLang's ``SGLANG_PLUGINS`` allow-list.

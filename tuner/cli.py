@@ -1245,7 +1245,9 @@ def _shapes_brief(rows: list[dict]) -> list[dict]:
 
 @cli.command(short_help="Which decode shapes the kernel serves on this device, and whose table configures each.")
 @click.option("--device", default=None, help="GPU name as torch names it (default: this GPU, else cpu-interpreter).")
-@click.option("--kv-format", "formats", multiple=True, help="Only this cache format (repeatable; default every main-cache format).")
+@click.option(
+    "--kv-format", "formats", multiple=True, help="Only this cache format (repeatable; default every main cache's)."
+)
 @click.option("--heads", default=None, help="Local heads, e.g. 8,16 (default 8,16,32,64,128).")
 @click.option("--topk", default=None, help="Top-k of the main cache, e.g. 256,1152 (default 64..2048).")
 @click.option("--q-tokens", "q_tokens", default=None, help="Query tokens per request, e.g. 1,2 (default 1).")

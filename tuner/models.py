@@ -6,9 +6,10 @@ each verify step's query tokens (``--q-tokens``), as rows ``B * s_q`` (the kerne
 table is keyed by rows). Everything else, the parameters, constraints, baseline, measurement and sampler, comes from
 the shipped default space of the cache format (:data:`BASE_SPACES`), so no space file is written by hand.
 
-Both caches are measured on the pages of the format's shipped space (64 tokens; V4.1's 32, the page its records
-are written in): a table is not keyed by page size, and the engine's own layout (SGLang's 256-token padded window pages beside 64-token compressed pages) changed no config's
-rank on the H200 (``docs/engines.md``, "What the engine's layout cost": at most 0.5 % to gain by tuning on it).
+Both caches are measured on the pages of the format's shipped space (64 tokens; V4.1's 32, the page its records are
+written in): a table is not keyed by page size, and the engine's own layout (SGLang's 256-token padded window pages
+beside 64-token compressed pages) changed no config's rank on the H200 (``docs/engines.md``, "What the engine's
+layout cost": at most 0.5 % to gain by tuning on it).
 
 With ``--backend replay`` the search can only replay what the replay database recorded: :func:`recorded_only`
 keeps the preset's calls and levels that it holds, and says which it leaves unmeasured.
