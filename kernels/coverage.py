@@ -93,7 +93,7 @@ def shape_problem(kv_format: str, heads: int, topk: int, q_tokens: int = 1) -> s
     fmt = FORMATS.get(kv_format)
     if fmt is not None and fmt.extra_only:
         pairs = ", ".join(main for main, extra in sorted(EXTRA_PAIRS) if extra == kv_format)
-        return f"kv_format {kv_format!r} is an extra cache only (next to a {pairs} main cache, whose table serves)"
+        return f"kv_format {kv_format!r} is an extra cache only, next to an {pairs} main cache whose table serves"
     if kv_format not in SERVED_FORMATS:
         return f"kv_format {kv_format!r} (served: {', '.join(SERVED_FORMATS)})"
     if heads not in SERVED_HEADS:

@@ -1267,6 +1267,7 @@ def shapes(device, formats, heads, topk, q_tokens, model, tp, fmt):
     from .adapters.sparse_mla import SERVED_FORMATS
     from .adapters.sparse_mla import get_preset
     from .adapters.sparse_mla import inventory
+    from .adapters.sparse_mla import shape_problem
 
     if device is None:
         import torch
@@ -1282,7 +1283,12 @@ def shapes(device, formats, heads, topk, q_tokens, model, tp, fmt):
         kw["q_tokens"] = parsed
     bad = [f for f in formats if f not in SERVED_FORMATS]
     if bad:
-        raise TunerError(f"--kv-format {bad[0]!r} is not a cache format the kernel has (formats: {SERVED_FORMATS})")
+        why = shape_problem(bad[0], 8, 1)
+        extra = f"; {why}" if "extra cache only" in why else ""
+        raise TunerError(
+            f"--kv-format {bad[0]!r} is not a main-cache format of the kernel (formats: {', '.join(SERVED_FORMATS)})"
+            + extra
+        )
     if formats:
         kw["formats"] = formats
     if (model is None) != (tp is None):

@@ -28,6 +28,7 @@ from ...kernels.coverage import SERVED_FORMATS
 from ...kernels.coverage import Coverage
 from ...kernels.coverage import coverage
 from ...kernels.coverage import inventory
+from ...kernels.coverage import shape_problem
 from ...kernels.kv_format import FORMATS
 from ...kernels.kv_format import check_pair
 from ...kernels.kv_format import get_format
@@ -86,6 +87,7 @@ __all__ = [
     "nearest_shape",
     "raw_slug",
     "rows",
+    "shape_problem",
     "sidecar_path",
     "table_name",
     "tables_dir",
