@@ -61,11 +61,14 @@ def launches(monkeypatch):
     return seen
 
 
-def engine_call(heads=16, q_tokens=2, batch=2, topk=64, extra_topk=64, seed=1, dtype=torch.float8_e4m3fn):
+def engine_call(
+    heads=16, q_tokens=2, batch=2, topk=64, extra_topk=64, seed=1, dtype=torch.float8_e4m3fn, pages=(256, 64)
+):
     """SGLang's keyword arguments of one DeepSeek-V4 decode call: a window cache of 256-token pages and a
-    compressed cache of 64-token pages, both padded as SGLang allocates them, -1 indices, ragged lengths, a sink."""
-    window = Workload("fp8_model1", heads, topk, page_size=256, context=256)
-    compressed = Workload("fp8_model1", heads, extra_topk, page_size=64, context=256)
+    compressed cache of 64-token pages (``pages``), both padded as SGLang allocates them, -1 indices, ragged
+    lengths, a sink."""
+    window = Workload("fp8_model1", heads, topk, page_size=pages[0], context=256)
+    compressed = Workload("fp8_model1", heads, extra_topk, page_size=pages[1], context=256)
     bt = make_batch(
         window, batch, seed=seed, q_tokens=q_tokens, extra=compressed, with_sink=True, with_topk_length=True,
         invalid_fraction=0.2,
@@ -135,6 +138,23 @@ def test_engine_call_matches_sglang_reference_reading_the_cache_in_place(sglang_
     main, extra = launches["caches"][:2]
     assert main.data_ptr() == kw["k_cache"].data_ptr() and main.stride(0) == plugin.page_bytes(256) == 149760
     assert extra.data_ptr() == kw["extra_k_cache"].data_ptr() and extra.stride(0) == plugin.page_bytes(64) == 37440
+
+
+@needs_sglang
+def test_deepseek_v41_on_sm120_is_the_v4_call_and_is_served(sglang_env, launches):
+    """SGLang 0.5.23 has no V4.1-format call on sm_120: ``select_dsv4_kv_layout`` keeps V4's 584-byte record off
+    SM100, and ``deepseek_v4_backend`` decodes every V4-family model (V4.1 too) there through
+    ``flash_mla_with_kvcache_sm120``. A V4.1-shaped call (64 heads at TP1, the window on the 64-token pages of
+    ``SGLANG_OPT_SM120_DIRECT_SWA_KV``, a ratio-1 compressed cache on 128-token pages) is served and matches SGLang's
+    own torch reference (``srt/mem_cache/deepseek_v4_memory_pool.py`` does not import on a CPU, so the layout rule is
+    read from its source, not run)."""
+    mod, plugins, _, _ = sglang_env
+    plugins.load_plugins()
+    kw, _ = engine_call(heads=64, q_tokens=1, batch=2, topk=64, extra_topk=128, pages=(64, 128))
+    out, _ = mod.flash_mla_with_kvcache_sm120(**kw)
+    assert launches["launches"], "the kernel did not serve a covered call"
+    ref_out, _ = sglang_reference(mod, kw)
+    torch.testing.assert_close(out.float(), ref_out.float(), atol=2e-2, rtol=2e-2)
 
 
 @needs_sglang
