@@ -491,8 +491,8 @@ class _SearchCommand(click.Command):
 @click.option(
     "--model",
     default=None,
-    help="Instead of SPACE_FILE: the decode calls of a model preset (deepseek-v4-flash, deepseek-v3.2, glm-5) at "
-    "--tp, with the engines' CUDA-graph batch sizes (docs/engines.md).",
+    help="Instead of SPACE_FILE: the decode calls of a model preset (deepseek-v4-flash, deepseek-v3.2, glm-5, "
+    "glm-5.3-flash, deepseek-v4.1-flash) at --tp, with the engines' CUDA-graph batch sizes (docs/engines.md).",
 )
 @click.option("--tp", type=click.IntRange(1, 16), default=None, help="--model: the tensor-parallel size (1..16).")
 @click.option(
