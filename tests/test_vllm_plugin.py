@@ -413,6 +413,21 @@ def _v4_layer(monkeypatch, heads=16, topk=64, tokens=2, seed=2, v41=False):
     return layer, q, meta, pages, calls
 
 
+def _v4_ref(layer, q, meta, pages, **extra):
+    """The fp32 reference of a V4 layer's decode: the window cache (and ``extra``'s compressed cache), the sink."""
+    ref, _ = sparse_mla_decode_ref(
+        q.unsqueeze(1),
+        pages,
+        meta.decode_swa_indices.unsqueeze(1),
+        kv_format="fp8_model1",
+        sm_scale=layer.scale,
+        topk_length=meta.decode_swa_lens,
+        attn_sink=layer.attn_sink,
+        **extra,
+    )
+    return ref.squeeze(1).float()
+
+
 @needs_vllm
 @pytest.mark.parametrize("v41", [False, True], ids=["deepseek-v4", "deepseek-v4.1"])
 def test_v4_decode_of_our_subclass_runs_the_kernel_when_opted_in_else_vllms(vllm_env, monkeypatch, launches, v41):
@@ -423,16 +438,7 @@ def test_v4_decode_of_our_subclass_runs_the_kernel_when_opted_in_else_vllms(vllm
     monkeypatch.setenv(plugin.ENV_V4, "1")
     layer._forward_decode(q, None, meta, None, True, output)
     assert len(calls) == 1 and launches
-    ref, _ = sparse_mla_decode_ref(
-        q.unsqueeze(1),
-        pages,
-        meta.decode_swa_indices.unsqueeze(1),
-        kv_format="fp8_model1",
-        sm_scale=layer.scale,
-        topk_length=meta.decode_swa_lens,
-        attn_sink=layer.attn_sink,
-    )
-    torch.testing.assert_close(output.float(), ref.squeeze(1).float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(output.float(), _v4_ref(layer, q, meta, pages), atol=2e-2, rtol=2e-2)
     launches.clear()
     layer.attn_sink = torch.zeros(8)  # a sink of another head count: not the rule's, so vLLM's
     layer._forward_decode(q, None, meta, None, True, output)
@@ -470,19 +476,10 @@ def test_v41_compressed_layer_takes_its_indices_from_v41s_own_rule_at_any_ratio(
     layer._forward_decode(q, compressed, meta, attn_meta, False, output)
     assert seen == [64] and launches and not calls  # block size 128 // ratio 2, and the kernel served
     glob, lens = rule(layer.topk_indices_buffer, meta.token_to_req_indices, block_table, 64, meta.is_valid_token)
-    ref, _ = sparse_mla_decode_ref(
-        q.unsqueeze(1),
-        pages,
-        meta.decode_swa_indices.unsqueeze(1),
-        kv_format="fp8_model1",
-        sm_scale=layer.scale,
-        topk_length=meta.decode_swa_lens,
-        attn_sink=layer.attn_sink,
-        extra_kv_cache=compressed,
-        extra_indices=glob.unsqueeze(1),
-        extra_topk_length=lens,
+    ref = _v4_ref(
+        layer, q, meta, pages, extra_kv_cache=compressed, extra_indices=glob.unsqueeze(1), extra_topk_length=lens
     )
-    torch.testing.assert_close(output.float(), ref.squeeze(1).float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(output.float(), ref, atol=2e-2, rtol=2e-2)
 
 
 def test_the_gpu_check_takes_vllms_arguments_and_needs_a_gpu(monkeypatch, capsys):
