@@ -3,7 +3,8 @@
 SGLang (0.5.23) loads the entry points of group ``sglang.srt.plugins`` (``pyproject.toml`` declares
 ``sparse_mla = "sparse_mla_tuner.kernels.sglang_plugin:register"``). :func:`register` puts :func:`sglang_hook` AROUND
 ``sglang.kernels.ops.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120``, the function DeepSeek-V4's
-attention backend calls on sm_120 with keyword arguments only. The hook serves a call whose shape, format and
+attention backend calls on sm_120 with keyword arguments only (for V4.1 too: off SM100 SGLang keeps V4's 584-byte
+record for it). The hook serves a call whose shape, format and
 device the tables cover (see :func:`leave_reason`) with :func:`kernels.sparse_mla_decode` and the tuned config,
 and hands every other call, unchanged, to the original. A second hook, :func:`sglang_v32_hook`, wraps
 :data:`V32_TARGET`, the call SGLang's DSA backend makes for DeepSeek-V3.2 / GLM decode on sm_120, by the same rules:
@@ -151,10 +152,10 @@ def _register() -> None:
     HookRegistry.register(TARGET, sglang_hook, HookType.AROUND)
     HookRegistry.register(V32_TARGET, sglang_v32_hook, HookType.AROUND)
     logger.info(
-        "sparse-MLA plugin: wraps %s. Serves %s caches (584 B/token, pages padded or not, uint8 or e4m3) with "
-        "q [B, s_q <= %d, H in %s, 512] bf16, head_dim_v 512, any top-k, on a GPU with an exported table for the "
-        "format (the nearest tuned heads/top-k when the shape has none; B * s_q up to its largest batch). Leaves "
-        "every other call to SGLang. Off: %s=0.",
+        "sparse-MLA plugin: wraps %s (DeepSeek-V4 and V4.1 decode on sm_120). Serves %s caches (584 B/token, "
+        "pages padded or not, uint8 or e4m3) with q [B, s_q <= %d, H in %s, 512] bf16, head_dim_v 512, any top-k, "
+        "on a GPU with an exported table for the format (the nearest tuned heads/top-k when the shape has none; B "
+        "* s_q up to its largest batch). Leaves every other call to SGLang. Off: %s=0.",
         TARGET,
         KV_FORMAT,
         MAX_Q_TOKENS,
