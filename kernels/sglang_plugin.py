@@ -2,18 +2,17 @@
 
 SGLang (0.5.23) loads the entry points of group ``sglang.srt.plugins`` (``pyproject.toml`` declares
 ``sparse_mla = "sparse_mla_tuner.kernels.sglang_plugin:register"``). :func:`register` puts :func:`sglang_hook` AROUND
-``sglang.kernels.ops.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120``, the function DeepSeek-V4's
-attention backend calls on sm_120 with keyword arguments only (for V4.1 too: off SM100 SGLang keeps V4's 584-byte
-record for it). The hook serves a call whose shape, format and
-device the tables cover (see :func:`leave_reason`) with :func:`kernels.sparse_mla_decode` and the tuned config,
-and hands every other call, unchanged, to the original. A second hook, :func:`sglang_v32_hook`, wraps
-:data:`V32_TARGET`, the call SGLang's DSA backend makes for DeepSeek-V3.2 / GLM decode on sm_120, by the same rules:
-the 656-byte ``fp8_v32`` cache (``kv_cache_dim`` 656, RoPE 64) and the 528-byte ``fp8_v32_nope`` one of a model
-without RoPE (``kv_cache_dim`` 528, ``qk_rope_head_dim`` 0: GLM-5.3, FlashMLA's ``V32_NO_ROPE``). Which shapes and
-tables serve is :func:`kernels.coverage.coverage`, the rule ``tuner shapes`` prints; a call the kernel raises on
-goes back to SGLang (once said, then left). Each distinct call shape is logged once (logger
-``sglang.srt.plugins.sparse_mla``, which goes to SGLang's log): served with which table, or left and why (with the
-command that tunes the shape's own table).
+``sglang.kernels.ops.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120``, the function DeepSeek-V4's attention
+backend calls on sm_120 with keyword arguments only (for V4.1 too: off SM100 SGLang keeps V4's 584-byte record for
+it). The hook serves a call whose shape, format and device the tables cover (see :func:`leave_reason`) with
+:func:`kernels.sparse_mla_decode` and the tuned config, and hands every other call, unchanged, to the original. A
+second hook, :func:`sglang_v32_hook`, wraps :data:`V32_TARGET`, the call SGLang's DSA backend makes for
+DeepSeek-V3.2 / GLM decode on sm_120, by the same rules: the 656-byte ``fp8_v32`` cache (``kv_cache_dim`` 656, RoPE
+64) and the 528-byte ``fp8_v32_nope`` one of a model without RoPE (``kv_cache_dim`` 528, ``qk_rope_head_dim`` 0:
+GLM-5.3, FlashMLA's ``V32_NO_ROPE``). Which shapes and tables serve is :func:`kernels.coverage.coverage`, the rule
+``tuner shapes`` prints; a call the kernel raises on goes back to SGLang (once said, then left). Each distinct call
+shape is logged once (logger ``sglang.srt.plugins.sparse_mla``, which goes to SGLang's log): served with which
+table, or left and why (with the command that tunes the shape's own table).
 
 - Off without uninstalling: ``SPARSE_MLA_SGLANG=0`` (also ``false``/``off``/``no``), read at load and at every
   call; or leave ``sparse_mla`` out of SGLang's ``SGLANG_PLUGINS`` allow-list.
@@ -57,7 +56,8 @@ TARGET = "sglang.kernels.ops.attention.flash_mla_sm120.flash_mla_with_kvcache_sm
 PLUGIN_NAME = "sparse_mla"  # the entry point's name, as SGLANG_PLUGINS lists it
 ENV_SWITCH = "SPARSE_MLA_SGLANG"
 KV_FORMAT = "fp8_model1"  # DeepSeek-V4's cache (FlashMLA's "V4"); 584 bytes per token
-# DeepSeek-V3.2 and GLM-5 (the 656-byte "V32" cache): the call SGLang's DSA backend makes for decode on sm_120
+# DeepSeek-V3.2 and GLM (the 656-byte "V32" cache; the 528-byte "V32_NO_ROPE" one of a model without RoPE): the
+# call SGLang's DSA backend makes for decode on sm_120
 # (`_forward_flashinfer_sparse_mla`, imported inside the method, so the registry's patch takes effect)
 V32_TARGET = "sglang.kernels.ops.attention.flash_mla_sm120.flashinfer_sparse_mla_forward"
 # (kv_cache_dim, qk_rope_head_dim) of the DSA call -> the cache format and q's head dim (512 latent + the rope dims)
