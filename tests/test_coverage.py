@@ -359,16 +359,22 @@ def test_every_preset_shape_at_every_tp_is_served_or_says_why():
                 assert c.served or "heads" in c.reason
 
 
-def test_a_shape_left_for_want_of_a_table_names_the_command_that_tunes_it(fresh_plugin, monkeypatch, caplog):
+@pytest.mark.parametrize(
+    ("kv_format", "topk", "preset"), [("fp8_v32", 32, None), ("fp8_v32_nope", 2176, "glm-5.3-flash --tp 4")]
+)
+def test_a_shape_left_for_want_of_a_table_names_the_command_that_tunes_it(
+    fresh_plugin, monkeypatch, caplog, kv_format, topk, preset
+):
     monkeypatch.setattr(plugin, "device_name", lambda device: "NVIDIA B300")  # a GPU without any table
-    W = Workload("fp8_v32", 16, 32, page_size=64, context=64)
+    W = Workload(kv_format, 16, topk, page_size=64, context=topk)
     bt = make_batch(W, 1, seed=1)
     kw = plugin.v32_engine_call(bt.q, bt.kv_cache, bt.indices)
     with caplog.at_level(logging.INFO, logger=plugin.logger.name):
         assert plugin.sglang_v32_hook(lambda **k: "engine", **kw) == "engine"
     (msg,) = [r.getMessage() for r in caplog.records if "leaves" in r.getMessage()]
-    c = coverage("fp8_v32", 16, 32, device_name="NVIDIA B300")
+    c = coverage(kv_format, 16, topk, device_name="NVIDIA B300")
     assert c.reason in msg and f"(to tune it: {c.tune})" in msg and "tuner export --engine sglang" in msg
+    assert f"no exported {kv_format} table" in msg and (preset is None or f"--model {preset}" in msg)
 
 
 def test_a_batch_past_the_table_names_the_command_for_larger_batches(tmp_path, monkeypatch, fresh_plugin, caplog):
