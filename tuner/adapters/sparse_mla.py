@@ -230,6 +230,7 @@ class SparseMlaAdapter(KernelAdapter):
     config_type = KernelConfig
     modes = MODES
     family = ("BLOCK_T", "num_warps")  # a tile shape
+    geometry = ("BALANCED",)  # the balanced deal of tiles to programs
     resource_kernels = ("split",)  # the combine kernel's registers never decide
 
     @property

@@ -464,13 +464,22 @@ def _nearest_before(level: Level, history: History) -> int | None:
 
 
 def _split_line(level: Level, cfg: KernelConfig) -> list[KernelConfig]:
-    """``cfg``'s neighbours at the other split targets (``TARGET_CTAS`` and the like: the same binary)."""
-    return [c for c in level.neighbours.get(cfg, []) if _launch_only_variant(level.adapter, c, cfg)]
+    """``cfg``'s launches at the other split targets (``TARGET_CTAS`` and the like: the same binary), and those of
+    each of its variants in a parameter that changes how the work is dealt (the adapter's ``geometry``: the
+    balanced deal), at every split target too: the best split count of one deal is not the other's (V3.2 C=56 on
+    the current kernel's grids: ``T32-w4-s1-c512-p3`` 2.3 % behind ``T32-w4-s1-c256-p3-b1``)."""
+    near = level.neighbours.get(cfg, [])
+    line = [c for c in near if _launch_only_variant(level.adapter, c, cfg)]
+    geometry = set(getattr(level.adapter, "geometry", ()))
+    for g in near if geometry else ():
+        if _launch_only_variant(level.adapter, g, cfg, free=geometry) and g not in line:
+            line += [g, *(c for c in level.neighbours.get(g, []) if _launch_only_variant(level.adapter, c, g))]
+    return [c for c in dict.fromkeys(line) if c != cfg]
 
 
-def _launch_only_variant(adapter: KernelAdapter, a: KernelConfig, b: KernelConfig) -> bool:
-    """Whether ``a`` differs from ``b`` only in launch-only parameters (the grid, not the binary)."""
-    return all(getattr(a, p.name) == getattr(b, p.name) for p in adapter.params if p.compiled)
+def _launch_only_variant(adapter: KernelAdapter, a: KernelConfig, b: KernelConfig, free: set = frozenset()) -> bool:
+    """Whether ``a`` differs from ``b`` only in launch-only parameters (the grid, not the binary) or in ``free``."""
+    return all(getattr(a, p.name) == getattr(b, p.name) for p in adapter.params if p.compiled and p.name not in free)
 
 
 def _expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:
