@@ -25,6 +25,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .kv_format import EXTRA_PAIRS
 from .kv_format import FORMATS
 from .models import MAX_Q_TOKENS
 from .models import tune_command
@@ -40,7 +41,8 @@ from .table import sidecar_path
 from .table import tuned_shapes
 
 SERVED_HEADS = (8, 16, 32, 64, 128)  # local heads from TP16 to TP1
-SERVED_FORMATS = ("fp8_model1", "fp8_v32")
+# a call's main cache format (its table's key); fp4_v41 is only the extra cache next to an fp8_v41 main cache
+SERVED_FORMATS = ("fp8_model1", "fp8_v32", "fp8_v32_nope", "fp8_v41")
 INTERPRETER = "cpu-interpreter"
 # the shapes users run (issue 54): `tuner shapes` lists these when no shape is named
 USER_HEADS = SERVED_HEADS
@@ -88,6 +90,10 @@ class Coverage:
 
 def shape_problem(kv_format: str, heads: int, topk: int, q_tokens: int = 1) -> str | None:
     """Why the kernel does not run a shape, naming the argument (None: it does)."""
+    fmt = FORMATS.get(kv_format)
+    if fmt is not None and fmt.extra_only:
+        pairs = ", ".join(main for main, extra in sorted(EXTRA_PAIRS) if extra == kv_format)
+        return f"kv_format {kv_format!r} is an extra cache only, next to an {pairs} main cache whose table serves"
     if kv_format not in SERVED_FORMATS:
         return f"kv_format {kv_format!r} (served: {', '.join(SERVED_FORMATS)})"
     if heads not in SERVED_HEADS:

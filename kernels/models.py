@@ -14,6 +14,22 @@ DeepSeek-V4-Flash has 64 heads,
 a 128-token window (top-k 128) and, in its compress-ratio-4 layers, an indexer top-k of 512 over a compressed
 cache of 64-token pages; DeepSeek-V3.2 has 128 heads and index top-k 2048; GLM-5 has 64 heads and index top-k
 2048 (the same 656-byte cache as V3.2).
+
+The two presets of the newer cache formats rest on engine sources and public reports, not on a config.json we could
+read (marked so in each preset's ``note``):
+
+- ``glm-5.3-flash`` (``fp8_v32_nope``, 528 B/token, no RoPE): 64 heads, ``qk_rope_head_dim`` 0 and
+  ``kv_lora_rank`` 512 are the defaults of SGLang 0.5.23's ``Glm5NextConfig`` (``srt/configs/glm5_next.py``); the
+  decode top-k 2176 is the indexer's 2048 widened by its kpool tail to a multiple of 128 (vLLM PR #55277, FlashInfer
+  PR #4842: H=64 at TP1, H=32 at TP2). Not public as a config.json fact: ``index_topk`` itself.
+- ``deepseek-v4.1-flash`` (``fp8_v41`` window + ``fp4_v41`` compressed cache, 32-token pages): 64 heads (vLLM
+  issue #56837 reports ``num_heads=64`` on one GPU), a 128-token window (as V4); the compressed cache's top-k 512 is
+  the shipped space's (FlashInfer's ``_DECODE_DSV4_1_TOPK``). Not public as a config.json fact: the V4.1 index top-k
+  (vLLM #56837 and FlashInfer PR #5244 report a decode top-k of 1152 on sm_120, a width this preset does not assume).
+  On sm_120 neither engine writes the V4.1 records: SGLang 0.5.23 (``select_dsv4_kv_layout``) and vLLM 0.34.0
+  (``_use_v41_mxfp8_kv_record``) keep V4's 584-byte record there, so a V4.1 model's sm_120 calls read the
+  ``fp8_model1`` tables (``deepseek-v4-flash``'s shapes); this preset tunes the V4.1 records for the GPUs that write
+  them.
 """
 
 from __future__ import annotations
@@ -53,6 +69,7 @@ class Preset:
     page_size: int  # the main cache's page size in the engine (informative: a table is not keyed by it)
     context: int  # the context the search measures the main cache at
     extra_topk: int | None = None
+    extra_format: str | None = None  # the compressed cache's format (None: the main cache's)
     extra_page_size: int = 64
     extra_context: int = 8192
     attn_sink: bool = False
@@ -89,6 +106,31 @@ PRESETS: dict[str, Preset] = {
         ),
         Preset("deepseek-v3.2", heads=128, kv_format="fp8_v32", topk=2048, page_size=64, context=8192),
         Preset("glm-5", heads=64, kv_format="fp8_v32", topk=2048, page_size=64, context=8192),
+        Preset(
+            "glm-5.3-flash",
+            heads=64,
+            kv_format="fp8_v32_nope",
+            topk=2176,
+            page_size=64,
+            context=8192,
+            note="no RoPE (V32_NO_ROPE, 528 B/token); top-k 2176 is the indexer's 2048 and its kpool tail (vLLM "
+            "#55277, FlashInfer #4842), not a config.json fact",
+        ),
+        Preset(
+            "deepseek-v4.1-flash",
+            heads=64,
+            kv_format="fp8_v41",
+            topk=128,
+            page_size=32,
+            context=128,
+            extra_topk=512,
+            extra_format="fp4_v41",
+            extra_page_size=32,
+            extra_context=8192,
+            attn_sink=True,
+            note="window (fp8_v41, top-k 128) + compressed cache (fp4_v41, top-k 512: the shipped space's, not a "
+            "config.json fact) + sink; on sm_120 the engines write V4's fp8_model1 records instead",
+        ),
     )
 }
 

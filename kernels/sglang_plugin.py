@@ -2,14 +2,16 @@
 
 SGLang (0.5.23) loads the entry points of group ``sglang.srt.plugins`` (``pyproject.toml`` declares
 ``sparse_mla = "sparse_mla_tuner.kernels.sglang_plugin:register"``). :func:`register` puts :func:`sglang_hook` AROUND
-``sglang.kernels.ops.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120``, the function DeepSeek-V4's
-attention backend calls on sm_120 with keyword arguments only. The hook serves a call whose shape, format and
-device the tables cover (see :func:`leave_reason`) with :func:`kernels.sparse_mla_decode` and the tuned config,
-and hands every other call, unchanged, to the original. A second hook, :func:`sglang_v32_hook`, wraps
-:data:`V32_TARGET`, the call SGLang's DSA backend makes for DeepSeek-V3.2 / GLM-5 decode on sm_120 (the 656-byte
-``fp8_v32`` cache), by the same rules. Which shapes and tables serve is :func:`kernels.coverage.coverage`, the rule
-``tuner shapes`` prints; a call the kernel raises on goes back to SGLang (once said, then left). Each distinct
-call shape is logged once (logger ``sglang.srt.plugins.sparse_mla``, which goes to SGLang's log): served with which
+``sglang.kernels.ops.attention.flash_mla_sm120.flash_mla_with_kvcache_sm120``, the function DeepSeek-V4's attention
+backend calls on sm_120 with keyword arguments only (for V4.1 too: off SM100 SGLang keeps V4's 584-byte record for
+it). The hook serves a call whose shape, format and device the tables cover (see :func:`leave_reason`) with
+:func:`kernels.sparse_mla_decode` and the tuned config, and hands every other call, unchanged, to the original. A
+second hook, :func:`sglang_v32_hook`, wraps :data:`V32_TARGET`, the call SGLang's DSA backend makes for
+DeepSeek-V3.2 / GLM decode on sm_120, by the same rules: the 656-byte ``fp8_v32`` cache (``kv_cache_dim`` 656, RoPE
+64) and the 528-byte ``fp8_v32_nope`` one of a model without RoPE (``kv_cache_dim`` 528, ``qk_rope_head_dim`` 0:
+GLM-5.3, FlashMLA's ``V32_NO_ROPE``). Which shapes and tables serve is :func:`kernels.coverage.coverage`, the rule
+``tuner shapes`` prints; a call the kernel raises on goes back to SGLang (once said, then left). Each distinct call
+shape is logged once (logger ``sglang.srt.plugins.sparse_mla``, which goes to SGLang's log): served with which
 table, or left and why (with the command that tunes the shape's own table).
 
 - Off without uninstalling: ``SPARSE_MLA_SGLANG=0`` (also ``false``/``off``/``no``), read at load and at every
@@ -54,10 +56,12 @@ TARGET = "sglang.kernels.ops.attention.flash_mla_sm120.flash_mla_with_kvcache_sm
 PLUGIN_NAME = "sparse_mla"  # the entry point's name, as SGLANG_PLUGINS lists it
 ENV_SWITCH = "SPARSE_MLA_SGLANG"
 KV_FORMAT = "fp8_model1"  # DeepSeek-V4's cache (FlashMLA's "V4"); 584 bytes per token
-# DeepSeek-V3.2 and GLM-5 (the 656-byte "V32" cache): the call SGLang's DSA backend makes for decode on sm_120
+# DeepSeek-V3.2 and GLM (the 656-byte "V32" cache; the 528-byte "V32_NO_ROPE" one of a model without RoPE): the
+# call SGLang's DSA backend makes for decode on sm_120
 # (`_forward_flashinfer_sparse_mla`, imported inside the method, so the registry's patch takes effect)
 V32_TARGET = "sglang.kernels.ops.attention.flash_mla_sm120.flashinfer_sparse_mla_forward"
-V32_FORMAT = "fp8_v32"
+# (kv_cache_dim, qk_rope_head_dim) of the DSA call -> the cache format and q's head dim (512 latent + the rope dims)
+V32_FORMATS = {(656, 64): ("fp8_v32", 576), (528, 0): ("fp8_v32_nope", 512)}
 V32_KEYWORDS = frozenset(
     {
         "q",
@@ -148,10 +152,10 @@ def _register() -> None:
     HookRegistry.register(TARGET, sglang_hook, HookType.AROUND)
     HookRegistry.register(V32_TARGET, sglang_v32_hook, HookType.AROUND)
     logger.info(
-        "sparse-MLA plugin: wraps %s. Serves %s caches (584 B/token, pages padded or not, uint8 or e4m3) with "
-        "q [B, s_q <= %d, H in %s, 512] bf16, head_dim_v 512, any top-k, on a GPU with an exported table for the "
-        "format (the nearest tuned heads/top-k when the shape has none; B * s_q up to its largest batch). Leaves "
-        "every other call to SGLang. Off: %s=0.",
+        "sparse-MLA plugin: wraps %s (DeepSeek-V4 and V4.1 decode on sm_120). Serves %s caches (584 B/token, "
+        "pages padded or not, uint8 or e4m3) with q [B, s_q <= %d, H in %s, 512] bf16, head_dim_v 512, any top-k, "
+        "on a GPU with an exported table for the format (the nearest tuned heads/top-k when the shape has none; B "
+        "* s_q up to its largest batch). Leaves every other call to SGLang. Off: %s=0.",
         TARGET,
         KV_FORMAT,
         MAX_Q_TOKENS,
@@ -159,12 +163,12 @@ def _register() -> None:
         ENV_SWITCH,
     )
     logger.info(
-        "sparse-MLA plugin: wraps %s (DeepSeek-V3.2 / GLM-5 DSA decode on sm_120). Serves %s caches (656 B/token, "
-        "kv_cache_dim 656, kv_lora_rank 512, RoPE 64) with q [T, H in %s, 576] bf16, any top-k, on a GPU with an "
+        "sparse-MLA plugin: wraps %s (DeepSeek-V3.2 / GLM DSA decode on sm_120). Serves fp8_v32 caches (656 B/token, "
+        "kv_cache_dim 656, RoPE 64, q [T, H, 576]) and fp8_v32_nope caches (V32_NO_ROPE: 528 B/token, kv_cache_dim "
+        "528, qk_rope_head_dim 0, q [T, H, 512]), kv_lora_rank 512, q bf16 with H in %s, any top-k, on a GPU with an "
         "exported table for the format (the nearest tuned heads/top-k when the shape has none; T up to its largest "
-        "batch). Leaves V32_NO_ROPE (528 B), skip-softmax and every other call to SGLang. Off: %s=0.",
+        "batch). Leaves skip-softmax and every other call to SGLang. Off: %s=0.",
         V32_TARGET,
-        V32_FORMAT,
         list(SERVED_HEADS),
         ENV_SWITCH,
     )
@@ -584,7 +588,7 @@ def warm_up(
     return warm_up_like(kw, batch_sizes)
 
 
-# --- DeepSeek-V3.2 / GLM-5: SGLang's DSA decode on sm_120 (flashinfer_sparse_mla_forward) -------------------
+# --- DeepSeek-V3.2 / GLM: SGLang's DSA decode on sm_120 (flashinfer_sparse_mla_forward) ---------------------
 
 
 def sglang_v32_hook(original_fn, *args, **kwargs):
@@ -628,22 +632,37 @@ def _v32_signature(kw: dict) -> tuple:
     )
 
 
+def v32_format(kw: dict) -> tuple[str, int] | None:
+    """The cache format of a ``flashinfer_sparse_mla_forward`` call and q's head dim, from its ``kv_cache_dim`` and
+    ``qk_rope_head_dim`` (with ``kv_lora_rank`` 512); None for any other geometry."""
+    if kw.get("kv_lora_rank") != 512:
+        return None
+    try:
+        return V32_FORMATS.get((kw.get("kv_cache_dim"), kw.get("qk_rope_head_dim")))
+    except TypeError:  # an unhashable argument
+        return None
+
+
 def v32_leave_reason(kw: dict) -> str | None:
     """Why a ``flashinfer_sparse_mla_forward`` call goes to the original (None: the kernel serves it, subject to
     the device's tables)."""
     unknown = sorted(set(kw) - V32_KEYWORDS)
     if unknown:
         return f"unknown arguments {unknown}"
-    dim, rope, rank = kw.get("kv_cache_dim"), kw.get("qk_rope_head_dim"), kw.get("kv_lora_rank")
-    if dim == 528 or rope == 0:
-        return "kv_cache_dim 528 (V32_NO_ROPE, no RoPE part: not served yet)"
-    if dim != FORMATS[V32_FORMAT].bytes_per_token or rope != 64 or rank != 512:
-        return f"kv_cache_dim {dim!r}, kv_lora_rank {rank!r}, qk_rope_head_dim {rope!r} (served: 656, 512, 64)"
+    found = v32_format(kw)
+    if found is None:
+        dim, rope, rank = kw.get("kv_cache_dim"), kw.get("qk_rope_head_dim"), kw.get("kv_lora_rank")
+        return (
+            f"kv_cache_dim {dim!r}, kv_lora_rank {rank!r}, qk_rope_head_dim {rope!r} (served: 656, 512, 64 for V32; "
+            "528, 512, 0 for V32_NO_ROPE)"
+        )
+    kv_format, width = found
+    bpt = FORMATS[kv_format].bytes_per_token
     if kw.get("skip_softmax_threshold_scale_factor") is not None:
         return "skip_softmax_threshold_scale_factor is set (FlashInfer's approximate softmax stays SGLang's)"
     q = kw.get("q")
-    if not isinstance(q, torch.Tensor) or q.dim() != 3 or q.shape[-1] != 576 or q.dtype != torch.bfloat16:
-        return "q is not [T, H, 576] bf16"
+    if not isinstance(q, torch.Tensor) or q.dim() != 3 or q.shape[-1] != width or q.dtype != torch.bfloat16:
+        return f"q is not [T, H, {width}] bf16"
     if q.stride(-1) != 1:
         return "q's last dimension is not contiguous"
     T, H, _ = q.shape
@@ -654,7 +673,7 @@ def v32_leave_reason(kw: dict) -> str | None:
         return f"indices is not [{T}, topk]"
     if idx.dtype not in (torch.int32, torch.int64):
         return f"indices is {idx.dtype} (served: int32 or int64)"
-    problem = shape_problem(V32_FORMAT, H, idx.shape[1], 1)  # the rule `tuner shapes` prints
+    problem = shape_problem(kv_format, H, idx.shape[1], 1)  # the rule `tuner shapes` prints
     if problem:
         return problem
     problem = _length_problem("seq_lens", kw.get("seq_lens"), T)
@@ -665,8 +684,8 @@ def v32_leave_reason(kw: dict) -> str | None:
         return f"page_size is {page_size!r} (served: a positive integer)"
     if not isinstance(kv, torch.Tensor) or kv.dtype not in _CACHE_DTYPES or not kv.is_contiguous():
         return "kv_cache is not a contiguous uint8 or float8_e4m3fn tensor"
-    if kv.numel() == 0 or kv.numel() % (page_size * 656):
-        return f"kv_cache holds {kv.numel()} bytes, not whole pages of {page_size} tokens of 656 bytes"
+    if kv.numel() == 0 or kv.numel() % (page_size * bpt):
+        return f"kv_cache holds {kv.numel()} bytes, not whole pages of {page_size} tokens of {bpt} bytes"
     scale = kw.get("sm_scale")
     if not isinstance(scale, (int, float)):
         return "sm_scale is not a number"
@@ -676,7 +695,8 @@ def v32_leave_reason(kw: dict) -> str | None:
 
 def _v32_class_key(kw: dict) -> tuple:
     q = kw["q"]
-    return ("v32", q.device, q.shape[1], kw["indices"].shape[1], kw["seq_lens"] is None, kw["page_size"])
+    fmt = v32_format(kw)[0]
+    return ("v32", fmt, q.device, q.shape[1], kw["indices"].shape[1], kw["seq_lens"] is None, kw["page_size"])
 
 
 def _v32_shape_class(kw: dict) -> _Route | str:
@@ -684,7 +704,7 @@ def _v32_shape_class(kw: dict) -> _Route | str:
     route = _CLASSES.get(key)
     if route is None:
         q = kw["q"]
-        route = _route_of(q, q.shape[1], kw["indices"].shape[1], V32_FORMAT)
+        route = _route_of(q, q.shape[1], kw["indices"].shape[1], v32_format(kw)[0])
         _CLASSES[key] = route
     return route
 
@@ -694,26 +714,29 @@ def _v32_route(key: tuple, kw: dict) -> _Route | str:
 
 
 def _v32_say(route: _Route | str, kw: dict) -> None:
-    """Logs once per shape which V3.2/GLM-5 calls are served (and how) or left (and why)."""
+    """Logs once per shape which V3.2/GLM calls are served (and how) or left (and why)."""
     q = kw.get("q")
     shape = list(q.shape[1:]) if isinstance(q, torch.Tensor) else [type(q).__name__]
+    found = v32_format(kw)
+    name = found[0] if found else f"kv_cache_dim {kw.get('kv_cache_dim')!r}"
     if isinstance(route, _Route):
         _log_once(
             ("serve", _v32_class_key(kw)),
             logging.INFO,
-            "sparse-MLA plugin serves %s q [T, %s], kv_cache %s-token pages of 656 B, top-k %d with %s",
-            V32_FORMAT,
+            "sparse-MLA plugin serves %s q [T, %s], kv_cache %s-token pages of %d B, top-k %d with %s",
+            name,
             ", ".join(map(str, shape)),
             kw["page_size"],
+            kw["kv_cache_dim"],
             kw["indices"].shape[1],
             _how(route),
         )
     else:
         _log_once(
-            ("leave", "v32", str(shape), route),
+            ("leave", "v32", name, str(shape), route),
             logging.INFO,
             "sparse-MLA plugin leaves %s q [T, %s] to SGLang: %s",
-            V32_FORMAT,
+            name,
             ", ".join(map(str, shape)),
             route,
         )
@@ -724,12 +747,12 @@ def _v32_serve(route: _Route, kw: dict, *, warming: bool = False):
     if not warming and not route.warm and q.device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
         route.warm = True
         warm_up_v32_like(kw)
-    pages = kw["kv_cache"].view(torch.uint8).view(-1, kw["page_size"], 656)
+    pages = kw["kv_cache"].view(torch.uint8).view(-1, kw["page_size"], kw["kv_cache_dim"])
     out, _ = decode.sparse_mla_decode(
         q,
         pages,
         _idx(kw["indices"]),
-        kv_format=V32_FORMAT,
+        kv_format=route.kv_format,
         sm_scale=float(kw["sm_scale"]),
         topk_length=_idx(kw.get("seq_lens")),
         config=route.config(q.shape[0]),
@@ -764,9 +787,11 @@ def v32_engine_call(
     q: torch.Tensor, pages: torch.Tensor, indices: torch.Tensor, seq_lens=None, *, sm_scale: float | None = None
 ) -> dict:
     """SGLang's keyword arguments of ``flashinfer_sparse_mla_forward`` for a contiguous ``[num_pages, page_size,
-    656]`` cache: the cache passed as SGLang's pool buffer ``[tokens, 1, 656]`` float8_e4m3fn (for tests and
-    checks; the hook never copies a cache)."""
+    bytes]`` cache, 656 bytes (``fp8_v32``, q ``[T, H, 576]``) or 528 (``fp8_v32_nope``, q ``[T, H, 512]``, no RoPE):
+    the cache passed as SGLang's pool buffer ``[tokens, 1, bytes]`` float8_e4m3fn (for tests and checks; the hook
+    never copies a cache)."""
     num_pages, page_size, bpt = pages.shape
+    rope = 64 if bpt == 656 else 0
     return {
         "q": q,
         "kv_cache": pages.view(torch.float8_e4m3fn).view(num_pages * page_size, 1, bpt),
@@ -775,9 +800,9 @@ def v32_engine_call(
         "workspace_buffer": torch.empty(0, dtype=torch.uint8, device=q.device),
         "page_size": page_size,
         "kv_cache_dim": bpt,
-        "qk_nope_head_dim": 192,
+        "qk_nope_head_dim": 192 if rope else 256,  # GLM-5's and GLM-5.3's (informative: the call does not use it)
         "kv_lora_rank": 512,
-        "qk_rope_head_dim": 64,
-        "sm_scale": 576**-0.5 if sm_scale is None else sm_scale,
+        "qk_rope_head_dim": rope,
+        "sm_scale": (512 + rope) ** -0.5 if sm_scale is None else sm_scale,
         "skip_softmax_threshold_scale_factor": None,
     }

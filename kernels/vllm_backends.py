@@ -2,16 +2,16 @@
 them (it imports vLLM, so nothing else here imports it).
 
 - :class:`SparseMLASM120Backend` fills the attention backend slot ``FLASHINFER_MLA_SPARSE_SM120`` (DeepSeek-V3.2,
-  GLM-5 on sm_12x). It is vLLM's ``FlashInferMLASparseSM120Backend`` with one change: its implementation class.
-  Its name stays ``FLASHINFER_MLA_SPARSE_SM120``, because vLLM decides by that name the cache dtype
-  (``fp8_ds_mla``) and the JIT warm-ups of the slot; metadata, cache layout, support checks and prefill are
-  vLLM's.
+  GLM-5 and, without RoPE on 528-byte rows, GLM-5.3 on sm_12x). It is vLLM's ``FlashInferMLASparseSM120Backend``
+  with one change: its implementation class. Its name stays ``FLASHINFER_MLA_SPARSE_SM120``, because vLLM decides by
+  that name the cache dtype (``fp8_ds_mla``) and the JIT warm-ups of the slot; metadata, cache layout, support
+  checks and prefill are vLLM's.
 - :class:`SparseMLASM120Impl` overrides ``_run_mqa_kernel(q, kv_cache, topk_indices_physical)``, the one call
   that runs FlashInfer's sparse decode: a call :func:`vllm_plugin.serve_v32` covers returns the tuned kernel's
   output, any other runs vLLM's method unchanged.
 
-DeepSeek-V4's subclass is made by :func:`vllm_plugin.v4_class_for` when vLLM's selector runs (opt-in), since it is
-defined on a class this module need not import.
+DeepSeek-V4's and V4.1's subclasses are made by :func:`vllm_plugin.v4_class_for` when vLLM's selector runs (opt-in),
+since they are defined on classes this module need not import.
 """
 
 from __future__ import annotations

@@ -3,16 +3,20 @@
 vLLM (0.34.0) runs the entry points of group ``vllm.general_plugins`` in every process (``pyproject.toml`` declares
 ``sparse_mla = "sparse_mla_tuner.kernels.vllm_plugin:register"``). :func:`register`:
 
-- **DeepSeek-V3.2 / GLM-5** (the 656-byte ``fp8_v32`` cache, vLLM's ``fp8_ds_mla``): re-points the attention backend
-  slot ``FLASHINFER_MLA_SPARSE_SM120`` with vLLM's ``register_backend()`` to
+- **DeepSeek-V3.2 / GLM** (vLLM's ``fp8_ds_mla`` cache: the 656-byte ``fp8_v32`` rows, and the 528-byte
+  ``fp8_v32_nope`` rows of a model without RoPE, GLM-5.3-Flash, which vLLM's sm_120 implementation sizes by
+  ``get_fp8_ds_mla_row_bytes``): re-points the attention backend slot ``FLASHINFER_MLA_SPARSE_SM120`` with vLLM's
+  ``register_backend()`` to
   ``kernels.vllm_backends.SparseMLASM120Backend``, a subclass of vLLM's own backend (same name, metadata, cache
   layout and checks) whose implementation overrides one method, ``_run_mqa_kernel(q, kv_cache, indices)``: a call
   this plugin covers (:func:`v32_leave_reason`, then the device's tables) runs :func:`kernels.sparse_mla_decode` with
   the tuned config, reading vLLM's cache in place; every other call runs vLLM's method (FlashInfer) unchanged.
-- **DeepSeek-V4** (opt-in, ``SPARSE_MLA_VLLM_V4=1``): wraps vLLM's class selector
-  ``vllm.models.deepseek_v4.nvidia.model._select_dsv4_attn_cls`` when that module is imported, so that where vLLM
-  picks ``DeepseekV4FlashInferSM120Attention`` it gets its subclass ``SparseMLADeepseekV4SM120Attention``
-  (:func:`v4_class_for`; ``docs/engines.md`` says why this seam and why opt-in).
+- **DeepSeek-V4 and V4.1** (opt-in, ``SPARSE_MLA_VLLM_V4=1``): wraps vLLM's class selectors
+  ``vllm.models.deepseek_v4.nvidia.model._select_dsv4_attn_cls`` and ``vllm.models.deepseek_v41.nvidia.model.
+  _select_dsv4_attn_cls`` when those modules are imported, so that where vLLM picks a
+  ``DeepseekV4FlashInferSM120Attention`` (V4's or V4.1's) it gets its subclass ``SparseMLADeepseekV4SM120Attention``
+  (:func:`v4_class_for`; ``docs/engines.md`` says why this seam and why opt-in). On sm_12x vLLM keeps V4's 584-byte
+  record for V4.1 too (``_use_v41_mxfp8_kv_record``: SM100 only), so both read ``fp8_model1`` caches.
 
 Each distinct call shape is logged once (logger ``vllm.sparse_mla``, under vLLM's own ``vllm`` logger): served with
 which table, or left to vLLM and why. Off without uninstalling: ``SPARSE_MLA_VLLM=0`` (read at load: nothing is
@@ -49,10 +53,11 @@ ENV_V4 = "SPARSE_MLA_VLLM_V4"  # DeepSeek-V4's seam, opt-in
 V32_SLOT = "FLASHINFER_MLA_SPARSE_SM120"  # vLLM's sm_12x sparse-MLA backend for V3.2 / GLM-5
 V32_BACKEND = "sparse_mla_tuner.kernels.vllm_backends.SparseMLASM120Backend"
 V4_MODULE = "vllm.models.deepseek_v4.nvidia.model"
+V41_MODULE = "vllm.models.deepseek_v41.nvidia.model"  # DeepSeek-V4.1: the same selector name and class shape
+V4_MODULES = (V4_MODULE, V41_MODULE)
 V4_SELECTOR = "_select_dsv4_attn_cls"
-V32_FORMAT = "fp8_v32"  # 656 bytes per token: 512 e4m3, 4 fp32 scales, 64 bf16 rope values
-V32_BYTES = 656
-V32_DIM = 576  # q: 512 latent + 64 rope
+# q's head dim -> (the cache format, its bytes per token): with RoPE (V3.2, GLM-5) and without (GLM-5.3)
+V32_FORMATS = {576: ("fp8_v32", 656), 512: ("fp8_v32_nope", 528)}
 SERVED_HEADS = (8, 16, 32, 64, 128)
 CAPTURE_SIZES = (1, 2, 4, 8, *range(16, 97, 8))  # warmed when no table bounds the batch (interpreter)
 _OFF = ("0", "false", "off", "no")
@@ -147,51 +152,59 @@ def _register_v32() -> None:
     _log_once(
         ("registered", "v32"),
         logging.INFO,
-        "sparse-MLA plugin: %s -> %s. Serves DeepSeek-V3.2/GLM-5 decode on the %d-byte fp8_ds_mla cache with q "
-        "[T, H in %s, %d] bf16, any top-k, on a GPU with an exported %s table (the nearest tuned heads/top-k when "
-        "the shape has none; T up to its largest batch). Leaves every other call to vLLM's %s. Off: %s=0.",
+        "sparse-MLA plugin: %s -> %s. Serves DeepSeek-V3.2/GLM decode on the fp8_ds_mla cache: 656-byte rows with q "
+        "[T, H, 576] (fp8_v32) and the 528-byte rows of a model without RoPE with q [T, H, 512] (fp8_v32_nope), "
+        "bf16, H in %s, any top-k, on a GPU with an exported table for the format (the nearest tuned heads/top-k "
+        "when the shape has none; T up to its largest batch). Leaves every other call to vLLM's %s. Off: %s=0.",
         V32_SLOT,
         V32_BACKEND,
-        V32_BYTES,
         list(SERVED_HEADS),
-        V32_DIM,
-        V32_FORMAT,
         V32_SLOT,
         ENV_SWITCH,
     )
 
 
 def _register_v4() -> None:
-    module = sys.modules.get(V4_MODULE)
-    if module is not None:
-        wrap_v4_selector(module)
-    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(V4_MODULE, wrap_v4_selector))
+    for name in V4_MODULES:
+        module = sys.modules.get(name)
+        if module is not None:
+            wrap_v4_selector(module)
+        elif not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
+            sys.meta_path.insert(0, _AfterImport(name, wrap_v4_selector))
     _log_once(
         ("registered", "v4"),
         logging.INFO,
-        "sparse-MLA plugin: DeepSeek-V4 on sm_12x -> SparseMLADeepseekV4SM120Attention (wraps %s.%s; %s=1)",
+        "sparse-MLA plugin: DeepSeek-V4/V4.1 on sm_12x -> SparseMLADeepseekV4SM120Attention (wraps %s.%s and %s.%s; "
+        "%s=1)",
         V4_MODULE,
+        V4_SELECTOR,
+        V41_MODULE,
         V4_SELECTOR,
         ENV_V4,
     )
 
 
 _V4_CLASSES: dict[type, type] = {}
+# vLLM's DeepSeek-V4 / V4.1 sm_12x FlashInfer attention classes, by module, and whether the model is V4.1
+_V4_BASES = {
+    "vllm.models.deepseek_v4.nvidia.flashinfer_sparse": False,
+    "vllm.models.deepseek_v41.nvidia.flashinfer_sparse": True,
+}
 
 
 def v4_class_for(cls: type) -> type:
-    """Our subclass of vLLM's DeepSeek-V4 sm_12x FlashInfer attention class (made once); any other class unchanged.
-    Its ``_forward_decode`` runs the tuned kernel where :func:`serve_v4_decode` covers the call, else vLLM's."""
-    from vllm.models.deepseek_v4.nvidia.flashinfer_sparse import DeepseekV4FlashInferSM120Attention
-
-    if cls is not DeepseekV4FlashInferSM120Attention:
+    """Our subclass of vLLM's DeepSeek-V4 or V4.1 sm_12x FlashInfer attention class (made once per class); any other
+    class unchanged. Its ``_forward_decode`` runs the tuned kernel where :func:`serve_v4_decode` covers the call, else
+    vLLM's."""
+    if cls.__name__ != "DeepseekV4FlashInferSM120Attention" or cls.__module__ not in _V4_BASES:
         return cls
     sub = _V4_CLASSES.get(cls)
     if sub is None:
 
         class SparseMLADeepseekV4SM120Attention(cls):
-            """vLLM's DeepSeek-V4 sm_12x attention, with covered decode calls on the tuned kernel."""
+            """vLLM's DeepSeek-V4 (or V4.1) sm_12x attention, with covered decode calls on the tuned kernel."""
+
+            _sparse_mla_v41 = _V4_BASES[cls.__module__]
 
             def _forward_decode(self, q, kv_cache, swa_metadata, attn_metadata, swa_only, output):
                 if serve_v4_decode(self, q, kv_cache, swa_metadata, attn_metadata, swa_only, output):
@@ -203,7 +216,8 @@ def v4_class_for(cls: type) -> type:
 
 
 def wrap_v4_selector(module) -> None:
-    """Wrap ``module._select_dsv4_attn_cls`` (once) so that vLLM's sm_12x FlashInfer class becomes ours."""
+    """Wrap ``module._select_dsv4_attn_cls`` (once; V4's or V4.1's) so that vLLM's sm_12x FlashInfer class becomes
+    ours."""
     original = getattr(module, V4_SELECTOR)
     if getattr(original, "_sparse_mla_original", None) is not None:
         return
@@ -289,7 +303,14 @@ _ROUTES: dict[tuple, _Route | str] = {}  # by the call's signature
 _CLASSES: dict[tuple, _Route | str] = {}  # by the signature less the row count
 
 
-# --- DeepSeek-V3.2 / GLM-5: FLASHINFER_MLA_SPARSE_SM120's _run_mqa_kernel ----------------------------
+# --- DeepSeek-V3.2 / GLM: FLASHINFER_MLA_SPARSE_SM120's _run_mqa_kernel ------------------------------
+
+
+def v32_format(q) -> str | None:
+    """The cache format of a ``_run_mqa_kernel`` call from q's head dim (576: ``fp8_v32``; 512, no RoPE:
+    ``fp8_v32_nope``); None for another."""
+    found = V32_FORMATS.get(q.shape[-1]) if isinstance(q, torch.Tensor) and q.dim() else None
+    return found[0] if found else None
 
 
 def v32_leave_reason(q, kv_cache, indices) -> str | None:
@@ -298,8 +319,9 @@ def v32_leave_reason(q, kv_cache, indices) -> str | None:
     if not isinstance(q, torch.Tensor) or q.dim() != 3 or q.dtype != torch.bfloat16:
         return "q is not [T, H, D] bf16"
     T, H, D = q.shape
-    if D != V32_DIM:
-        return f"q has head dim {D} (served: {V32_DIM}, 512 latent + 64 rope; the no-rope 528-byte layout is not)"
+    if D not in V32_FORMATS:
+        return f"q has head dim {D} (served: 576, 512 latent + 64 rope; 512, no rope)"
+    kv_format, row_bytes = V32_FORMATS[D]
     if q.stride(-1) != 1:
         return "q's last dimension is not contiguous"
     if T < 1:
@@ -308,8 +330,9 @@ def v32_leave_reason(q, kv_cache, indices) -> str | None:
         return f"q has {H} heads (served: {', '.join(map(str, SERVED_HEADS))})"
     if not isinstance(kv_cache, torch.Tensor) or kv_cache.dim() != 3:
         return "kv_cache is not [num_pages, page_size, bytes]"
-    if kv_cache.shape[2] != V32_BYTES:
-        return f"kv_cache has {kv_cache.shape[2]} bytes per token (served: {V32_BYTES}, fp8_ds_mla with rope)"
+    if kv_cache.shape[2] != row_bytes:
+        bpt = kv_cache.shape[2]
+        return f"kv_cache has {bpt} bytes per token (served with q's head dim {D}: {row_bytes}, {kv_format})"
     if kv_cache.dtype not in _CACHE_DTYPES:
         return f"kv_cache is {kv_cache.dtype} (served: uint8 or float8_e4m3fn bytes)"
     if kv_cache.shape[0] < 1 or kv_cache.shape[1] < 1:
@@ -346,16 +369,17 @@ def _v32_route(q, kv_cache, indices) -> _Route | str:
         if route is None:
             T, H, _ = q.shape
             topk = indices.shape[1]
+            kv_format = v32_format(q)
             class_key = ("v32", q.device, H, tuple(kv_cache.shape[1:]), kv_cache.dtype, topk, indices.dtype)
             route = _CLASSES.get(class_key)
             if route is None:
-                found = coverage(q.device, V32_FORMAT, H, topk)
+                found = coverage(q.device, kv_format, H, topk)
                 if isinstance(found, str):
                     route = found
                 elif found is None:
-                    route = _Route(q.device, V32_FORMAT, H, topk, None, None)
+                    route = _Route(q.device, kv_format, H, topk, None, None)
                 else:
-                    route = _Route(q.device, V32_FORMAT, H, topk, *found)
+                    route = _Route(q.device, kv_format, H, topk, *found)
                 _CLASSES[class_key] = route
             if isinstance(route, _Route) and not route.serves(T):
                 h, k = route.shape
@@ -364,8 +388,9 @@ def _v32_route(q, kv_cache, indices) -> _Route | str:
             _log_once(
                 ("serve", str(shape), tuple(kv_cache.shape[1:]), indices.shape[1]),
                 logging.INFO,
-                "sparse-MLA plugin serves %s: q [T, %s], kv_cache [..., %s] with %s",
+                "sparse-MLA plugin serves %s (%s): q [T, %s], kv_cache [..., %s] with %s",
                 V32_SLOT,
+                route.kv_format,
                 ", ".join(map(str, shape)),
                 ", ".join(map(str, kv_cache.shape[1:])),
                 route.how(),
@@ -390,7 +415,7 @@ def _v32_launch(route: _Route, q, kv_cache, indices, scale) -> torch.Tensor:
         q,
         kv_cache.view(torch.uint8),
         indices,
-        kv_format=V32_FORMAT,
+        kv_format=route.kv_format,
         sm_scale=float(scale),
         config=route.config(q.shape[0]),
     )
@@ -399,8 +424,9 @@ def _v32_launch(route: _Route, q, kv_cache, indices, scale) -> torch.Tensor:
 
 def serve_v32(q, kv_cache, indices, scale) -> torch.Tensor | None:
     """``out [T, H, 512]`` bf16 from the tuned kernel for a covered ``_run_mqa_kernel`` call of vLLM's
-    ``FLASHINFER_MLA_SPARSE_SM120`` (``q [T, H, 576]`` bf16, ``kv_cache [num_pages, 64, 656]`` fp8_ds_mla bytes,
-    ``indices [T, topk]`` flat rows, -1 none; ``scale`` the softmax scale); None: the caller runs vLLM's own."""
+    ``FLASHINFER_MLA_SPARSE_SM120`` (``q [T, H, 576]`` bf16 with ``kv_cache [num_pages, 64, 656]`` fp8_ds_mla bytes,
+    or without RoPE ``q [T, H, 512]`` with ``[num_pages, 64, 528]``; ``indices [T, topk]`` flat rows, -1 none;
+    ``scale`` the softmax scale); None: the caller runs vLLM's own."""
     if not enabled():
         return None
     try:
@@ -439,12 +465,12 @@ def warm_up_v32_like(q, kv_cache, indices, scale, token_counts=None) -> list[tup
 
 
 def serve_v4_decode(layer, q, kv_cache, swa_metadata, attn_metadata, swa_only, output) -> bool:
-    """Run one decode of vLLM's ``DeepseekV4FlashInferSM120Attention`` on the tuned kernel when the SGLang plugin's
-    V4 rule covers it (the same FlashMLA-form arguments: the 584-byte window cache and, on compressed layers, the
-    compressed cache with its global top-k indices, the sink, per-token lengths); writes ``output`` and returns
-    True. False (nothing written): vLLM's own ``_forward_decode`` runs. The index derivation is vLLM 0.34.0's own
-    (``compute_global_topk_indices_and_lens``); it is not yet checked against FlashInfer on an sm_12x GPU, hence
-    opt-in (``SPARSE_MLA_VLLM_V4=1``)."""
+    """Run one decode of vLLM's ``DeepseekV4FlashInferSM120Attention`` (V4's or V4.1's) on the tuned kernel when the
+    SGLang plugin's V4 rule covers it (the same FlashMLA-form arguments: the 584-byte window cache and, on
+    compressed layers, the compressed cache with its global top-k indices, the sink, per-token lengths); writes
+    ``output`` and returns True. False (nothing written): vLLM's own ``_forward_decode`` runs. The index derivation
+    is vLLM 0.34.0's own (``compute_global_topk_indices_and_lens``, V4's or V4.1's); it is not yet checked against
+    FlashInfer on an sm_12x GPU, hence opt-in (``SPARSE_MLA_VLLM_V4=1``)."""
     if not v4_enabled():
         return False
     try:
@@ -465,8 +491,13 @@ def serve_v4_decode(layer, q, kv_cache, swa_metadata, attn_metadata, swa_only, o
 
 def _v4_kwargs(layer, q, kv_cache, swa_metadata, attn_metadata, swa_only, output) -> dict | None:
     """vLLM's decode arguments in FlashMLA's keyword form (what ``flash_mla_with_kvcache_sm120`` takes); None
-    where vLLM's metadata lacks a part (vLLM's own method then raises its own error)."""
-    from vllm.models.deepseek_v4.nvidia import flashinfer_sparse as fs
+    where vLLM's metadata lacks a part (vLLM's own method then raises its own error). V4.1's compressed layers all
+    take their indices from the indexer's buffer (``vllm.models.deepseek_v41.common.ops``), as its
+    ``_forward_decode`` does; V4's ratio-128 layers from the metadata's precomputed ones."""
+    if getattr(layer, "_sparse_mla_v41", False):
+        from vllm.models.deepseek_v41.common import ops as fs
+    else:
+        from vllm.models.deepseek_v4.nvidia import flashinfer_sparse as fs
 
     n = swa_metadata.num_decode_tokens
     extra_idx = extra_len = None
@@ -474,7 +505,7 @@ def _v4_kwargs(layer, q, kv_cache, swa_metadata, attn_metadata, swa_only, output
         if attn_metadata is None or swa_metadata.is_valid_token is None:
             return None
         is_valid = swa_metadata.is_valid_token[:n]
-        if layer.compress_ratio == 4:
+        if layer.compress_ratio == 4 or getattr(layer, "_sparse_mla_v41", False):
             if layer.topk_indices_buffer is None:
                 return None
             block_size = attn_metadata.block_size // layer.compress_ratio

@@ -94,6 +94,50 @@ def test_preset_space_takes_the_shipped_spaces_sections():
 
 
 @pytest.mark.parametrize(
+    ("model", "shipped", "shape", "extra"),
+    [
+        ("glm-5.3-flash", "glm53_nope_tp4", ("fp8_v32_nope", 16, 2176), None),
+        ("deepseek-v4.1-flash", "v41_flash_layer_tp4", ("fp8_v41", 16, 128), ("fp4_v41", 512, 32, 8192)),
+    ],
+)
+def test_the_new_formats_presets_give_their_shipped_spaces_call(model, shipped, shape, extra):
+    """The presets of GLM-5.3 (no RoPE) and DeepSeek-V4.1 (fp8 window, fp4 compressed cache) at TP4 search exactly
+    the call of the format's shipped space (its pages too), with its parameter and measurement sections."""
+    from sparse_mla_tuner.tuner.adapters.sparse_mla.presets import preset_space
+    from sparse_mla_tuner.tuner.space import load_space
+
+    preset = get_preset(model)
+    assert preset.shapes(4) == [shape] and preset.heads == 64 and "not a config.json fact" in preset.note
+    space, base = preset_space(model, 4), load_space(shipped)
+    (w,) = space.workloads
+    assert (w.kv_format, w.local_heads, w.topk, w.extra) == (*shape, extra)
+    assert w.fields() == base.workloads[0].fields() | {"name": f"{model.replace('.', '_')}_tp4"}
+    assert space.parameters == base.parameters and space.baseline == base.baseline
+    assert space.constraints == base.constraints and space.measurement == base.measurement
+    assert tune_command(*shape) == f"tuner search --model {model} --tp 4 && tuner export --engine sglang"
+
+
+def test_tuner_shapes_lists_the_new_formats_by_model_and_by_default():
+    """`tuner shapes --model` of each new preset names its own format and shape; with no format named every main
+    cache's format is listed; the extra-only fp4 cache is refused by name, a shape of it says why."""
+    proc = tuner("shapes", "--model", "glm-5.3-flash", "--tp", "2", "-f", "json")
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads(proc.stdout)
+    assert (row["kv_format"], row["heads"], row["topk"], row["served"]) == ("fp8_v32_nope", 32, 2176, True)
+    proc = tuner("shapes", "--model", "deepseek-v4.1-flash", "--tp", "8", "-f", "json")
+    (row,) = json.loads(proc.stdout)
+    assert (row["kv_format"], row["heads"], row["topk"], row["served"]) == ("fp8_v41", 8, 128, True)
+    proc = tuner("shapes", "--heads", "16", "--topk", "2048", "-f", "json")
+    listed = {r["kv_format"]: r for r in json.loads(proc.stdout)}
+    assert set(listed) == {"fp8_model1", "fp8_v32", "fp8_v32_nope", "fp8_v41"}
+    assert all(r["served"] and r["origin"] == "default" for r in listed.values())  # the interpreter, no table
+    proc = tuner("shapes", "--kv-format", "fp4_v41")
+    assert proc.returncode == 2 and "fp4_v41" in proc.stderr and proc.stderr.strip().count("\n") == 0
+    c = coverage("fp4_v41", 16, 512)
+    assert not c.served and "extra cache only" in c.reason and "fp8_v41" in c.reason
+
+
+@pytest.mark.parametrize(
     ("args", "words"),
     [
         (["search", "--model", "llama", "--tp", "4"], "not a model preset"),
@@ -315,16 +359,22 @@ def test_every_preset_shape_at_every_tp_is_served_or_says_why():
                 assert c.served or "heads" in c.reason
 
 
-def test_a_shape_left_for_want_of_a_table_names_the_command_that_tunes_it(fresh_plugin, monkeypatch, caplog):
+@pytest.mark.parametrize(
+    ("kv_format", "topk", "preset"), [("fp8_v32", 32, None), ("fp8_v32_nope", 2176, "glm-5.3-flash --tp 4")]
+)
+def test_a_shape_left_for_want_of_a_table_names_the_command_that_tunes_it(
+    fresh_plugin, monkeypatch, caplog, kv_format, topk, preset
+):
     monkeypatch.setattr(plugin, "device_name", lambda device: "NVIDIA B300")  # a GPU without any table
-    W = Workload("fp8_v32", 16, 32, page_size=64, context=64)
+    W = Workload(kv_format, 16, topk, page_size=64, context=topk)
     bt = make_batch(W, 1, seed=1)
     kw = plugin.v32_engine_call(bt.q, bt.kv_cache, bt.indices)
     with caplog.at_level(logging.INFO, logger=plugin.logger.name):
         assert plugin.sglang_v32_hook(lambda **k: "engine", **kw) == "engine"
     (msg,) = [r.getMessage() for r in caplog.records if "leaves" in r.getMessage()]
-    c = coverage("fp8_v32", 16, 32, device_name="NVIDIA B300")
+    c = coverage(kv_format, 16, topk, device_name="NVIDIA B300")
     assert c.reason in msg and f"(to tune it: {c.tune})" in msg and "tuner export --engine sglang" in msg
+    assert f"no exported {kv_format} table" in msg and (preset is None or f"--model {preset}" in msg)
 
 
 def test_a_batch_past_the_table_names_the_command_for_larger_batches(tmp_path, monkeypatch, fresh_plugin, caplog):

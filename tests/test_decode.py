@@ -432,3 +432,17 @@ def test_the_split_kernel_triggers_the_combine_late_only_with_more_programs_than
     assert late("T32-w4-s1-c256-p1", 4, None) == [False]  # SMs unknown (no GPU)
     assert late("T32-w4-s1-c256-p1", 4, 132, pdl=False) == [False]  # no dependent launch to trigger
     assert late("T32-w4-s1-c1", 400, 132) == [False]  # one split: no combine
+
+
+def test_the_launcher_its_plan_and_the_reference_take_one_signature():
+    """``sparse_mla_decode``, ``prepare_decode`` (plus its ``buffers``) and the reference are one call: the same
+    parameters, kinds and defaults, so a caller switches between them by name alone."""
+    import inspect
+
+    def params(fn, drop=()):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values() if p.name not in drop]
+
+    ours = params(sparse_mla_decode)
+    assert ours == params(decode.prepare_decode, drop=("buffers",))
+    assert ours == params(sparse_mla_decode_ref)
+    assert [n for n, k, _ in ours if k is inspect.Parameter.KEYWORD_ONLY][:1] == ["kv_format"]

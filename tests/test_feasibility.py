@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -247,3 +248,46 @@ def test_the_compile_process_compiles_each_distinct_kernel_once(store):
     got = json.loads(proc.stdout.splitlines()[-1])
     assert got["calls"] == got["distinct"] < got["total"]
     assert len(got["results"]) == 2 and all(r["registers"] > 0 and r["shared"] > 0 for r in got["results"])
+
+
+@pytest.mark.parametrize(
+    ("space", "formats"),
+    [("glm53_nope_tp4", ("fp8_v32_nope", None)), ("v41_flash_layer_tp4", ("fp8_v41", "fp4_v41"))],
+)
+def test_tuner_check_of_the_new_formats_spaces_gives_sm120_a_verdict(space, formats, tmp_path):
+    """`tuner check` (compile only, the shipped space's sm_120 target) of one config of each new format's shipped
+    space, its baseline: a verdict with its numbers, and a reason where it does not fit. Two configs on purpose (the
+    space's baseline and its smallest tile at one stage), a few cold compiles."""
+    import yaml
+
+    from sparse_mla_tuner.tuner.space import resolve_space
+    from tests.conftest import tuner_in_process as tuner
+
+    doc = yaml.safe_load(Path(resolve_space(space)).read_text())
+    assert doc["target"] == "sm_120"
+    base = doc["baseline"]
+    small = min(doc["parameters"]["BLOCK_T"]["choices"])
+    doc["parameters"] = {
+        "BLOCK_T": {"type": "categorical", "choices": sorted({base["BLOCK_T"], small})},
+        "num_warps": {"type": "categorical", "choices": [base["num_warps"]]},
+        "num_stages": {"type": "categorical", "choices": [1, base["num_stages"]]},
+        "TARGET_CTAS": {"type": "categorical", "choices": [base["TARGET_CTAS"]]},
+    }
+    doc["constraints"] = [f"BLOCK_T == {base['BLOCK_T']} or num_stages == 1"]  # the baseline, and the small tile
+    path = tmp_path / f"{space}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    proc = tuner("check", str(path), "--db", f"sqlite:///{tmp_path / 'v.db'}", "-f", "json", "-q")
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert {(r["BLOCK_T"], r["num_stages"]) for r in rows} == {(base["BLOCK_T"], base["num_stages"]), (small, 1)}
+    for r in rows:
+        assert r["shared_bytes"] > 0
+        assert abs(r["estimate_bytes"] - r["shared_bytes"]) <= 0.02 * r["shared_bytes"], r  # explains the number
+        if r["feasible"]:
+            assert r["shared_bytes"] <= r["limit_bytes"] == 101_376 and not r["reason"]
+        else:
+            assert r["reason"].startswith("shared ") and "sm_120 limit 101 376 B" in r["reason"]
+    smallest = next(r for r in rows if (r["BLOCK_T"], r["num_stages"]) == (small, 1))
+    assert smallest["feasible"], smallest  # the space's smallest tile at one stage fits sm_120
+    w = doc["workloads"][0]
+    assert (w["kv_format"], (w.get("extra") or {}).get("kv_format")) == formats

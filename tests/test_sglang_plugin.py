@@ -61,11 +61,14 @@ def launches(monkeypatch):
     return seen
 
 
-def engine_call(heads=16, q_tokens=2, batch=2, topk=64, extra_topk=64, seed=1, dtype=torch.float8_e4m3fn):
+def engine_call(
+    heads=16, q_tokens=2, batch=2, topk=64, extra_topk=64, seed=1, dtype=torch.float8_e4m3fn, pages=(256, 64)
+):
     """SGLang's keyword arguments of one DeepSeek-V4 decode call: a window cache of 256-token pages and a
-    compressed cache of 64-token pages, both padded as SGLang allocates them, -1 indices, ragged lengths, a sink."""
-    window = Workload("fp8_model1", heads, topk, page_size=256, context=256)
-    compressed = Workload("fp8_model1", heads, extra_topk, page_size=64, context=256)
+    compressed cache of 64-token pages (``pages``), both padded as SGLang allocates them, -1 indices, ragged
+    lengths, a sink."""
+    window = Workload("fp8_model1", heads, topk, page_size=pages[0], context=256)
+    compressed = Workload("fp8_model1", heads, extra_topk, page_size=pages[1], context=256)
     bt = make_batch(
         window, batch, seed=seed, q_tokens=q_tokens, extra=compressed, with_sink=True, with_topk_length=True,
         invalid_fraction=0.2,
@@ -135,6 +138,23 @@ def test_engine_call_matches_sglang_reference_reading_the_cache_in_place(sglang_
     main, extra = launches["caches"][:2]
     assert main.data_ptr() == kw["k_cache"].data_ptr() and main.stride(0) == plugin.page_bytes(256) == 149760
     assert extra.data_ptr() == kw["extra_k_cache"].data_ptr() and extra.stride(0) == plugin.page_bytes(64) == 37440
+
+
+@needs_sglang
+def test_deepseek_v41_on_sm120_is_the_v4_call_and_is_served(sglang_env, launches):
+    """SGLang 0.5.23 has no V4.1-format call on sm_120: ``select_dsv4_kv_layout`` keeps V4's 584-byte record off
+    SM100, and ``deepseek_v4_backend`` decodes every V4-family model (V4.1 too) there through
+    ``flash_mla_with_kvcache_sm120``. A V4.1-shaped call (64 heads at TP1, the window on the 64-token pages of
+    ``SGLANG_OPT_SM120_DIRECT_SWA_KV``, a ratio-1 compressed cache on 128-token pages) is served and matches SGLang's
+    own torch reference (``srt/mem_cache/deepseek_v4_memory_pool.py`` does not import on a CPU, so the layout rule is
+    read from its source, not run)."""
+    mod, plugins, _, _ = sglang_env
+    plugins.load_plugins()
+    kw, _ = engine_call(heads=64, q_tokens=1, batch=2, topk=64, extra_topk=128, pages=(64, 128))
+    out, _ = mod.flash_mla_with_kvcache_sm120(**kw)
+    assert launches["launches"], "the kernel did not serve a covered call"
+    ref_out, _ = sglang_reference(mod, kw)
+    torch.testing.assert_close(out.float(), ref_out.float(), atol=2e-2, rtol=2e-2)
 
 
 @needs_sglang
@@ -388,21 +408,29 @@ def test_warm_up_compiles_every_config_the_table_can_pick(tmp_path, monkeypatch,
     assert {cfg for _, cfg in done} == {KernelConfig.from_dict(e) for e in tuned.values()} == used
 
 
-# --- DeepSeek-V3.2 / GLM-5: SGLang's DSA decode on sm_120 (flashinfer_sparse_mla_forward) -------------------
+# --- DeepSeek-V3.2 / GLM: SGLang's DSA decode on sm_120 (flashinfer_sparse_mla_forward) ---------------------
 
 
-def v32_call(heads=16, tokens=3, topk=64, pages=2, seed=5, kv_cache_dim=656):
+def v32_call(heads=16, tokens=3, topk=64, pages=2, seed=5, nope=False):
     """SGLang's exact keyword arguments of ``_forward_flashinfer_sparse_mla``'s call, on a cache SGLang's own
-    quantizer wrote (``quantize_k_cache``: 512 e4m3, 4 fp32 scales, 64 bf16 RoPE per token) and passed as its
-    pool buffer ``[tokens, 1, 656]``; -1-padded token indices and ``seq_lens`` (SGLang's ``dsa_cache_seqlens``,
-    clamped to the top-k) shorter than the top-k for one row."""
+    quantizer wrote and passed as its pool buffer ``[tokens, 1, kv_cache_dim]``: ``quantize_k_cache`` (512 e4m3, 4
+    fp32 scales, 64 bf16 RoPE per token: 656 bytes), or with ``nope`` a model without RoPE (GLM-5.3:
+    ``qk_rope_head_dim`` 0, ``quantize_k_cache_separate`` with no rope part, 528 bytes, q of 512 dims); -1-padded
+    token indices and ``seq_lens`` (SGLang's ``dsa_cache_seqlens``, clamped to the top-k) shorter than the top-k for
+    one row."""
     from sglang.kernels.ops.quantization.dsa_quant_k_cache import quantize_k_cache
+    from sglang.kernels.ops.quantization.dsa_quant_k_cache import quantize_k_cache_separate
 
     g = torch.Generator().manual_seed(seed)
     n = pages * 64
-    k = (torch.randn(pages, 64, 1, 576, generator=g) * 0.5).bfloat16()
-    cache = quantize_k_cache(k)  # [pages, 64, 1, 656] float8_e4m3fn
-    q = (torch.randn(tokens, heads, 576, generator=g) * 0.5).bfloat16()
+    width, kv_cache_dim = (512, 528) if nope else (576, 656)
+    k = (torch.randn(pages, 64, 1, width, generator=g) * 0.5).bfloat16()
+    if nope:
+        rows, _ = quantize_k_cache_separate(k.view(n, 512), None)  # [n, 1, 528]
+        cache = rows.view(torch.uint8).view(torch.float8_e4m3fn).view(pages, 64, 1, 528)
+    else:
+        cache = quantize_k_cache(k)  # [pages, 64, 1, 656] float8_e4m3fn
+    q = (torch.randn(tokens, heads, width, generator=g) * 0.5).bfloat16()
     indices = torch.stack([torch.randperm(n, generator=g)[:topk] for _ in range(tokens)]).to(torch.int32)
     seq_lens = torch.full((tokens,), topk, dtype=torch.int32)
     seq_lens[0] = topk // 2
@@ -416,9 +444,9 @@ def v32_call(heads=16, tokens=3, topk=64, pages=2, seed=5, kv_cache_dim=656):
         "workspace_buffer": torch.empty(16, dtype=torch.uint8),
         "page_size": 64,
         "kv_cache_dim": kv_cache_dim,
-        "qk_nope_head_dim": 192,
+        "qk_nope_head_dim": 256 if nope else 192,
         "kv_lora_rank": 512,
-        "qk_rope_head_dim": 64,
+        "qk_rope_head_dim": 0 if nope else 64,
         "sm_scale": 0.1352,
         "skip_softmax_threshold_scale_factor": None,
     }
@@ -426,11 +454,12 @@ def v32_call(heads=16, tokens=3, topk=64, pages=2, seed=5, kv_cache_dim=656):
 
 
 def v32_sglang_reference(kw, cache):
-    """Sparse attention over the keys SGLang's own dequantizer (``dequantize_k_cache``) reads from the cache: for
-    each row, the first ``seq_lens`` indices that are not -1; V is the first 512 dims of K (absorbed MLA)."""
+    """Sparse attention over the keys SGLang's own dequantizer (``dequantize_k_cache``, either row width) reads from
+    the cache: for each row, the first ``seq_lens`` indices that are not -1; V is the first 512 dims of K (absorbed
+    MLA)."""
     from sglang.kernels.ops.attention.dsa.dequant_k_cache import dequantize_k_cache
 
-    keys = dequantize_k_cache(cache).float().reshape(-1, 576)
+    keys = dequantize_k_cache(cache).float().reshape(-1, kw["q"].shape[-1])
     q = kw["q"].float()
     out = torch.zeros(q.shape[0], q.shape[1], 512)
     for t in range(q.shape[0]):
@@ -451,11 +480,12 @@ def v32_hooked(sglang_env, fresh_plugin):
 
 
 @needs_sglang
-def test_v32_call_through_sglang_matches_its_reference_and_runs_our_kernel(v32_hooked, launches):
+@pytest.mark.parametrize("nope", [False, True], ids=["v32-656B", "v32-no-rope-528B"])
+def test_v32_call_through_sglang_matches_its_reference_and_runs_our_kernel(v32_hooked, launches, nope):
     mod, original = v32_hooked
     wrapped = mod.flashinfer_sparse_mla_forward
     assert wrapped is not original and wrapped.__wrapped__ is original
-    kw, cache = v32_call()
+    kw, cache = v32_call(nope=nope)
     out = mod.flashinfer_sparse_mla_forward(**kw)
     assert launches["launches"], "the kernel did not serve a covered call"
     assert out.shape == (3, 16, 512) and out.dtype == torch.bfloat16
@@ -469,17 +499,18 @@ def test_v32_call_through_sglang_matches_its_reference_and_runs_our_kernel(v32_h
     "change",
     [
         {"heads": 12},
-        {"kv_cache_dim": 528},  # V32_NO_ROPE: another engineer adds the format
+        {"nope_heads": 12},  # V32_NO_ROPE, a head count the kernel does not run
+        {"kv_cache_dim": 528},  # 528 bytes with a RoPE part: neither V32 nor V32_NO_ROPE
         {"skip_softmax_threshold_scale_factor": 0.5},
         {"extra": 1},
     ],
     ids=lambda c: next(iter(c)),
 )
 def test_v32_uncovered_call_reaches_the_original_unchanged(v32_hooked, launches, change, caplog):
-    kw, _ = v32_call(heads=change.get("heads", 16), tokens=1)
+    kw, _ = v32_call(heads=change.get("heads", change.get("nope_heads", 16)), tokens=1, nope="nope_heads" in change)
     if "kv_cache_dim" in change:
         kw.update(q=kw["q"][..., :512].contiguous(), kv_cache=torch.zeros(128, 1, 528, dtype=torch.uint8))
-        kw.update(kv_cache_dim=528, qk_rope_head_dim=0)
+        kw.update(kv_cache_dim=528)
     if "skip_softmax_threshold_scale_factor" in change:
         kw["skip_softmax_threshold_scale_factor"] = 0.5
     if "extra" in change:
@@ -495,13 +526,15 @@ def test_v32_uncovered_call_reaches_the_original_unchanged(v32_hooked, launches,
         assert plugin.sglang_v32_hook(original, **kw) == "original"
     assert len(seen) == 2 and all(all(s[k] is kw[k] for k in kw) for s in seen)
     assert launches["launches"] == []
-    assert len([r for r in caplog.records if "leaves fp8_v32" in r.getMessage()]) == 1
+    named = "kv_cache_dim 528" if "kv_cache_dim" in change else "fp8_v32_nope" if "nope_heads" in change else "fp8_v32"
+    assert len([r for r in caplog.records if f"leaves {named} q" in r.getMessage()]) == 1
 
 
 @needs_sglang
-def test_v32_uncovered_call_through_sglang_runs_sglangs_function(v32_hooked, launches):
+@pytest.mark.parametrize("nope", [False, True], ids=["v32-656B", "v32-no-rope-528B"])
+def test_v32_uncovered_call_through_sglang_runs_sglangs_function(v32_hooked, launches, nope):
     mod, _ = v32_hooked
-    kw, _ = v32_call(heads=12, tokens=1)
+    kw, _ = v32_call(heads=12, tokens=1, nope=nope)
     with pytest.raises(ImportError, match="flashinfer"):  # SGLang's own FlashInfer path, absent on a CPU
         mod.flashinfer_sparse_mla_forward(**kw)
     assert launches["launches"] == []
@@ -514,15 +547,17 @@ def test_v32_switched_off_leaves_the_call(v32_hooked, launches, monkeypatch):
     assert plugin.sglang_v32_hook(lambda **k: "original", **kw) == "original" and launches["launches"] == []
 
 
+@pytest.mark.parametrize("kv_format", ["fp8_v32", "fp8_v32_nope"])
 def test_v32_hook_serves_a_covered_call_with_the_tables_config_and_leaves_larger_batches(
-    tmp_path, monkeypatch, fresh_plugin, caplog
+    tmp_path, monkeypatch, fresh_plugin, caplog, kv_format
 ):
     tuned = {"2": {"BLOCK_T": 32, "num_warps": 4, "num_stages": 1, "TARGET_CTAS": 4}}
-    (tmp_path / "kv_format=fp8_v32,heads=16,topk=2048,device_name=cpu-interpreter.json").write_text(json.dumps(tuned))
+    name = f"kv_format={kv_format},heads=16,topk=2048,device_name=cpu-interpreter.json"
+    (tmp_path / name).write_text(json.dumps(tuned))
     monkeypatch.setenv("SPARSE_MLA_CONFIG_DIR", str(tmp_path))
     used = []
     monkeypatch.setattr(decode, "LAUNCH_LISTENERS", [lambda name, cfg, grid: used.append(cfg)])
-    W = Workload("fp8_v32", 16, 64, page_size=64, context=128)
+    W = Workload(kv_format, 16, 64, page_size=64, context=128)
     bt = make_batch(W, 2, seed=2, with_topk_length=True, invalid_fraction=0.2)
     kw = plugin.v32_engine_call(bt.q, bt.kv_cache, bt.indices, bt.topk_length)
     with caplog.at_level(logging.INFO, logger=plugin.logger.name):
@@ -530,9 +565,9 @@ def test_v32_hook_serves_a_covered_call_with_the_tables_config_and_leaves_larger
     assert set(used) == {fit_config(KernelConfig.from_dict(tuned["2"]), 64)}
     ref, _ = sparse_mla_decode_ref(*bt.args(), **bt.kwargs(), sm_scale=kw["sm_scale"])
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
-    served = [r.getMessage() for r in caplog.records if "serves fp8_v32" in r.getMessage()]
+    served = [r.getMessage() for r in caplog.records if f"serves {kv_format} " in r.getMessage()]
     assert len(served) == 1 and "heads=16, topk=2048" in served[0] and "nearest" in served[0]
-    assert "kv_format fp8_v32, heads 16, topk 64" in served[0]  # the command that tunes this shape's own table
+    assert f"kv_format {kv_format}, heads 16, topk 64" in served[0]  # the command that tunes this shape's own table
     used.clear()
     big = make_batch(W, 3, seed=2)  # 3 rows: past the table's largest batch, 2
     assert plugin.sglang_v32_hook(lambda **k: "original", **plugin.v32_engine_call(big.q, big.kv_cache, big.indices))

@@ -125,13 +125,14 @@ def test_a_slot_another_package_took_over_is_left_to_it(vllm_env, caplog):
 
 
 def _ref_attention(q, rows, idx, scale):
-    """fp32 attention over the 656-byte rows as vLLM documents them: 512 e4m3, 4 fp32 scales (one per 128), 64 bf16."""
+    """fp32 attention over the rows as vLLM documents them: 512 e4m3, 4 fp32 scales (one per 128), then 64 bf16 rope
+    values (656 bytes) or none (528 bytes, a model without RoPE: ``get_fp8_ds_mla_row_bytes`` of the sm_120 impl)."""
     data = rows.view(torch.uint8)
     nope = data[:, :512].contiguous().view(torch.float8_e4m3fn).float().view(-1, 4, 128)
     scales = data[:, 512:528].contiguous().view(torch.float32)
     kv = torch.cat(
         [(nope * scales[..., None]).view(-1, 512), data[:, 528:].contiguous().view(torch.bfloat16).float()], 1
-    )
+    )  # [rows, 576] or [rows, 512]
     out = torch.zeros(q.shape[0], q.shape[1], 512)
     for t in range(q.shape[0]):
         sel = idx[t][idx[t] >= 0].long()
@@ -143,20 +144,22 @@ def _ref_attention(q, rows, idx, scale):
     return out
 
 
-def _vllm_call(heads=16, topk=64, tokens=3, glm_scales=False, seed=0):
+def _vllm_call(heads=16, topk=64, tokens=3, glm_scales=False, seed=0, nope=False):
     """vLLM's arguments of ``_run_mqa_kernel`` as ``forward_mqa`` makes them: the cache of 64-row blocks whose block
     stride is 2 blocks (another layer's pages in between), seen through vLLM's ``flat_kv_row_view`` and viewed as
-    ``[-1, 64, 656]``; the global row of a token by the rule of vLLM's ``triton_convert_req_index_to_global_index``
-    (``block_table[req, i // 64] * block_stride_rows + i % 64``, -1 stays -1)."""
+    ``[-1, 64, 656]`` (``[-1, 64, 528]`` and q of 512 dims with ``nope``, a model without RoPE); the global row of a
+    token by the rule of vLLM's ``triton_convert_req_index_to_global_index`` (``block_table[req, i // 64] *
+    block_stride_rows + i % 64``, -1 stays -1)."""
     from vllm.v1.attention.backends.mla.sparse_utils import flat_kv_row_view
 
     g = torch.Generator().manual_seed(seed)
     block, blocks = 64, 4
-    pages = quantize(torch.randn(blocks * block, 576, generator=g), "fp8_v32", block)  # [4, 64, 656]
+    fmt, width, bpt = ("fp8_v32_nope", 512, 528) if nope else ("fp8_v32", 576, 656)
+    pages = quantize(torch.randn(blocks * block, width, generator=g), fmt, block)  # [4, 64, bpt]
     if glm_scales:  # GLM's arbitrary fp32 scales ("arbitrary_fp32"), not powers of two
         s = pages[..., 512:528].contiguous().view(torch.float32) * 1.37
         pages[..., 512:528] = s.view(torch.uint8).view(blocks, block, 16)
-    buf = torch.zeros(blocks, 2 * block, 656, dtype=torch.uint8)
+    buf = torch.zeros(blocks, 2 * block, bpt, dtype=torch.uint8)
     buf[:, :block] = pages
     cache = buf[:, :block]  # [4, 64, 656], block stride 2 * 64 rows
     rows, stride_rows = flat_kv_row_view(cache, block)
@@ -167,30 +170,36 @@ def _vllm_call(heads=16, topk=64, tokens=3, glm_scales=False, seed=0):
     local[0, 5:] = -1
     glob = block_table[req[:, None], (local // block).clamp(min=0)] * stride_rows + local % block
     glob = torch.where(local < 0, -1, glob).to(torch.int32)
-    q = torch.randn(tokens, heads, 576, generator=g).bfloat16()
+    q = torch.randn(tokens, heads, width, generator=g).bfloat16()
     return q, rows.view(-1, 64, rows.shape[-1]), glob, rows
 
 
-def _impl():
+def _impl(nope=False):
     from sparse_mla_tuner.kernels.vllm_backends import SparseMLASM120Impl
 
     impl = object.__new__(SparseMLASM120Impl)  # vLLM's __init__ needs a vLLM config and FlashInfer
-    impl.scale, impl.num_heads, impl.kv_lora_rank = 576**-0.5, 16, 512
-    impl.qk_nope_head_dim, impl.qk_rope_head_dim, impl.kv_scale_format = 512, 64, "pow2_fp32"
+    impl.scale, impl.num_heads, impl.kv_lora_rank = (512 if nope else 576) ** -0.5, 16, 512
+    impl.qk_nope_head_dim, impl.qk_rope_head_dim = (256, 0) if nope else (512, 64)
+    impl.kv_scale_format = "arbitrary_fp32" if nope else "pow2_fp32"
     impl._workspace_buffer = torch.empty(1)
     return impl
 
 
 @needs_vllm
-@pytest.mark.parametrize("glm_scales", [False, True], ids=["deepseek-pow2-scales", "glm-arbitrary-scales"])
+@pytest.mark.parametrize(
+    ("glm_scales", "nope"),
+    [(False, False), (True, False), (True, True)],
+    ids=["deepseek-pow2-scales", "glm-arbitrary-scales", "glm53-no-rope-528B"],
+)
 def test_covered_call_runs_the_kernel_on_vllms_cache_in_place_and_matches_the_reference(
-    vllm_env, launches, flashinfer_calls, monkeypatch, glm_scales
+    vllm_env, launches, flashinfer_calls, monkeypatch, glm_scales, nope
 ):
-    q, kv, idx, rows = _vllm_call(glm_scales=glm_scales)
+    q, kv, idx, rows = _vllm_call(glm_scales=glm_scales, nope=nope)
     seen = []
     real = decode.sparse_mla_decode
     monkeypatch.setattr(decode, "sparse_mla_decode", lambda q, c, i, **kw: seen.append(c) or real(q, c, i, **kw))
-    impl = _impl()
+    impl = _impl(nope)
+    assert impl.get_fp8_ds_mla_row_bytes() == kv.shape[-1]  # vLLM's own rule for the row of this model
     out = impl._run_mqa_kernel(q, kv, idx)
     assert launches and not flashinfer_calls
     assert seen[0].data_ptr() == kv.data_ptr()  # vLLM's cache, not a copy
@@ -203,14 +212,14 @@ def test_covered_call_runs_the_kernel_on_vllms_cache_in_place_and_matches_the_re
 @needs_vllm
 @pytest.mark.parametrize(
     "change",
-    ["heads12", "no_rope_528", "bf16_cache"],
+    ["heads12", "no_rope_heads12", "no_rope_q_on_656B_rows", "bf16_cache"],
 )
 def test_uncovered_call_runs_vllms_own_method_unchanged(vllm_env, launches, flashinfer_calls, change, caplog):
-    q, kv, idx, _ = _vllm_call()
-    if change == "heads12":
+    q, kv, idx, _ = _vllm_call(nope=change == "no_rope_heads12")
+    if change in ("heads12", "no_rope_heads12"):
         q = q[:, :12]
-    elif change == "no_rope_528":
-        q, kv = q[..., :512].contiguous(), kv[..., :528]
+    elif change == "no_rope_q_on_656B_rows":
+        q = q[..., :512].contiguous()
     else:
         kv = torch.zeros(kv.shape[0], 64, 656, dtype=torch.bfloat16)
     impl = _impl()
@@ -242,13 +251,23 @@ def test_a_failure_in_the_kernel_path_goes_to_vllm_not_into_the_engine(vllm_env,
     assert len(flashinfer_calls) == 1
 
 
+def _v4_modules(v41: bool):
+    """vLLM's DeepSeek-V4 (or V4.1) model module, with its class selector, and its sm_12x FlashInfer module."""
+    import importlib
+
+    family = "deepseek_v41" if v41 else "deepseek_v4"
+    model = importlib.import_module(f"vllm.models.{family}.nvidia.model")
+    return model, importlib.import_module(f"vllm.models.{family}.nvidia.flashinfer_sparse")
+
+
 @needs_vllm
+@pytest.mark.parametrize("v41", [False, True], ids=["deepseek-v4", "deepseek-v4.1"])
 @pytest.mark.parametrize("opt_in", [True, False])
-def test_deepseek_v4_selector_gives_our_subclass_on_sm12x_only_when_opted_in(vllm_env, monkeypatch, opt_in):
-    from vllm.models.deepseek_v4.nvidia import flashinfer_sparse
-    from vllm.models.deepseek_v4.nvidia import model
+def test_deepseek_v4_selector_gives_our_subclass_on_sm12x_only_when_opted_in(vllm_env, monkeypatch, opt_in, v41):
     from vllm.platforms import current_platform
 
+    model, flashinfer_sparse = _v4_modules(v41)
+    assert model.__name__ in plugin.V4_MODULES
     monkeypatch.setattr(model, plugin.V4_SELECTOR, getattr(model, plugin.V4_SELECTOR))  # restored after the test
     if opt_in:
         monkeypatch.setenv(plugin.ENV_V4, "1")
@@ -256,11 +275,15 @@ def test_deepseek_v4_selector_gives_our_subclass_on_sm12x_only_when_opted_in(vll
     plugins.load_general_plugins()
     plugin.register()  # twice: wrapped once
     monkeypatch.setattr(current_platform, "get_device_capability", lambda *a, **k: types.SimpleNamespace(major=12))
-    config = types.SimpleNamespace(attention_config=types.SimpleNamespace(backend=None))
+    config = types.SimpleNamespace(
+        attention_config=types.SimpleNamespace(backend=None),
+        parallel_config=types.SimpleNamespace(prefill_context_parallel_size=1),  # V4.1's selector reads these two
+        lora_config=object(),
+    )
     cls = getattr(model, plugin.V4_SELECTOR)(config)
     base = flashinfer_sparse.DeepseekV4FlashInferSM120Attention
     if opt_in:
-        assert cls is not base and issubclass(cls, base)
+        assert cls is not base and issubclass(cls, base) and cls._sparse_mla_v41 is v41
         wrapped = getattr(model, plugin.V4_SELECTOR)._sparse_mla_original
         assert getattr(wrapped, "_sparse_mla_original", None) is None  # wrapped once
     else:
@@ -360,12 +383,13 @@ def test_a_bad_switch_value_turns_the_plugin_off_with_one_warning(fresh_plugin, 
     assert plugin.serve_v32(q, cache, idx, 576**-0.5) is None
 
 
-def _v4_layer(monkeypatch, heads=16, topk=64, tokens=2, seed=2):
-    """Our DeepSeek-V4 sm_12x class (vLLM's subclassed) on a window-only layer: vLLM's own ``_prepare_query`` and
-    ``_as_sparse_cache`` shape the call; FlashInfer's decode (absent) is a recorder."""
-    from vllm.models.deepseek_v4.nvidia import flashinfer_sparse as fs
-
+def _v4_layer(monkeypatch, heads=16, topk=64, tokens=2, seed=2, v41=False):
+    """Our DeepSeek-V4 (or V4.1) sm_12x class (vLLM's subclassed) on a window-only layer: vLLM's own
+    ``_prepare_query`` and ``_as_sparse_cache`` shape the call; FlashInfer's decode (absent) is a recorder. The cache
+    is V4's 584-byte record, which vLLM writes for V4.1 too on sm_12x (``_use_v41_mxfp8_kv_record``)."""
     from sparse_mla_tuner.kernels import sglang_plugin
+
+    _, fs = _v4_modules(v41)
 
     for name in ("_ROUTES", "_CLASSES", "_SHAPES"):  # the SGLang plugin's V4 rule serves: its decisions forgotten
         monkeypatch.setattr(sglang_plugin, name, {})
@@ -389,15 +413,8 @@ def _v4_layer(monkeypatch, heads=16, topk=64, tokens=2, seed=2):
     return layer, q, meta, pages, calls
 
 
-@needs_vllm
-def test_v4_decode_of_our_subclass_runs_the_kernel_when_opted_in_else_vllms(vllm_env, monkeypatch, launches):
-    layer, q, meta, pages, calls = _v4_layer(monkeypatch)
-    output = torch.full((2, 16, 512), float("nan"), dtype=torch.bfloat16)
-    layer._forward_decode(q, None, meta, None, True, output)  # not opted in: vLLM's decode, unchanged
-    assert len(calls) == 1 and calls[0]["sparse_indices"] is meta.decode_swa_indices and not launches
-    monkeypatch.setenv(plugin.ENV_V4, "1")
-    layer._forward_decode(q, None, meta, None, True, output)
-    assert len(calls) == 1 and launches
+def _v4_ref(layer, q, meta, pages, **extra):
+    """The fp32 reference of a V4 layer's decode: the window cache (and ``extra``'s compressed cache), the sink."""
     ref, _ = sparse_mla_decode_ref(
         q.unsqueeze(1),
         pages,
@@ -406,12 +423,63 @@ def test_v4_decode_of_our_subclass_runs_the_kernel_when_opted_in_else_vllms(vllm
         sm_scale=layer.scale,
         topk_length=meta.decode_swa_lens,
         attn_sink=layer.attn_sink,
+        **extra,
     )
-    torch.testing.assert_close(output.float(), ref.squeeze(1).float(), atol=2e-2, rtol=2e-2)
+    return ref.squeeze(1).float()
+
+
+@needs_vllm
+@pytest.mark.parametrize("v41", [False, True], ids=["deepseek-v4", "deepseek-v4.1"])
+def test_v4_decode_of_our_subclass_runs_the_kernel_when_opted_in_else_vllms(vllm_env, monkeypatch, launches, v41):
+    layer, q, meta, pages, calls = _v4_layer(monkeypatch, v41=v41)
+    output = torch.full((2, 16, 512), float("nan"), dtype=torch.bfloat16)
+    layer._forward_decode(q, None, meta, None, True, output)  # not opted in: vLLM's decode, unchanged
+    assert len(calls) == 1 and calls[0]["sparse_indices"] is meta.decode_swa_indices and not launches
+    monkeypatch.setenv(plugin.ENV_V4, "1")
+    layer._forward_decode(q, None, meta, None, True, output)
+    assert len(calls) == 1 and launches
+    torch.testing.assert_close(output.float(), _v4_ref(layer, q, meta, pages), atol=2e-2, rtol=2e-2)
     launches.clear()
     layer.attn_sink = torch.zeros(8)  # a sink of another head count: not the rule's, so vLLM's
     layer._forward_decode(q, None, meta, None, True, output)
     assert len(calls) == 2 and not launches
+
+
+@needs_vllm
+def test_v41_compressed_layer_takes_its_indices_from_v41s_own_rule_at_any_ratio(vllm_env, monkeypatch, launches):
+    """A V4.1 compressed layer of ratio 2 (V4's ratio-4 rule would not apply): the global top-k indices and lengths
+    come from vLLM's V4.1 ``compute_global_topk_indices_and_lens`` (a Triton kernel, which cannot run here: replaced
+    by the rule its docstring states, block-table lookup, valid counts, padding tokens 0), and the window plus the
+    compressed cache match the reference."""
+    from vllm.models.deepseek_v41.common import ops
+
+    layer, q, meta, pages, calls = _v4_layer(monkeypatch, v41=True)
+    g = torch.Generator().manual_seed(4)
+    compressed = quantize(torch.randn(3 * 64, 512, generator=g), "fp8_model1", 64)  # [3, 64, 584]
+    layer.compress_ratio = 2
+    layer.topk_indices_buffer = torch.randint(-1, 128, (2, 64), generator=g, dtype=torch.int32)
+    block_table = torch.tensor([[2, 0], [1, 2]], dtype=torch.int32)
+    seen = []
+
+    def rule(local, token_to_req, table, block_size, is_valid):
+        seen.append(block_size)
+        glob = table[token_to_req.long()[:, None], (local // block_size).clamp(min=0).long()] * block_size
+        glob = torch.where(local < 0, -1, glob + local % block_size).to(torch.int32)
+        return glob, torch.where(is_valid, (local >= 0).sum(-1), 0).to(torch.int32)
+
+    monkeypatch.setattr(ops, "compute_global_topk_indices_and_lens", rule)
+    meta.is_valid_token = torch.tensor([True, True])
+    meta.token_to_req_indices = torch.tensor([0, 1], dtype=torch.int32)
+    attn_meta = types.SimpleNamespace(block_size=128, block_table=block_table)
+    monkeypatch.setenv(plugin.ENV_V4, "1")
+    output = torch.full((2, 16, 512), float("nan"), dtype=torch.bfloat16)
+    layer._forward_decode(q, compressed, meta, attn_meta, False, output)
+    assert seen == [64] and launches and not calls  # block size 128 // ratio 2, and the kernel served
+    glob, lens = rule(layer.topk_indices_buffer, meta.token_to_req_indices, block_table, 64, meta.is_valid_token)
+    ref = _v4_ref(
+        layer, q, meta, pages, extra_kv_cache=compressed, extra_indices=glob.unsqueeze(1), extra_topk_length=lens
+    )
+    torch.testing.assert_close(output.float(), ref, atol=2e-2, rtol=2e-2)
 
 
 def test_the_gpu_check_takes_vllms_arguments_and_needs_a_gpu(monkeypatch, capsys):

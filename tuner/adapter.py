@@ -112,6 +112,9 @@ class KernelAdapter(abc.ABC):
     # Neighbours: a config's neighbours move one parameter one step along the space's choices; a launch-only
     # parameter, or one named here (its values are modes, not a scale), moves to any of its values.
     modes: tuple[str, ...] = ()
+    # Compiled parameters that change how a launch's work is split or dealt (with the launch-only ones, its split
+    # geometry): the surrogate tries a good launch at every split target of each of their values too.
+    geometry: tuple[str, ...] = ()
     # the kernels of a launch (CompileSpec names) whose registers and stack frame a feasibility check reports
     # and ``max_spill_bytes`` judges; None: every kernel
     resource_kernels: tuple[str, ...] | None = None

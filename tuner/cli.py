@@ -495,8 +495,8 @@ class _SearchCommand(click.Command):
 @click.option(
     "--model",
     default=None,
-    help="Instead of SPACE_FILE: the decode calls of a model preset (deepseek-v4-flash, deepseek-v3.2, glm-5) at "
-    "--tp, with the engines' CUDA-graph batch sizes (docs/engines.md).",
+    help="Instead of SPACE_FILE: the decode calls of a model preset (deepseek-v4-flash, deepseek-v3.2, glm-5, "
+    "glm-5.3-flash, deepseek-v4.1-flash) at --tp, with the engines' CUDA-graph batch sizes (docs/engines.md).",
 )
 @click.option("--tp", type=click.IntRange(1, 16), default=None, help="--model: the tensor-parallel size (1..16).")
 @click.option(
@@ -1215,7 +1215,9 @@ def _shapes_brief(rows: list[dict]) -> list[dict]:
 
 @cli.command(short_help="Which decode shapes the kernel serves on this device, and whose table configures each.")
 @click.option("--device", default=None, help="GPU name as torch names it (default: this GPU, else cpu-interpreter).")
-@click.option("--kv-format", "formats", multiple=True, help="Only this cache format (repeatable; default both).")
+@click.option(
+    "--kv-format", "formats", multiple=True, help="Only this cache format (repeatable; default every main cache's)."
+)
 @click.option("--heads", default=None, help="Local heads, e.g. 8,16 (default 8,16,32,64,128).")
 @click.option("--topk", default=None, help="Top-k of the main cache, e.g. 256,1152 (default 64..2048).")
 @click.option("--q-tokens", "q_tokens", default=None, help="Query tokens per request, e.g. 1,2 (default 1).")

@@ -44,8 +44,8 @@ is, with its shape swapped (:func:`probes`): a model that saw none of a shape's 
 is sure of what it has not seen (docs/search.md, "The floor under the stop rule").
 
 **The stop rule.** After at least ``min_here`` measurements at the level, once the previous level's
-best, the incumbent's neighbours, the floor, the probes and the lines (:meth:`Surrogate.lines`) are measured, it
-stops when
+best, every earlier level's best (``earlier_bests``), the incumbent's neighbours, the floor, the probes and the
+lines (:meth:`Surrogate.lines`) are measured, it stops when
 ``P(an unmeasured launch beats the best by > band) < stop_p``: each open candidate's posterior
 probability of a log ratio below ``log(best) + log(1 - band)``, summed (the union bound: no independence
 assumed). With launches running on other GPUs, P is asked of the model with them believed at their predicted
@@ -112,6 +112,9 @@ class SurrogateOptions(Options):
     probe_within: float = option(
         100.0, "... but of no shape beyond this share (per doubling of C) of the best at the level before", 0
     )
+    earlier_bests: int = option(
+        1, "1: before a stop, the best launch of every level searched before, as launched here", 0, 1
+    )
 
 
 class Surrogate(Strategy):
@@ -126,6 +129,7 @@ class Surrogate(Strategy):
         self.last_p: float | None = None  # the stop rule's last probability
         self.model_seconds = 0.0  # time spent in propose and stop_reason (the proposal path), waits included
         self._ranked = None  # (history, its length and the level, carried()'s ranked launches there)
+        self._bests = None  # (history, its length and the level, earlier_bests()'s configs)
 
     @property
     def refitter(self):
@@ -158,7 +162,9 @@ class Surrogate(Strategy):
                 out.append(cand)
             if len(out) == self.options.carry:
                 break
-        for cfg in self._best_shapes([(c, y) for y, c in ranked], self.options.carry_lines, level.adapter.family):
+        for cfg in best_shapes(
+            [(c, y) for y, c in ranked], self.options.carry_lines, level.adapter.family, self.options.line_within
+        ):
             if (cand := rep(cfg)) is not None:
                 out += [cand, *_split_line(level, cand)]
         return list(dict.fromkeys(out))
@@ -183,6 +189,16 @@ class Surrogate(Strategy):
             ranked = [(y, cfg) for y, _, cfg in sorted((y, str(cfg), cfg) for c, cfg, y in own if c == nearest)]
         self._ranked = (history, key, ranked)
         return ranked
+
+    def earlier_bests(self, level: Level, history: History) -> list[KernelConfig]:
+        """With ``earlier_bests``, :func:`level_bests` as launched here, where open (the walk kept as carried's)."""
+        if not self.options.earlier_bests:
+            return []
+        key = (len(history), level.concurrency, tuple(getattr(level, "order", ()) or ()))
+        if self._bests is None or self._bests[0] is not history or self._bests[1] != key:
+            self._bests = (history, key, level_bests(level, history))
+        out = [cand for cfg in self._bests[2] if (cand := level.lookup()(cfg)) is not None]
+        return [c for c in dict.fromkeys(out) if c not in level.measured and c not in level.pending]
 
     def floor(self, level: Level, history: History) -> list[KernelConfig]:
         """The floor under the stop rule: one launch here of each tile shape (the adapter's ``family``) whose best
@@ -242,31 +258,14 @@ class Surrogate(Strategy):
         close = self._shapes_within(level, history, self.options.probe_within) or {}
         return probes(level, set(self._shapes_within(level, history, math.inf) or {}) - set(close))  # far behind
 
-    def _incumbent_neighbours(self, level: Level) -> list[KernelConfig]:
-        best = level.best()
-        if best is None:
-            return []
-        return [c for c in level.neighbours.get(best[0], []) if c not in level.measured and c not in level.pending]
-
     def lines(self, level: Level) -> list[KernelConfig]:
         """The split-target line of the best launch of each of the ``lines`` best tile shapes measured here
         (the adapter's `family`) whose best is within ``line_within`` of the level's: the best ``TARGET_CTAS``
         moves with C and is sharp (one wave more or less), so a shape is judged at its best split count, not
         at the one it happened to be measured with."""
-        shapes = self._best_shapes(level.measured.items(), self.options.lines, level.adapter.family)
+        shapes = best_shapes(level.measured.items(), self.options.lines, level.adapter.family, self.options.line_within)
         out = [c for b in shapes for c in _split_line(level, b)]
         return [c for c in dict.fromkeys(out) if c not in level.measured and c not in level.pending]
-
-    def _best_shapes(self, pairs, n: int, family: tuple[str, ...]) -> list[KernelConfig]:
-        """The best launch of each of the ``n`` best tile shapes (``family``: the adapter's parameters of a shape)
-        among ``(config, log ratio)`` pairs, best first, of those within ``line_within`` of the best."""
-        best: dict = {}
-        for c, y in pairs:
-            f = tuple(getattr(c, p) for p in family)
-            if y is not None and (f not in best or y < best[f][0]):
-                best[f] = (y, c)
-        ranked = sorted(best.values(), key=lambda t: t[0])[:n]
-        return [c for y, c in ranked if y <= ranked[0][0] + math.log(1.0 + self.options.line_within)]
 
     # --- the strategy --------------------------------------------------------------------------
 
@@ -284,7 +283,9 @@ class Surrogate(Strategy):
         if not open_:
             return []
         is_open = set(open_)  # membership by hash: a list's is one comparison per open launch
-        first = dict.fromkeys([*self.carried(level, history), *self.floor(level, history)])
+        first = dict.fromkeys(
+            [*self.carried(level, history), *self.floor(level, history), *self.earlier_bests(level, history)]
+        )
         chosen = [c for c in first if c in is_open][:n]
         if len(chosen) == n:
             return chosen
@@ -298,7 +299,7 @@ class Surrogate(Strategy):
         best = level.best()
         here_best = best[1] if best is not None else 0.0
         pool = (
-            [c for c in self._incumbent_neighbours(level) if c in is_open]
+            [c for c in incumbent_neighbours(level) if c in is_open]
             or self.lines(level)
             or [c for c in self._probes(level, history) if c in is_open]
             or open_
@@ -336,11 +337,13 @@ class Surrogate(Strategy):
         if best is None or here < min(self.options.min_here, len(level.candidates)) or not open_:
             return None
         is_open = set(open_)
-        if [c for c in self.carried(level, history) if c in is_open] or self._incumbent_neighbours(level):
+        if [c for c in self.carried(level, history) if c in is_open] or incumbent_neighbours(level):
             return None  # the previous level's best and the incumbent's neighbours come first
         if self.floor(level, history) or self._probes(level, history):
             return None  # every tile shape close to the best at the level before is measured here, and every shape
             # as the best launch is
+        if [c for c in self.earlier_bests(level, history) if c in is_open]:
+            return None  # and every earlier level's best
         if self.lines(level):
             return None  # and the best tile shapes at every split target
         fitted = self.model.fitted(level)
@@ -390,6 +393,42 @@ def _before(level: Level):
     return lambda c: c < level.concurrency
 
 
+def best_shapes(pairs, n: int, family: tuple[str, ...], within: float) -> list[KernelConfig]:
+    """The best launch of each of the ``n`` best tile shapes (``family``: the adapter's parameters of a shape)
+    among ``(config, log ratio)`` pairs, best first, of those within ``within`` of the best."""
+    best: dict = {}
+    for c, y in pairs:
+        f = tuple(getattr(c, p) for p in family)
+        if y is not None and (f not in best or y < best[f][0]):
+            best[f] = (y, c)
+    ranked = sorted(best.values(), key=lambda t: t[0])[:n]
+    return [c for y, c in ranked if y <= ranked[0][0] + math.log(1.0 + within)]
+
+
+def incumbent_neighbours(level: Level) -> list[KernelConfig]:
+    """The neighbours of the level's best launch that are neither measured nor running."""
+    best = level.best()
+    if best is None:
+        return []
+    return [c for c in level.neighbours.get(best[0], []) if c not in level.measured and c not in level.pending]
+
+
+def level_bests(level: Level, history: History) -> list[KernelConfig]:
+    """The best launch (lowest measured log ratio; ties by key) of each level searched before ``level``, from this
+    kernel's own measurements, in order of concurrency. A launch that won somewhere is cheap to check at every level
+    after, and a landscape that turns back can bring it back: on V3.2's current grids (H200) ``T32-w4-s1-c256-p3``
+    was the best at C=16-40, 64 and 88, and a search that had last measured it at C=64 picked a launch 2.2 % behind
+    it at C=88."""
+    before = _before(level)
+    per: dict[int, tuple] = {}
+    for m in history:
+        if m.source is None and m.y is not None and before(m.concurrency):
+            cur = per.get(m.concurrency)
+            if cur is None or (m.y, str(m.config)) < (cur[0], str(cur[1])):
+                per[m.concurrency] = (m.y, m.config)
+    return [cfg for _, (_, cfg) in sorted(per.items())]
+
+
 def probes(level: Level, skip: set | None = None) -> list[KernelConfig]:
     """The level's best launch with its tile shape (the adapter's ``family``) swapped for each
     other shape the level's candidates hold, where that launch is a candidate not yet measured. A shape is
@@ -425,13 +464,22 @@ def _nearest_before(level: Level, history: History) -> int | None:
 
 
 def _split_line(level: Level, cfg: KernelConfig) -> list[KernelConfig]:
-    """``cfg``'s neighbours at the other split targets (``TARGET_CTAS`` and the like: the same binary)."""
-    return [c for c in level.neighbours.get(cfg, []) if _launch_only_variant(level.adapter, c, cfg)]
+    """``cfg``'s launches at the other split targets (``TARGET_CTAS`` and the like: the same binary), and those of
+    each of its variants in a parameter that changes how the work is dealt (the adapter's ``geometry``: the
+    balanced deal), at every split target too: the best split count of one deal is not the other's (V3.2 C=56 on
+    the current kernel's grids: ``T32-w4-s1-c512-p3`` 2.3 % behind ``T32-w4-s1-c256-p3-b1``)."""
+    near = level.neighbours.get(cfg, [])
+    line = [c for c in near if _launch_only_variant(level.adapter, c, cfg)]
+    geometry = set(getattr(level.adapter, "geometry", ()))
+    for g in near if geometry else ():
+        if _launch_only_variant(level.adapter, g, cfg, free=geometry) and g not in line:
+            line += [g, *(c for c in level.neighbours.get(g, []) if _launch_only_variant(level.adapter, c, g))]
+    return [c for c in dict.fromkeys(line) if c != cfg]
 
 
-def _launch_only_variant(adapter: KernelAdapter, a: KernelConfig, b: KernelConfig) -> bool:
-    """Whether ``a`` differs from ``b`` only in launch-only parameters (the grid, not the binary)."""
-    return all(getattr(a, p.name) == getattr(b, p.name) for p in adapter.params if p.compiled)
+def _launch_only_variant(adapter: KernelAdapter, a: KernelConfig, b: KernelConfig, free: set = frozenset()) -> bool:
+    """Whether ``a`` differs from ``b`` only in launch-only parameters (the grid, not the binary) or in ``free``."""
+    return all(getattr(a, p.name) == getattr(b, p.name) for p in adapter.params if p.compiled and p.name not in free)
 
 
 def _expected_improvement(mu: np.ndarray, sd: np.ndarray, best: float) -> np.ndarray:

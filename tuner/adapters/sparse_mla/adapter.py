@@ -138,6 +138,12 @@ def estimate_shared(config: KernelConfig, workload: Workload) -> int:
     - ``PREFETCH=1`` (or 3) instead: the pipeliner leaves the loop alone, and the dequantized fp16 key tile
       is what changes layout: ``1024 * BLOCK_T`` plus the scales as fp32 (32 B per token,
       fp8_model1) or the fp16 rope part (128 B per token, fp8_v32), whatever ``num_stages`` says;
+    - the formats without a bf16 rope part (``fp8_v32_nope``, ``fp8_v41``) stage as ``fp8_v32`` does, less the
+      rope: 52 B per token for the second stage, 32 B per token with ``PREFETCH=1``; an ``fp4_v41`` compressed cache
+      makes the key tile's layout change fp32, as ``fp8_model1``'s (``2048 * BLOCK_T``), and its second stage
+      292 B per token (256 e2m1 + 32 scale + 4 index bytes). Fitted on sm_120 cubins of ``glm53_nope_tp4`` and
+      ``v41_flash_layer_tp4`` (exact at 16 heads, BLOCK_T 16 to 64, but 16 B per token over for a lone ``fp8_v41``
+      cache at BLOCK_T 16 and two stages);
     - ``PREFETCH=2`` (the indices only, in registers) stages what ``PREFETCH=0`` stages;
     - the epilogue converts the ``[BLOCK_H, 512]`` output through the same memory after the loop, in
       bf16 since kernel v3 (both the final output and the partials are bf16), so the kernel needs the
@@ -146,12 +152,16 @@ def estimate_shared(config: KernelConfig, workload: Workload) -> int:
     fmt = get_format(workload.kv_format)
     T, block_h = config.BLOCK_T, block_h_for(workload.heads)
     q_tile = block_h * fmt.d_qk * 2
+    staged = config.num_stages >= 2
+    fp4 = workload.extra is not None and get_format(workload.extra.kv_format).element == "e2m1"
     if config.PREFETCH in (1, 3):
-        loop = q_tile + T * (1024 + (32 if fmt.name == "fp8_model1" else 128))
+        loop = q_tile + T * (1024 + (128 if fmt.name == "fp8_v32" else 32))
     elif fmt.name == "fp8_model1":
-        loop = q_tile + T * 512 * 4 + (T * (512 + 128 + 4) if config.num_stages >= 2 else 0)
+        loop = q_tile + T * 512 * 4 + (T * (512 + 128 + 4) if staged else 0)
+    elif fp4:
+        loop = q_tile + T * 512 * 4 + (T * (256 + 32 + 4) if staged else 0)
     else:
-        loop = q_tile + T * 512 + (T * 180 if config.num_stages >= 2 else 0)
+        loop = q_tile + T * 512 + (T * (52 + 2 * fmt.d_rope) if staged else 0)
     epilogue = block_h * 512 * 2
     return max(loop, epilogue)
 
@@ -163,6 +173,7 @@ class SparseMlaAdapter(KernelAdapter):
     config_type = KernelConfig
     modes = MODES
     family = ("BLOCK_T", "num_warps")  # a tile shape
+    geometry = ("BALANCED",)  # the balanced deal of tiles to programs
     resource_kernels = ("split",)  # the combine kernel's registers never decide
 
     @property

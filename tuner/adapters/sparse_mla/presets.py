@@ -7,9 +7,10 @@ each verify step's query tokens (``--q-tokens``), as rows ``B * s_q`` (the kerne
 table is keyed by rows). Everything else, the parameters, constraints, baseline, measurement and sampler, comes from
 the shipped default space of the cache format (:data:`BASE_SPACES`), so no space file is written by hand.
 
-Both caches are measured on 64-token pages, as the shipped spaces are: a table is not keyed by page size, and the
-engine's own layout (SGLang's 256-token padded window pages beside 64-token compressed pages) changed no config's
-rank on the H200 (``docs/engines.md``, "What the engine's layout cost": at most 0.5 % to gain by tuning on it).
+Both caches are measured on the pages of the format's shipped space (64 tokens; V4.1's 32, the page its records are
+written in): a table is not keyed by page size, and the engine's own layout (SGLang's 256-token padded window pages
+beside 64-token compressed pages) changed no config's rank on the H200 (``docs/engines.md``, "What the engine's
+layout cost": at most 0.5 % to gain by tuning on it).
 
 With ``--backend replay`` the search can only replay what the replay database recorded: :func:`recorded_only`
 keeps the preset's calls and levels that it holds, and says which it leaves unmeasured.
@@ -33,8 +34,13 @@ from ...space import _read
 from ...space import load_space_text
 from ...space import resolve_space
 
-BASE_SPACES = {"fp8_model1": "v4_flash_layer_tp4", "fp8_v32": "v32_tp8"}  # measurement and parameter sections
-MEASURED_PAGE_SIZE = 64
+# measurement and parameter sections, per main-cache format
+BASE_SPACES = {
+    "fp8_model1": "v4_flash_layer_tp4",
+    "fp8_v32": "v32_tp8",
+    "fp8_v32_nope": "glm53_nope_tp4",
+    "fp8_v41": "v41_flash_layer_tp4",
+}
 _SECTIONS = ("target", "parameters", "constraints", "baseline", "measurement", "sampler", "max_spill_bytes")
 
 
@@ -73,20 +79,21 @@ def preset_text(
         raise TunerError(str(e)) from None
     base_path = resolve_space(BASE_SPACES[preset.kv_format])
     _, base = _read(base_path)
+    base_workload = base["workloads"][0]
     workload = {
         "name": _name(preset.name, tp),
         "kv_format": preset.kv_format,
         "heads": preset.heads,
         "tp": tp,
         "topk": preset.topk,
-        "page_size": MEASURED_PAGE_SIZE,
+        "page_size": base_workload["page_size"],
         "context": preset.context,
     }
     if preset.extra_topk:
         workload["extra"] = {
-            "kv_format": preset.kv_format,
+            "kv_format": preset.extra_format or preset.kv_format,
             "topk": preset.extra_topk,
-            "page_size": MEASURED_PAGE_SIZE,
+            "page_size": base_workload.get("extra", base_workload)["page_size"],
             "context": preset.extra_context,
         }
     if preset.attn_sink:
@@ -182,11 +189,17 @@ def served_shapes(device: str, formats=(), heads=None, topks=None, q_tokens=None
     formats, heads, top-ks and query tokens, or of a model preset's calls at ``tp``."""
     from ....kernels.coverage import SERVED_FORMATS
     from ....kernels.coverage import inventory
+    from ....kernels.coverage import shape_problem
 
     kw: dict = {k: v for k, v in (("heads", heads), ("topks", topks), ("q_tokens", q_tokens)) if v}
     bad = [f for f in formats if f not in SERVED_FORMATS]
     if bad:
-        raise TunerError(f"--kv-format {bad[0]!r} is not a cache format the kernel has (formats: {SERVED_FORMATS})")
+        why = shape_problem(bad[0], 8, 1)
+        extra = f"; {why}" if "extra cache only" in why else ""
+        raise TunerError(
+            f"--kv-format {bad[0]!r} is not a main-cache format of the kernel (formats: {', '.join(SERVED_FORMATS)})"
+            + extra
+        )
     if formats:
         kw["formats"] = formats
     if (model is None) != (tp is None):
