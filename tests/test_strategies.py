@@ -838,3 +838,47 @@ def test_every_tile_shape_is_tried_as_the_best_launch_before_a_stop(probe):
         assert best == needle and len(lvl.measured) < len(cands) / 2, len(lvl.measured)
     else:
         assert needle not in lvl.measured and best != needle
+
+
+def _returning(cfg: KernelConfig, c: int) -> float:
+    """Three tile shapes close at every level; a fourth launch, ``T16-w8-s3-c512``, the best at C=2 and 10 % ahead at
+    C=8, but its shape 40 % behind at C=4 (on the H200, V3.2's current grids: ``T32-w4-s1-c256-p3`` the best at
+    C=16-40, 64 and 88, behind between them)."""
+    shape = {(32, 4): 0.0, (32, 8): 0.02, (16, 4): 0.04}.get((cfg.BLOCK_T, cfg.num_warps), 0.4)
+    if c != 4 and (cfg.BLOCK_T, cfg.num_warps, cfg.num_stages, cfg.TARGET_CTAS) == (16, 8, 3, 512):
+        shape = -0.1
+    return math.log1p(shape) + 0.03 * (cfg.num_stages - 1) + 0.02 * abs(math.log2(cfg.TARGET_CTAS / 256)) - 0.2
+
+
+@pytest.mark.parametrize("earlier", [0, 1])
+def test_the_best_launch_of_every_earlier_level_is_measured_before_a_stop(earlier):
+    """With ``earlier_bests`` a level does not stop before the best launch of each level searched before it is
+    measured here: the launch that won at C=2, behind at C=4, wins again at C=8. Without it neither the carry (of
+    C=4), the floor nor the probes reach it, and the search of C=8 stops 10 % off."""
+    s = strategies.make("surrogate", seed=0, earlier_bests=earlier)
+    cands = _candidates()
+    history = [Measured(c, cfg, _returning(cfg, c)) for c in (2, 4) for cfg in cands]
+    lvl = Level(8, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands), order=(2, 4, 8))
+    assert surrogate.level_bests(lvl, history) == [KernelConfig(16, 8, 3, 512), KernelConfig(32, 4, 1, 256)]
+    while s.stop_reason(lvl, history) is None:
+        (pick,) = s.propose(lvl, 1, history)
+        lvl.measured[pick] = _returning(pick, 8)
+    returning = KernelConfig(BLOCK_T=16, num_warps=8, num_stages=3, TARGET_CTAS=512)
+    if earlier:
+        assert lvl.best()[0] == returning and len(lvl.measured) < len(cands) / 2, len(lvl.measured)
+    else:
+        assert returning not in lvl.measured and lvl.best()[0] != returning
+
+
+def test_a_split_line_crosses_the_adapters_geometry(monkeypatch):
+    """A good launch's split line holds every split target of each value of the adapter's ``geometry`` parameters
+    (the balanced deal): from ``c512`` it reaches ``c256-b1``, two steps away (V3.2 C=56 on the current grids)."""
+    cands = [KernelConfig(32, 4, 1, t, BALANCED=b) for b in (0, 1) for t in (128, 256, 512)]
+    near = {
+        c: [o for o in cands if o != c and (o.BALANCED == c.BALANCED or o.TARGET_CTAS == c.TARGET_CTAS)] for c in cands
+    }  # as tuner.candidates makes them: every split target, one step of BALANCED
+    lvl = Level(8, WL, cands, band=0.01, baseline=cands[0], neighbours=near)
+    start = KernelConfig(32, 4, 1, 512)
+    assert set(surrogate._split_line(lvl, start)) == set(cands) - {start}
+    monkeypatch.setattr(type(lvl.adapter), "geometry", ())
+    assert set(surrogate._split_line(lvl, start)) == {KernelConfig(32, 4, 1, 128), KernelConfig(32, 4, 1, 256)}
