@@ -60,8 +60,10 @@ also reads the arbitrary fp32 scales SGLang's V3.2 writer stores (``amax / 448``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # annotations only: torch is imported where a tensor is made or read
+    import torch
 
 E4M3_MAX = 448.0
 
@@ -143,6 +145,8 @@ def get_format(kv_format: str) -> KVFormat:
 
 def _pow2_scale(amax: torch.Tensor) -> torch.Tensor:
     """amax/448 rounded up to a power of two (FlashMLA: 2^ceil(log2(max(s, 1e-4))))."""
+    import torch
+
     s = (amax / E4M3_MAX).clamp_min(1e-4)
     return torch.exp2(torch.ceil(torch.log2(s)))
 
@@ -152,6 +156,8 @@ def quantize(kv: torch.Tensor, kv_format: str, page_size: int) -> torch.Tensor:
 
     ``num_tokens`` is padded with zero tokens up to a multiple of ``page_size``.
     """
+    import torch
+
     fmt = get_format(kv_format)
     if kv.dim() != 2 or kv.shape[1] != fmt.d_qk:
         raise ValueError(f"kv must be [num_tokens, {fmt.d_qk}] for {fmt.name}, got {list(kv.shape)}")
@@ -184,6 +190,8 @@ def quantize(kv: torch.Tensor, kv_format: str, page_size: int) -> torch.Tensor:
 
 def dequantize(kv_cache: torch.Tensor, kv_format: str) -> torch.Tensor:
     """Dequantize a paged cache into ``[num_pages * page_size, D_qk]`` float32."""
+    import torch
+
     fmt = get_format(kv_format)
     check_cache(kv_cache, fmt)
     num_pages, page_size, _ = kv_cache.shape
@@ -221,6 +229,8 @@ def e2m1_codes(x: torch.Tensor) -> torch.Tensor:
 
     The rounding of PTX ``cvt.rn.satfinite.e2m1x2.f32``, as FlashMLA's and SGLang's quantizers describe it.
     """
+    import torch
+
     values = torch.tensor(E2M1_VALUES, device=x.device)
     mids = (values[1:] + values[:-1]) / 2  # the 7 rounding boundaries
     a = x.float().abs().clamp_max(E2M1_MAX)
@@ -232,6 +242,8 @@ def e2m1_codes(x: torch.Tensor) -> torch.Tensor:
 
 def e2m1_values(codes: torch.Tensor) -> torch.Tensor:
     """4-bit e2m1 codes (uint8) -> float32."""
+    import torch
+
     mag = torch.tensor(E2M1_VALUES, device=codes.device)[(codes & 7).long()]
     return torch.where((codes & 8) != 0, -mag, mag)
 
@@ -240,6 +252,8 @@ def _quantize_rows(x: torch.Tensor, fmt: KVFormat, page_size: int) -> torch.Tens
     """``x [T, 512]`` float32, T a whole number of pages -> the cache's bytes, ``T * bytes_per_token`` of them
     in order (see the module docstring: token rows for fp8_v32_nope; per page, its data rows then its scale rows
     for fp8_v41 and fp4_v41)."""
+    import torch
+
     T = x.shape[0]
     tiles = x.reshape(T, fmt.n_groups, fmt.group)
     amax = tiles.abs().amax(dim=-1)  # [T, G]
@@ -263,6 +277,8 @@ def _quantize_rows(x: torch.Tensor, fmt: KVFormat, page_size: int) -> torch.Tens
 def gather_rows(kv_cache: torch.Tensor, idx: torch.Tensor, fmt: KVFormat) -> tuple[torch.Tensor, torch.Tensor]:
     """The data and scale bytes of flat token positions ``idx`` (any shape, all valid) of a row format's cache
     (padded pages included): ``(data [..., data_bytes], scales [..., scale_bytes])`` uint8."""
+    import torch
+
     num_pages, page_size, bpt = kv_cache.shape
     page_bytes = kv_cache.stride(0)
     flat = kv_cache.as_strided(((num_pages - 1) * page_bytes + page_size * bpt,), (1,))
@@ -284,6 +300,8 @@ def gather_rows(kv_cache: torch.Tensor, idx: torch.Tensor, fmt: KVFormat) -> tup
 
 def decode_rows(data: torch.Tensor, scales: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
     """Token rows' bytes (:func:`gather_rows`) -> their values ``[..., 512]`` float32."""
+    import torch
+
     if fmt.element == "e2m1":
         codes = torch.stack([data & 0xF, data >> 4], dim=-1).flatten(-2)  # [..., 512]: low nibble first
         values = e2m1_values(codes)
@@ -298,6 +316,8 @@ def decode_rows(data: torch.Tensor, scales: torch.Tensor, fmt: KVFormat) -> torc
 
 
 def check_cache(kv_cache: torch.Tensor, fmt: KVFormat) -> None:
+    import torch
+
     if kv_cache.dtype != torch.uint8 or kv_cache.dim() != 3 or kv_cache.shape[2] != fmt.bytes_per_token:
         raise ValueError(
             f"kv_cache must be a [num_pages, page_size, {fmt.bytes_per_token}] uint8 tensor for {fmt.name}, "

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # annotations only: torch is imported where a tensor is made or read
+    import torch
 
 from .kv_format import check_pair
 from .kv_format import get_format
@@ -129,6 +131,8 @@ class DecodeBatch:
 
 def _select(workload, batch, tokens, g, dev, invalid_fraction):
     """A cache holding ``batch`` requests' pages and ``[batch, tokens, topk]`` distinct indices per token."""
+    import torch
+
     fmt = get_format(workload.kv_format)
     ps, ctx, topk = workload.page_size, workload.context, workload.topk
     pages_per_req = -(-ctx // ps)
@@ -172,6 +176,8 @@ def make_batch(
     ``with_sink`` adds a random finite ``attn_sink [H]``. Unset, the three follow the workload's own
     call (``q_tokens`` > 1 gives the 4-D form).
     """
+    import torch
+
     if extra is None:
         extra = workload.extra
     if with_sink is None:

@@ -553,3 +553,14 @@ def test_help_costs_a_fraction_of_a_torch_import():
     torch_s = _cpu_s([sys.executable, "-c", "import torch"])
     help_s = min(_cpu_s([*tuner, "--help"]) for _ in range(2))
     assert help_s < torch_s / 3, (help_s, torch_s)
+
+
+def test_a_bad_value_the_kernels_adapter_judges_loads_no_torch_or_triton(tmp_path):
+    """A space the built-in adapter refuses (an unknown cache format) is refused from the kernel's format table
+    alone: its error loads no torch or Triton (the adapter imports them where a kernel runs)."""
+    text = (ROOT / "search_spaces" / "smoke.yaml").read_text().replace("fp8_model1", "fp8_nonsense")
+    space = tmp_path / "bad_format.yaml"
+    space.write_text(text)
+    loaded, _ = _loaded([], ["check", str(space)])
+    assert [m for m in loaded if m.split(".")[0] in ("torch", "triton")] == [], loaded
+    assert "sparse_mla_tuner.kernels.kv_format" in loaded  # the adapter did judge it

@@ -11,7 +11,6 @@ import math
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from ....kernels import decode
 from ....kernels.config import BY_NAME
 from ....kernels.config import PARAM_NAMES
 from ....kernels.config import PARAMS
@@ -25,8 +24,6 @@ from ....kernels.config import split_grid
 from ....kernels.kv_format import FORMATS
 from ....kernels.kv_format import check_pair
 from ....kernels.kv_format import get_format
-from ....kernels.reference import compare
-from ....kernels.reference import sparse_mla_decode_ref
 from ....kernels.workload import Workload
 from ....kernels.workload import make_batch
 from ...adapter import KernelAdapter
@@ -37,7 +34,6 @@ from ...space import _err
 from ...space import _name
 from ...space import _pos_int
 from ...space import _show
-from . import records
 
 WORKLOAD_KEYS = ("name", "kv_format", "heads", "tp", "topk", "page_size", "context", "extra", "attn_sink", "q_tokens")
 EXTRA_KEYS = ("kv_format", "topk", "page_size", "context")  # the second cache of a whole V4 call
@@ -223,12 +219,18 @@ class SparseMlaAdapter(KernelAdapter):
         return make_batch(workload, batch, device=device, seed=seed)
 
     def launch(self, config: KernelConfig, inputs):
+        from ....kernels import decode
+
         return decode.sparse_mla_decode(*inputs.args(), **inputs.kwargs(), config=config)
 
     def reference(self, inputs):
+        from ....kernels.reference import sparse_mla_decode_ref
+
         return sparse_mla_decode_ref(*inputs.args(), **inputs.kwargs())
 
     def check(self, outputs, expected) -> str:
+        from ....kernels.reference import compare
+
         ok, _, _, reason = compare(*outputs, *expected)
         return "" if ok else reason
 
@@ -241,6 +243,8 @@ class SparseMlaAdapter(KernelAdapter):
         return workload.min_bytes(batch)
 
     def compile_specs(self, config: KernelConfig, workload: Workload, cc: int, batch: int | None = None) -> list:
+        from ....kernels import decode
+
         return decode.compile_spec(
             config, workload, cc, batch, extra=workload.extra, attn_sink=workload.attn_sink, q_tokens=workload.q_tokens
         )
@@ -277,6 +281,8 @@ class SparseMlaAdapter(KernelAdapter):
 
     def prepare(self, config: KernelConfig, input_sets: list) -> list:
         """``decode.prepare_decode`` of each set, planned once (one output and workspace for all of them)."""
+        from ....kernels import decode
+
         first = decode.prepare_decode(*input_sets[0].args(), **input_sets[0].kwargs(), config=config)
         return [first] + [
             decode.prepare_decode(*p.args(), **p.kwargs(), config=config, buffers=first) for p in input_sets[1:]
@@ -286,6 +292,10 @@ class SparseMlaAdapter(KernelAdapter):
         """Fresh random inputs (invalid indices, no topk_length), NaN-poisoned outputs, vs the reference."""
         # no topk_length here: the timed call runs without it, and one compiled variant serves both
         # (the test suite covers topk_length on every format)
+        from ....kernels import decode
+        from ....kernels.reference import compare
+        from ....kernels.reference import sparse_mla_decode_ref
+
         bt = make_batch(workload, batch, device=device, seed=seed, invalid_fraction=INVALID_FRACTION)
         decode.POISON_OUTPUTS = True
         try:
@@ -304,9 +314,13 @@ class SparseMlaAdapter(KernelAdapter):
     # --- the database's columns, export, replay, report, presets (the wing's other modules) ---------------------
 
     def recorded_config(self, trial) -> KernelConfig:
+        from . import records
+
         return records.config_of(trial)
 
     def recorded_workload(self, row) -> Workload:
+        from . import records
+
         return records.workload_of(row)
 
     def compiled_label(self, config: KernelConfig) -> str:
@@ -327,6 +341,8 @@ class SparseMlaAdapter(KernelAdapter):
         return tables_dir()
 
     def replay_key(self, workload: Workload) -> Hashable:
+        from . import records
+
         return records.shape(workload)
 
     def report_sections(self):
