@@ -434,21 +434,31 @@ def probes(level: Level, skip: set | None = None) -> list[KernelConfig]:
     other shape the level's candidates hold, where that launch is a candidate not yet measured. A shape is
     judged at the split count and options that win here, not at whichever it happened to be tried with: on
     V3.2 at C=48 (kernel 32ae50587d54) ``T16-w2-s1-c512-p1`` is 7 % ahead of every other launch, while the
-    same shape at ``TARGET_CTAS=128`` was 181 % behind and ended the shape's trial there."""
+    same shape at ``TARGET_CTAS=128`` was 181 % behind and ended the shape's trial there. Where the swapped
+    launch is no candidate (it does not fit), the shape's candidate nearest to it stands in (fewest other
+    parameters changed; the first in queue order among equals): on V4 at C=8 (kernel be009e1b9a4c) the best
+    launch was ``T32-w4-s1-c128-p2``, ``BLOCK_T=64 x num_warps=8`` does not fit with ``PREFETCH=2``, and its
+    ``-p3`` launch is 11 % ahead."""
     best = level.best()
     if best is None:
         return []
     family = level.adapter.family
-    held = dict.fromkeys(tuple(getattr(c, p) for p in family) for c in level.candidates)
-    shapes = [f for f in held if not skip or f not in skip]  # ``skip``: shapes left out
+    by_shape: dict = {}
+    for c in level.candidates:
+        by_shape.setdefault(tuple(getattr(c, p) for p in family), []).append(c)
     rep = level.lookup()
+    others = [p for p in level.adapter.param_names if p not in family]
     out = []
-    for f in shapes:
+    for f, mine in by_shape.items():
+        if skip and f in skip:  # ``skip``: shapes left out
+            continue
         try:
             cand = rep(best[0].replace(**dict(zip(family, f, strict=True))))
         except (ValueError, TypeError):
-            continue
-        if cand is not None and cand not in level.measured and cand not in level.pending:
+            cand = None
+        if cand is None:  # the nearest of the shape's candidates
+            cand = min(mine, key=lambda c: sum(getattr(c, p) != getattr(best[0], p) for p in others))
+        if cand not in level.measured and cand not in level.pending:
             out.append(cand)
     return list(dict.fromkeys(out))
 
