@@ -882,3 +882,25 @@ def test_a_split_line_crosses_the_adapters_geometry(monkeypatch):
     assert set(surrogate._split_line(lvl, start)) == set(cands) - {start}
     monkeypatch.setattr(type(lvl.adapter), "geometry", ())
     assert set(surrogate._split_line(lvl, start)) == {KernelConfig(32, 4, 1, 128), KernelConfig(32, 4, 1, 256)}
+
+
+def test_a_shape_whose_swapped_launch_does_not_fit_is_probed_at_its_nearest_candidate():
+    """The best launch's options may not fit another tile shape (V4 C=8: ``BLOCK_T=64 x num_warps=8`` has no
+    ``PREFETCH=2`` launch): the shape is probed at its candidate nearest to the swapped launch, here the same split
+    count with another stage count, which leads by 8 %."""
+    cands = [c for c in _candidates() if (c.BLOCK_T, c.num_warps, c.num_stages) != (16, 2, 1)]  # does not fit
+
+    def needle(cfg, c):
+        if c == 8 and (cfg.BLOCK_T, cfg.num_warps, cfg.num_stages, cfg.TARGET_CTAS) == (16, 2, 2, 256):
+            return math.log1p(-0.08) - 0.2
+        return _needle(cfg, 4)  # the rest as at C=4: the shape 40 % behind
+
+    s = strategies.make("surrogate", seed=0)
+    history = [Measured(4, c, needle(c, 4)) for c in cands]
+    lvl = Level(8, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands), order=(4, 8))
+    lvl.neighbours = {c: [o for o in near if o in set(cands)] for c, near in lvl.neighbours.items()}
+    while s.stop_reason(lvl, history) is None:
+        (pick,) = s.propose(lvl, 1, history)
+        lvl.measured[pick] = needle(pick, 8)
+    assert lvl.best()[0] == KernelConfig(BLOCK_T=16, num_warps=2, num_stages=2, TARGET_CTAS=256)
+    assert len(lvl.measured) < len(cands) / 2, len(lvl.measured)
