@@ -33,7 +33,7 @@
 #   OUT=out PHASE=checks bash results/h200.sh   # one call for the GPU checks: the merged layer call's GPU test,
 #                                               # bench_call against FlashMLA with the MERGE variants (CHECK_ALSO) at
 #                                               # CHECK_LEVELS, the V3.2/GLM-5 hook, the new formats; JSON in $OUT
-#   OUT=out PHASE=formats bash results/h200.sh  # the cache formats of issue 57 (V4.1 fp8 + fp4, GLM-5.3's no-RoPE):
+#   OUT=out PHASE=formats bash results/h200.sh  # the newer cache formats (V4.1 fp8 + fp4, GLM-5.3's no-RoPE):
 #                                               # their kernel tests on the GPU, then benchmarks/bench_formats.py at
 #                                               # the 15 levels (each checked against the fp32 reference first; the
 #                                               # no-RoPE cache against FlashMLA's V32_NO_ROPE kernel, V4.1 against
