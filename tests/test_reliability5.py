@@ -455,9 +455,17 @@ def _ctrl_c(args, tmp_path: Path, after, env=None):
     deadline = time.monotonic() + 300  # only guards against a hang
     while time.monotonic() < deadline and not after(proc):
         time.sleep(0.02)
+    try:  # stopped, so that it cannot end between the look and the signal (the signal is taken where it stopped)
+        os.killpg(proc.pid, signal.SIGSTOP)
+    except ProcessLookupError:
+        pass
     alive = proc.poll() is None
-    if alive:
-        os.killpg(proc.pid, signal.SIGINT)
+    try:
+        if alive:
+            os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
     out, err = proc.communicate(timeout=300)
     return proc.returncode, out, err, alive
 
@@ -515,6 +523,31 @@ def test_ctrl_c_while_the_tool_starts_is_130_and_one_line(tmp_path, moment):
     rc, _, err, alive = _ctrl_c(args, tmp_path, _after_mapped(moment))
     assert alive  # the check compiles for seconds after its imports
     _interrupted_cleanly(rc, err, alive)
+
+
+CTRL_C_IN_IMPORT = """
+import os, signal, time
+hit = False
+try:  # as Triton's extension does: the KeyboardInterrupt caught in its initialization, another error raised after
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)
+except KeyboardInterrupt:
+    hit = True
+if hit:
+    raise ImportError("initialization failed")
+"""
+
+
+def test_ctrl_c_that_breaks_an_adapters_import_is_130_not_a_bad_space(tmp_path):
+    """A Ctrl-C that an extension turns into another error, with no KeyboardInterrupt in its chain, is still the
+    interrupt: exit 130 and one line, not "module ... does not import" and exit 2."""
+    (tmp_path / "ctrlc_adapter.py").write_text(CTRL_C_IN_IMPORT)
+    space = tmp_path / "space.yaml"
+    space.write_text(Path(SMOKE).read_text().replace("name: smoke", "name: smoke\nkernel: 'ctrlc_adapter:Adapter'"))
+    env = {"PYTHONPATH": str(tmp_path), "TUNER_ADAPTERS": "ctrlc_adapter"}
+    rc, _, err, alive = _ctrl_c(["check", str(space), "-q"], tmp_path, lambda proc: proc.poll() is not None,
+                                env=env)  # fmt: skip
+    assert rc == 130 and err.strip().splitlines() == ["interrupted"], (rc, err[-2000:])
 
 
 def test_ctrl_c_during_a_check_is_130_and_one_line(tmp_path):

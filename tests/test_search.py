@@ -433,13 +433,17 @@ def test_optunas_best_is_the_tuners_best(smoke_db):
         proc = query("best", "--concurrency", str(c), "--format", "json", "--db", smoke_db["url"])
         assert proc.returncode == 0, proc.stderr
         (row,) = json.loads(proc.stdout)
-        bt = study.best_trial
-        assert bt.user_attrs["tuner_trial_id"] == row["trial"] and bt.user_attrs["phase"] == row["phase"]
-        assert {k: bt.params[k] for k in ("BLOCK_T", "num_warps", "num_stages", "TARGET_CTAS")} == {
+        # every Optuna value is the tuner's own median of its config, so `best`'s trial holds what `best` shows and
+        # Optuna's best is the lowest median; the tuner ranks by the paired ratio instead, so the two name the same
+        # trial unless the baseline drifted between rounds (docs/search.md, "Optuna's view")
+        (ours,) = [t for t in study.trials if t.user_attrs.get("tuner_trial_id") == row["trial"]]
+        assert ours.user_attrs["phase"] == row["phase"] == "finalist"
+        assert {k: ours.params[k] for k in ("BLOCK_T", "num_warps", "num_stages", "TARGET_CTAS")} == {
             k: row[k] for k in ("BLOCK_T", "num_warps", "num_stages", "TARGET_CTAS")
         }
-        assert bt.user_attrs["finalist_median_us"] == pytest.approx(row["median_us"], abs=1e-3)
-        assert study.best_value == pytest.approx(row["median_us"], abs=1e-3)  # what `tuner best` shows
+        assert ours.user_attrs["finalist_median_us"] == pytest.approx(row["median_us"], abs=1e-3)
+        assert ours.value == pytest.approx(row["median_us"], abs=1e-3)  # what `tuner best` shows
+        assert study.best_value == min(t.value for t in study.trials if t.value is not None) <= ours.value
         pruned = study.get_trials(states=(optuna.trial.TrialState.PRUNED,))
         infeasible = [t for t in pruned if t.user_attrs.get("verdict") == "infeasible"]
         assert infeasible and all("sm_120 limit" in t.user_attrs["reason"] for t in infeasible)

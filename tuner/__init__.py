@@ -51,21 +51,39 @@ def _end_on_interrupt(signum, frame) -> None:
     exit_now(130)
 
 
-_SIGINT_SEEN: list = []  # the executable's Ctrl-Cs after its import guard, as the command's handler saw them
+_SIGINT_SEEN: list = []  # a Ctrl-C the executable received after its import guard (see :func:`interrupted`)
+_WAKE: list = []  # the read end of its signal wake-up pipe: Python writes each signal's number there
 
 
-def _raise_interrupt(signum, frame) -> None:
-    """The command's Ctrl-C: Python's own KeyboardInterrupt, remembered (see :func:`interrupted`)."""
-    _SIGINT_SEEN.append(signum)
-    raise KeyboardInterrupt
+def _watch_interrupts() -> None:
+    """Note every signal the executable receives from here on (``signal.set_wakeup_fd``), whatever its handler: the
+    handler stays Python's own, which raises KeyboardInterrupt."""
+    try:
+        r, w = _os.pipe()
+        _os.set_blocking(r, False)
+        _os.set_blocking(w, False)
+        _signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        _WAKE[:] = [r]
+    except (ValueError, OSError):  # not the main thread, or no pipe: the exception's chain alone decides
+        pass
+
+
+def _sigint_seen() -> bool:
+    if not _SIGINT_SEEN and _WAKE:
+        try:
+            if _signal.SIGINT in _os.read(_WAKE[0], 4096):
+                _SIGINT_SEEN.append(_signal.SIGINT)
+        except OSError:  # nothing written (BlockingIOError), or closed
+            pass
+    return bool(_SIGINT_SEEN)
 
 
 def interrupted(e: BaseException | None = None) -> bool:
     """Whether ``e`` is, or comes of, a Ctrl-C. One that lands inside a C extension's import surfaces as another
     error (Triton's ``ImportError: initialization failed``), with or without the KeyboardInterrupt as its cause,
-    perhaps wrapped again (an adapter that does not import): once the executable's handler has seen a Ctrl-C,
-    any error is its outcome."""
-    if _SIGINT_SEEN:
+    perhaps wrapped again (an adapter that does not import): once the executable has received a Ctrl-C, any error
+    is its outcome."""
+    if _sigint_seen():
         return True
     seen = set()
     while e is not None and id(e) not in seen:
@@ -87,7 +105,8 @@ def _install(handler) -> bool:
 def release_import_guard() -> None:
     """The imports are done: Ctrl-C is the command's again (KeyboardInterrupt; a search installs its own stop)."""
     if _signal.getsignal(_signal.SIGINT) is _end_on_interrupt:
-        _install(_raise_interrupt)
+        _install(_signal.default_int_handler)
+        _watch_interrupts()
 
 
 _EXIT: list = []  # the executable's exit status, once its command is done
