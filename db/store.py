@@ -508,6 +508,8 @@ class Store:
         if current is None:
             with self.engine.connect() as con:
                 ours = [t for t in inspect(con).get_table_names() if t.startswith("tuner_") and t != VERSION_TABLE]
+                if ours and self.revision(con) is not None:  # another process created the schema between the reads
+                    return
             if ours:  # the version row is gone (a damaged table): nothing may guess the schema
                 raise DatabaseError(
                     f"{self.shown_url} is damaged: it has tuner tables but no schema version (its table "

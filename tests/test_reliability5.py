@@ -459,7 +459,7 @@ def _ctrl_c(args, tmp_path: Path, after, env=None):
         os.killpg(proc.pid, signal.SIGSTOP)
     except ProcessLookupError:
         pass
-    alive = proc.poll() is None
+    alive = _stopped(proc)
     try:
         if alive:
             os.killpg(proc.pid, signal.SIGINT)
@@ -468,6 +468,22 @@ def _ctrl_c(args, tmp_path: Path, after, env=None):
         pass
     out, err = proc.communicate(timeout=300)
     return proc.returncode, out, err, alive
+
+
+def _stopped(proc) -> bool:
+    """Whether ``proc`` is stopped, not ending: a process already in its exit (tearing its memory down, not yet a
+    zombie) takes no SIGSTOP and no SIGINT, yet ``poll()`` still calls it running. Without /proc, ``poll()``."""
+    import time
+
+    for _ in range(1000):
+        try:
+            state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return proc.poll() is None
+        if state in "TtZX":
+            return state in "Tt"
+        time.sleep(0.002)
+    return proc.poll() is None
 
 
 def _after_s(seconds: float):
