@@ -200,7 +200,7 @@ PY
     step bench_formats "$(left)" python3 benchmarks/bench_formats.py --samples 5 --out "$OUT/bench_formats_h200.json"
     for f in "$OUT"/formats_tests.log "$OUT"/bench_formats.log; do echo "== $f"; tail -16 "$f" | cut -c1-150; done
     exit 0 ;;
-  checks)  # one device call for the kernel's and the engines' GPU checks, each step within what is left of LIMIT:
+  checks)  # one GPU run of the kernel's and the engines' GPU checks, each step within what is left of LIMIT:
     # the merged layer call's GPU test, the layer call against FlashMLA with the merge variants (shipped tables, MERGE=1
     # on them, fewer fuller splits), the V3.2/GLM-5 hook and the new cache formats
     levels=${CHECK_LEVELS:-1,2,4,8,16,24,32,40,48,56,64,72,80,88,96}

@@ -197,8 +197,8 @@ class Surrogate(Strategy):
         key = (len(history), level.concurrency, tuple(getattr(level, "order", ()) or ()))
         if self._bests is None or self._bests[0] is not history or self._bests[1] != key:
             self._bests = (history, key, level_bests(level, history))
-        out = [cand for cfg in self._bests[2] if (cand := level.lookup()(cfg)) is not None]
-        return [c for c in dict.fromkeys(out) if c not in level.measured and c not in level.pending]
+        here = dict.fromkeys(map(level.lookup(), self._bests[2]))  # one lookup map, not one per config
+        return [c for c in here if c is not None and c not in level.measured and c not in level.pending]
 
     def floor(self, level: Level, history: History) -> list[KernelConfig]:
         """The floor under the stop rule: one launch here of each tile shape (the adapter's ``family``) whose best
