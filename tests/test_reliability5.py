@@ -440,17 +440,18 @@ def _command() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-P", "-m", "sparse_mla_tuner.tuner"]
 
 
-def _ctrl_c(args, tmp_path: Path, after, env=None):
-    """``tuner ARGS`` in a session of its own, sent SIGINT as a terminal sends it (to the whole process group) once
-    ``after(proc)`` is true; (exit status, stdout, stderr, whether it was still running when signalled)."""
+def _ctrl_c(args, tmp_path: Path, after, env=None, command=None):
+    """``tuner ARGS`` (or ``command ARGS``) in a session of its own, sent SIGINT as a terminal sends it (to the whole
+    process group) once ``after(proc)`` is true; (exit status, stdout, stderr, whether it was still running when
+    signalled)."""
     import signal
     import time
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     env.pop("COLUMNS", None)
     proc = subprocess.Popen(
-        [*_command(), *args], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        start_new_session=True,
+        [*(command or _command()), *args], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env, start_new_session=True,
     )  # fmt: skip
     deadline = time.monotonic() + 300  # only guards against a hang
     while time.monotonic() < deadline and not after(proc):

@@ -24,6 +24,12 @@ def _shown(text: str, limit: int = 40) -> str:
     return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"
 
 
+def _digits(text: str) -> bool:
+    """Whether ``text`` is a whole number of at most 9 ASCII digits (``str.isdigit`` also passes ``²`` and ``٣``, which
+    ``int`` refuses or reads as another script's digit)."""
+    return re.fullmatch(r"[0-9]{1,9}", text) is not None
+
+
 def usable_cores() -> int:
     """The CPU cores this process may run on (its affinity, else the host's count)."""
     try:
@@ -37,7 +43,7 @@ def compile_jobs() -> int:
     text = os.environ.get(JOBS_ENV, "").strip()
     if not text:
         return usable_cores()
-    if not (text.isdigit() and len(text) <= 9 and 1 <= int(text) <= JOBS_MAX):
+    if not (_digits(text) and 1 <= int(text) <= JOBS_MAX):
         raise TunerError(
             f"${JOBS_ENV} must be a whole number of compile processes from 1 to {JOBS_MAX} (unset: one per usable "
             f"core, {usable_cores()} here), got {_shown(text)}"
@@ -66,7 +72,7 @@ def check_columns() -> None:
     """``$COLUMNS``, when set, is a whole number (0: the terminal's own width); a width that cannot be read would
     silently give another layout."""
     text = os.environ.get("COLUMNS", "").strip()
-    if text and not (text.isdigit() and len(text) <= 9):
+    if text and not _digits(text):
         raise TunerError(f"$COLUMNS must be a whole number of columns the tables are fitted to, got {_shown(text)}")
 
 

@@ -97,6 +97,6 @@ def owner_alive(tag: str | None) -> bool | None:
     if not tag:
         return None
     parts = tag.rsplit("|", 2)
-    if len(parts) != 3 or parts[0] != _machine() or not parts[1].isdigit():
+    if len(parts) != 3 or parts[0] != _machine() or not (parts[1].isascii() and parts[1].isdigit()):
         return None
     return _start_time(int(parts[1])) == parts[2]

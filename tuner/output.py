@@ -77,7 +77,7 @@ def terminal_width() -> int | None:
     """The width a table is fitted to: ``$COLUMNS`` when set, else the terminal's when stdout is one;
     ``None`` (no fitting: full values) when stdout is piped."""
     text = os.environ.get("COLUMNS", "").strip()
-    if text.isdigit() and len(text) <= 9 and int(text) > 0:
+    if text.isascii() and text.isdigit() and len(text) <= 9 and int(text) > 0:  # as check_environment reads it
         return int(text)
     try:
         if sys.stdout.isatty():

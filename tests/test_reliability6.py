@@ -1,0 +1,132 @@
+"""Reliability, round six: the cases of round five (tests/test_reliability5.py) once more, each in a neighbouring form.
+A relative or empty `$PYTHONPATH` entry names the working folder, which the command itself never imports from either;
+a numeric variable holds only ASCII digits; a space's `kernel:` never names a `__main__` module (a program, whose
+import runs it); `python -m sparse_mla_tuner` guards Ctrl-C as the console script does."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.conftest import tuner_in_process as tuner
+from tests.test_reliability5 import SMOKE
+from tests.test_reliability5 import _after_mapped
+from tests.test_reliability5 import _ctrl_c
+from tests.test_reliability5 import _interrupted_cleanly
+from tests.test_reliability5 import _one_sentence
+from tests.test_reliability5 import _space_with_kernel
+from tests.test_reliability5 import results_db  # noqa: F401 - a fixture
+
+PLANTED = ("json", "yaml", "sqlalchemy", "numpy")
+
+
+def _plant(folder: Path) -> None:
+    """Modules that leave ``RAN_<name>`` in ``folder`` when imported, and a package ``optuna/`` that does too."""
+    for name in PLANTED:
+        (folder / f"{name}.py").write_text(f"open({str(folder / ('RAN_' + name))!r}, 'w')\n")
+    (folder / "optuna").mkdir()
+    (folder / "optuna" / "__init__.py").write_text(f"open({str(folder / 'RAN_optuna')!r}, 'w')\n")
+
+
+@pytest.mark.parametrize("pythonpath", [".", f"{os.pathsep}/no-such-dir", "lib"], ids=["dot", "empty", "relative"])
+def test_a_relative_pythonpath_entry_is_not_imported_by_the_command(tmp_path, pythonpath):
+    """`PYTHONPATH=.`, an empty entry (what `export PYTHONPATH=$PYTHONPATH:/x` leaves) or `lib`: the console script
+    imports none of the planted modules, as the processes it starts do not (tests/test_isolation.py)."""
+    work = tmp_path / "work"
+    (work / "lib").mkdir(parents=True)
+    _plant(work)
+    _plant(work / "lib")
+    exe = Path(sys.executable).parent / "tuner"
+    env = {**os.environ, "PYTHONPATH": pythonpath}
+    env.pop("PYTHONSAFEPATH", None)
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+    proc = subprocess.run(
+        [str(exe), "check", SMOKE, "-f", "json", "--db", db], cwd=work, capture_output=True, text=True, env=env,
+        timeout=300,
+    )  # fmt: skip  # the limit only guards against a hang
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(p.name for p in work.rglob("RAN_*")) == []
+
+
+def test_only_the_relative_pythonpath_entries_leave_sys_path(tmp_path, monkeypatch):
+    from sparse_mla_tuner.tuner import drop_relative_pythonpath
+
+    stdlib = os.path.dirname(os.__file__)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([".", "lib", "/abs", ""]))
+    monkeypatch.setattr(sys, "flags", type("F", (), {"safe_path": False})())
+    path = ["/script", str(tmp_path), str(tmp_path / "lib"), "/abs", "", stdlib, str(tmp_path), "/site"]
+    monkeypatch.setattr(sys, "path", list(path))
+    drop_relative_pythonpath()
+    assert sys.path == ["/script", "/abs", stdlib, str(tmp_path), "/site"]  # after the standard library: not its
+    monkeypatch.setenv("PYTHONPATH", "")
+    monkeypatch.setattr(sys, "path", list(path))
+    drop_relative_pythonpath()
+    assert sys.path == path
+
+
+NON_ASCII_DIGITS = [("TUNER_COMPILE_JOBS", "²"), ("TUNER_COMPILE_JOBS", "٣"), ("COLUMNS", "²"), ("COLUMNS", "١٢٠")]
+
+
+@pytest.mark.parametrize("name, value", NON_ASCII_DIGITS, ids=[f"{n}={v}" for n, v in NON_ASCII_DIGITS])
+def test_a_number_in_other_digits_is_one_sentence_naming_the_variable(tmp_path, results_db, monkeypatch, name, value):  # noqa: F811
+    """`str.isdigit` passes a superscript two (which `int` refuses: a traceback) and Arabic-Indic digits."""
+    monkeypatch.setenv(name, value)
+    _one_sentence(tuner("studies", "--db", f"sqlite:///{results_db}"), f"${name}")
+    _one_sentence(tuner("check", SMOKE, "--db", f"sqlite:///{tmp_path / 'c.db'}"), f"${name}")
+
+
+def test_the_table_width_reads_only_ascii_digits(monkeypatch):
+    from sparse_mla_tuner.tuner.output import terminal_width
+
+    monkeypatch.setenv("COLUMNS", "²")
+    assert terminal_width() is None or terminal_width() > 0  # the terminal's, or none: not a ValueError
+    monkeypatch.setenv("COLUMNS", "120")
+    assert terminal_width() == 120
+
+
+def test_an_owner_tag_with_other_digits_is_another_machines():
+    from sparse_mla_tuner.tuner.heartbeat import _machine
+    from sparse_mla_tuner.tuner.heartbeat import owner_alive
+
+    assert owner_alive(f"{_machine()}|²|1") is None
+
+
+@pytest.mark.parametrize("kernel", ["sparse_mla_tuner.tuner.__main__:X", "sparse_mla_tuner.__main__:Adapter"])
+def test_a_main_module_is_never_imported_as_an_adapter(tmp_path, kernel, monkeypatch):
+    """This package's own modules may be named, but not its programs: importing one runs the command line again."""
+    module = kernel.split(":")[0]
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    space = _space_with_kernel(tmp_path, kernel)
+    _one_sentence(tuner("check", str(space), "--db", f"sqlite:///{tmp_path / 'c.db'}"), "is a program")
+    assert module not in sys.modules
+
+
+@pytest.mark.parametrize("main", ["sparse_mla_tuner.__main__", "sparse_mla_tuner.tuner.__main__", "elsewhere"])
+def test_python_m_sparse_mla_tuner_is_the_executable(monkeypatch, main):
+    """`python -m sparse_mla_tuner` (results/h200.sh's form) is the executable as the console script is: it guards
+    Ctrl-C from its first import (it used to print the KeyboardInterrupt's traceback in its first tenth of a second)
+    and keeps a relative `$PYTHONPATH` off `sys.path`."""
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
+
+    from sparse_mla_tuner.tuner import is_executable
+
+    module = ModuleType("__main__")
+    module.__spec__ = ModuleSpec(main, None)
+    monkeypatch.setitem(sys.modules, "__main__", module)
+    assert is_executable() == (main != "elsewhere")
+
+
+def test_ctrl_c_while_python_m_runs_is_130_and_one_line(tmp_path):
+    args = ["check", SMOKE, "-q", "--db", f"sqlite:///{tmp_path / 'c.db'}"]
+    env = {"PYTHONPATH": str(ROOT)}  # a checkout without an install finds the package so too
+    command = [sys.executable, "-m", "sparse_mla_tuner"]
+    rc, _, err, alive = _ctrl_c(args, tmp_path, _after_mapped("sqlalchemy"), env=env, command=command)
+    assert alive
+    _interrupted_cleanly(rc, err, alive)
