@@ -1,12 +1,12 @@
 """sparse-mla-tuner: feasibility, search, measurement and queries for the sparse MLA decode kernel.
 
-Run as the ``tuner`` executable (the console script, or ``python -m sparse_mla_tuner.tuner``), this package guards
-Ctrl-C from its very import: while the command line and its libraries import (seconds: torch, Triton, SQLAlchemy),
-an interrupt ends the process at once with one line and exit status 130. Raised as KeyboardInterrupt inside an
-extension's initialization it could abort the interpreter from C++ (pybind11: "terminate called after throwing an
-instance of 'pybind11::error_already_set'") or leave a half-made module that fails later. :func:`tuner.cli.main`
-hands Ctrl-C back to the command (:func:`release_import_guard`) and guards the shutdown after it
-(:func:`guard_shutdown`). Imported any other way (tests, a program of one's own), it changes nothing.
+Run as the ``tuner`` executable (the console script, ``python -m sparse_mla_tuner.tuner`` or ``python -m
+sparse_mla_tuner``), this package guards Ctrl-C from its very import: while the command line and its libraries import
+(seconds: torch, Triton, SQLAlchemy), an interrupt ends the process at once with one line and exit status 130. Raised
+as KeyboardInterrupt inside an extension's initialization it could abort the interpreter from C++ (pybind11:
+"terminate called after throwing an instance of 'pybind11::error_already_set'") or leave a half-made module that fails
+later. :func:`tuner.cli.main` hands Ctrl-C back to the command (:func:`release_import_guard`) and guards the shutdown
+after it (:func:`guard_shutdown`). Imported any other way (tests, a program of one's own), it changes nothing.
 """
 
 import os as _os
@@ -23,8 +23,8 @@ def is_executable() -> bool:
     imports the package."""
     main = _sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
-    if spec is not None and spec.name == __name__ + ".__main__":
-        return True
+    if spec is not None and spec.name in (__name__ + ".__main__", __name__.rpartition(".")[0] + ".__main__"):
+        return True  # python -m sparse_mla_tuner.tuner, or python -m sparse_mla_tuner
     return _os.path.basename(getattr(main, "__file__", None) or "") in _SCRIPT_NAMES
 
 
@@ -148,9 +148,33 @@ def guard_imports() -> None:
     _install(_end_on_interrupt)
 
 
+def drop_relative_pythonpath() -> None:
+    """Takes off ``sys.path`` what ``$PYTHONPATH`` names relative to the working folder (``.``, ``lib``, an empty
+    entry such as ``export PYTHONPATH=$PYTHONPATH:/x`` leaves), as :func:`sparse_mla_tuner.child_env` does for every
+    process the tool starts: a ``json.py``, ``yaml.py`` or ``sqlalchemy.py`` where someone runs ``tuner`` is not
+    imported by the command either. Only the entries ``$PYTHONPATH`` put there, before the standard library's, go;
+    ``sys.path[0]`` stays (the console script's folder; ``python -m`` puts the working folder there, ``python -P -m``
+    does not). The interpreter itself reads such an entry as it starts (its ``encodings``, ``site``), before this
+    package: only an absolute ``$PYTHONPATH`` keeps those out."""
+    text = _os.environ.get("PYTHONPATH", "")
+    named = {_os.path.abspath(p) for p in text.split(_os.pathsep) if not _os.path.isabs(p)} if text else set()
+    if not named:
+        return
+    stdlib = _os.path.dirname(_os.__file__)
+    ends = {stdlib, _os.path.join(_os.path.dirname(stdlib), f"python{_sys.version_info[0]}{_sys.version_info[1]}.zip")}
+    first = 0 if getattr(_sys.flags, "safe_path", False) else 1
+    head = []
+    for i, p in enumerate(_sys.path[first:], first):
+        if p in ends:
+            head = _sys.path[first:i]
+            break
+    _sys.path[first : first + len(head)] = [p for p in head if p and _os.path.abspath(p) not in named]
+
+
 if is_executable():
     import atexit as _atexit
 
+    drop_relative_pythonpath()
     _atexit.register(_end_of_shutdown)
     _sys.unraisablehook = _unraisable
     guard_imports()

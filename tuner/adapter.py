@@ -377,8 +377,10 @@ def _shipped_example(module_name: str) -> bool:
 
 def _registered(target: str) -> bool:
     """Whether ``module:Class`` may be imported: this package's own modules, an installed entry point, one of
-    the repository's examples, or an entry of ``$TUNER_ADAPTERS``."""
+    the repository's examples, or an entry of ``$TUNER_ADAPTERS``; never a ``__main__`` module (a program)."""
     module_name = target.split(":")[0]
+    if "__main__" in module_name.split("."):
+        return False  # a program (`python -m`'s entry), whose import runs it: never an adapter's module
     if module_name == _OWN or module_name.startswith(_OWN + "."):
         return True
     if target in entry_point_adapters().values():
@@ -418,6 +420,10 @@ def load_adapter(spec, where: str = "`kernel`") -> KernelAdapter:
         top = module_name.split(".")[0]
         raise SpaceError(
             f"{where}: module {module_name!r} does not import (ModuleNotFoundError: No module named {top!r})"
+        )
+    if "__main__" in module_name.split("."):
+        raise SpaceError(
+            f"{where}: {_show(target)} is a program (a `__main__` module runs when imported), not an adapter's module"
         )
     if not _registered(target):
         raise SpaceError(
