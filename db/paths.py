@@ -94,6 +94,8 @@ def read_input(path, limit: int, what: str = "file") -> bytes:
 def _read_stdin(limit: int, what: str) -> bytes:
     import sys
 
+    if sys.stdin is None:  # closed when the process started (`<&-`): descriptor 0 may since be another file's
+        raise PathError(f"the standard input is closed; give the {what} as a file, or on a pipe to `-`")
     stream = getattr(sys.stdin, "buffer", None)
     if stream is None:
         return _read_fd(0, "the standard input", limit, what)

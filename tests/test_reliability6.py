@@ -130,3 +130,14 @@ def test_ctrl_c_while_python_m_runs_is_130_and_one_line(tmp_path):
     rc, _, err, alive = _ctrl_c(args, tmp_path, _after_mapped("sqlalchemy"), env=env, command=command)
     assert alive
     _interrupted_cleanly(rc, err, alive)
+
+
+def test_a_space_on_a_closed_standard_input_is_one_sentence(tmp_path):
+    """`tuner check - <&-`: descriptor 0 may since be another file's (the tool's signal pipe, a database), so it is
+    not read; the message says the standard input is closed (it said "Resource temporarily unavailable")."""
+    code = "import sys; from sparse_mla_tuner.tuner.cli import main; sys.argv[0] = 'tuner'; main()"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "check", "-", "--db", f"sqlite:///{tmp_path / 'c.db'}"],
+        capture_output=True, text=True, timeout=300, preexec_fn=lambda: os.close(0),
+    )  # fmt: skip
+    _one_sentence(proc, "the standard input is closed")
