@@ -53,6 +53,27 @@ def test_a_relative_pythonpath_entry_is_not_imported_by_the_command(tmp_path, py
     assert sorted(p.name for p in work.rglob("RAN_*")) == []
 
 
+def test_a_relative_pythonpath_entry_is_not_imported_by_a_search_or_its_helpers(tmp_path):
+    """A search under `PYTHONPATH=.` starts the surrogate's worker and multiprocessing's resource tracker (`python -c`
+    with the environment inherited): none imports the planted `pickle.py` or `select.py` (they used to, with a
+    traceback each)."""
+    from tests.conftest import cheap_smoke
+
+    work = tmp_path / "work"
+    work.mkdir()
+    space = cheap_smoke(work)
+    _plant(work)
+    for name in ("pickle", "select"):
+        (work / f"{name}.py").write_text(f"open({str(work / ('RAN_' + name))!r}, 'w')\n")
+    exe = Path(sys.executable).parent / "tuner"
+    env = {**os.environ, "PYTHONPATH": "."}
+    env.pop("PYTHONSAFEPATH", None)
+    args = [str(exe), "search", space, "-q", "--concurrency", "4", "--db", f"sqlite:///{tmp_path / 's.db'}"]
+    proc = subprocess.run(args, cwd=work, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert sorted(p.name for p in work.glob("RAN_*")) == []
+
+
 def test_only_the_relative_pythonpath_entries_leave_sys_path(tmp_path, monkeypatch):
     from sparse_mla_tuner.tuner import drop_relative_pythonpath
 
@@ -64,6 +85,7 @@ def test_only_the_relative_pythonpath_entries_leave_sys_path(tmp_path, monkeypat
     monkeypatch.setattr(sys, "path", list(path))
     drop_relative_pythonpath()
     assert sys.path == ["/script", "/abs", stdlib, str(tmp_path), "/site"]  # after the standard library: not its
+    assert os.environ["PYTHONPATH"] == "/abs"  # what the processes it starts inherit
     monkeypatch.setenv("PYTHONPATH", "")
     monkeypatch.setattr(sys, "path", list(path))
     drop_relative_pythonpath()

@@ -149,17 +149,23 @@ def guard_imports() -> None:
 
 
 def drop_relative_pythonpath() -> None:
-    """Takes off ``sys.path`` what ``$PYTHONPATH`` names relative to the working folder (``.``, ``lib``, an empty
-    entry such as ``export PYTHONPATH=$PYTHONPATH:/x`` leaves), as :func:`sparse_mla_tuner.child_env` does for every
-    process the tool starts: a ``json.py``, ``yaml.py`` or ``sqlalchemy.py`` where someone runs ``tuner`` is not
-    imported by the command either. Only the entries ``$PYTHONPATH`` put there, before the standard library's, go;
-    ``sys.path[0]`` stays (the console script's folder; ``python -m`` puts the working folder there, ``python -P -m``
-    does not). The interpreter itself reads such an entry as it starts (its ``encodings``, ``site``), before this
-    package: only an absolute ``$PYTHONPATH`` keeps those out."""
+    """Takes off ``sys.path`` what ``$PYTHONPATH`` names relative to the working folder (``.``, ``lib``, an empty entry
+    such as ``export PYTHONPATH=$PYTHONPATH:/x`` leaves), as :func:`sparse_mla_tuner.child_env` does for every process
+    the tool starts: a ``json.py``, ``yaml.py`` or ``sqlalchemy.py`` where someone runs ``tuner`` is not imported by the
+    command either, nor by a process it starts (``$PYTHONPATH`` keeps its absolute entries alone: multiprocessing's
+    resource tracker and spawned workers inherit it). Only the entries ``$PYTHONPATH`` put on ``sys.path``, before the
+    standard library's, go; ``sys.path[0]`` stays (the console script's folder; ``python -m`` puts the working folder
+    there, ``python -P -m`` does not). The interpreter itself reads such an entry as it starts (its ``encodings``,
+    ``site``), before this package: only an absolute ``$PYTHONPATH`` keeps those out."""
     text = _os.environ.get("PYTHONPATH", "")
     named = {_os.path.abspath(p) for p in text.split(_os.pathsep) if not _os.path.isabs(p)} if text else set()
     if not named:
         return
+    kept = [p for p in text.split(_os.pathsep) if _os.path.isabs(p)]
+    if kept:  # and off what every process it starts inherits (multiprocessing's own helpers included)
+        _os.environ["PYTHONPATH"] = _os.pathsep.join(kept)
+    else:
+        del _os.environ["PYTHONPATH"]
     stdlib = _os.path.dirname(_os.__file__)
     ends = {stdlib, _os.path.join(_os.path.dirname(stdlib), f"python{_sys.version_info[0]}{_sys.version_info[1]}.zip")}
     first = 0 if getattr(_sys.flags, "safe_path", False) else 1
