@@ -146,14 +146,17 @@ def nearest_key(keys, batch: int) -> int:
 
 
 def tables_dir() -> Path:
-    """The one folder where exported tables live, for every engine's plugin (SGLang's and vLLM's) and for
-    ``tuner export --engine``: ``$SPARSE_MLA_CONFIG_DIR`` when set, else ``$XDG_DATA_HOME/sparse_mla_tuner/configs``
-    (``~/.local/share/sparse_mla_tuner/configs``). Both layouts may lie in it side by side: SGLang's
-    ``triton_<version>/`` folders and vLLM's flat files; :func:`lookup_config` reads both."""
+    """The one folder where exported tables live, for every engine's plugin (SGLang's and vLLM's) and for ``tuner export
+    --engine``: ``$SPARSE_MLA_CONFIG_DIR`` when set, else ``$XDG_DATA_HOME/sparse_mla_tuner/configs``
+    (``~/.local/share/sparse_mla_tuner/configs`` when it is unset or relative, which the XDG rules ignore). Both layouts
+    may lie in it side by side: SGLang's ``triton_<version>/`` folders and vLLM's flat files; :func:`lookup_config`
+    reads both."""
     user = os.environ.get(ENV_DIR)
     if user:
         return Path(user)
-    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    base = os.environ.get("XDG_DATA_HOME", "")
+    if not os.path.isabs(base):  # unset, empty or relative: the XDG rule is to ignore a relative one
+        base = os.path.join(os.path.expanduser("~"), ".local", "share")
     return Path(base) / "sparse_mla_tuner" / "configs"
 
 

@@ -163,3 +163,17 @@ def test_a_space_on_a_closed_standard_input_is_one_sentence(tmp_path):
         capture_output=True, text=True, timeout=300, preexec_fn=lambda: os.close(0),
     )  # fmt: skip
     _one_sentence(proc, "the standard input is closed")
+
+
+@pytest.mark.parametrize("xdg", ["", "relative/data", "."])
+def test_a_relative_xdg_data_home_is_ignored(monkeypatch, xdg):
+    """The XDG rules ignore a relative `$XDG_DATA_HOME`: it would name a folder of each process's own working folder
+    (the engine's, the export's), so one export would write where no engine reads."""
+    from sparse_mla_tuner.kernels.table import tables_dir
+
+    monkeypatch.delenv("SPARSE_MLA_CONFIG_DIR", raising=False)
+    monkeypatch.setenv("HOME", "/home/someone")
+    monkeypatch.setenv("XDG_DATA_HOME", xdg)
+    assert tables_dir() == Path("/home/someone/.local/share/sparse_mla_tuner/configs")
+    monkeypatch.setenv("XDG_DATA_HOME", "/data")
+    assert tables_dir() == Path("/data/sparse_mla_tuner/configs")
