@@ -348,8 +348,8 @@ def results_db(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize(
     "cmd",
-    [["report"], ["trials"], ["trials", "--verdict", "infeasible"], ["show", "{trial}"]],
-    ids=["report", "trials", "infeasible", "show"],
+    [["report"], ["trials"], ["trials", "--verdict", "infeasible"], ["show", "{trial}"], ["trials", "--wide"]],
+    ids=["report", "trials", "infeasible", "show", "trials-wide"],
 )
 def test_a_huge_stored_reason_is_bounded(tmp_path, results_db, cmd, monkeypatch):
     """A 1 MB reason on an infeasible and an ok trial adds a bounded length to the output, not the megabyte."""

@@ -6,7 +6,7 @@ fitted. Where a table is wider than that, its free-text columns (a reason, a lis
 spaces, then the least important columns are left out (said on stderr); no cell is ever cut, so a
 config key or an interval is always whole, except stored free text beyond :data:`TEXT_MAX` characters (a
 reason a compiler or a hostile database wrote), shown by :func:`bounded` with its length said, at a terminal
-or not. ``--wide`` shows every field, and json and csv always carry every field, whole.
+or not, ``--wide`` too. ``--wide`` shows every field, and json and csv always carry every field, whole.
 
 The units of every quantity come from one place: :func:`us`, :func:`pct` and :func:`gbps`.
 """
@@ -133,7 +133,7 @@ def render(rows: list[dict], fmt: str, brief: Callable[[list[dict]], list[dict]]
     if not rows:
         return "(no rows)"
     if brief is None or wide():
-        safe = [{plain(k): plain(v) if isinstance(v, str) else v for k, v in r.items()} for r in rows]
+        safe = [{plain(k): _cell(k, v) for k, v in r.items()} for r in rows]
         return tabulate(safe, headers="keys", disable_numparse=True)
     try:
         shown = brief(rows)
@@ -147,6 +147,13 @@ def render(rows: list[dict], fmt: str, brief: Callable[[list[dict]], list[dict]]
 
 
 TEXT_MAX = 500  # characters of a stored free text (a reason) a table or the report shows
+STORED_TEXT = ("reason", "stopped")  # the free text a trial or a study stores: bounded in every table, --wide too
+
+
+def _cell(key, value):
+    if not isinstance(value, str):
+        return value
+    return plain(bounded(value) if key in STORED_TEXT else value)
 
 
 def bounded(text, limit: int = TEXT_MAX, whole: str = "-f json") -> str | None:
