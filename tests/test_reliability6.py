@@ -177,3 +177,17 @@ def test_a_relative_xdg_data_home_is_ignored(monkeypatch, xdg):
     assert tables_dir() == Path("/home/someone/.local/share/sparse_mla_tuner/configs")
     monkeypatch.setenv("XDG_DATA_HOME", "/data")
     assert tables_dir() == Path("/data/sparse_mla_tuner/configs")
+
+
+def test_an_output_named_dash_is_the_standard_output(tmp_path, results_db, monkeypatch):  # noqa: F811
+    """`-o -` and `--out -` (triton) write to stdout, as a space's `-` is read from stdin; the tables' folder cannot
+    be the standard output: one sentence. Never a file or folder named "-" (both used to make one)."""
+    monkeypatch.chdir(tmp_path)
+    url = f"sqlite:///{results_db}"
+    report = tuner("report", "-o", "-", "--db", url)
+    assert report.returncode == 0 and report.stdout.startswith("# "), report.stderr
+    module = tuner("export", "--format", "triton", "--out", "-", "--db", url)
+    assert module.returncode == 0 and "triton.Config" in module.stdout, module.stderr
+    _one_sentence(tuner("export", "--out", "-", "--db", url), "--out -: the tables are files in a folder")
+    _one_sentence(tuner("export", "--engine", "vllm", "--out", "-", "--db", url), "--out -")
+    assert not (tmp_path / "-").exists()

@@ -1011,7 +1011,7 @@ def trials(concurrency, verdict, space, kernel, sort, fmt, db_url):
     type=click.Path(),
     default=None,
     help="engine/sglang: directory for the tables (default: $SPARSE_MLA_CONFIG_DIR when set, else ./tuned_configs; "
-    "with --engine, where the engine's plugin reads them); triton: the .py file to write (default stdout).",
+    "with --engine, where the engine's plugin reads them); triton: the .py file to write (default, or `-`: stdout).",
 )
 @click.option(
     "--engine",
@@ -1055,6 +1055,13 @@ def export(out_dir, engine, export_format, backend, record, shapes, kernel, db_u
     from .progress import Progress
 
     adapter = load_adapter(kernel, "--kernel")
+    if out_dir == "-":  # the standard output, as for the space's `-`: never a file or folder named "-"
+        if export_format != "triton":
+            raise TunerError(
+                "--out -: the tables are files in a folder, which the standard output cannot hold; name a folder "
+                "(--format triton writes its one module to the standard output)"
+            )
+        out_dir = None
     if engine is not None:
         layout = {"sglang": "sglang", "vllm": "engine"}[engine]
         if export_format not in (None, layout):
@@ -1079,7 +1086,9 @@ def export(out_dir, engine, export_format, backend, record, shapes, kernel, db_u
 
 
 @cli.command(short_help="The A/B report in Markdown (--plots: PNG plots too).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here (default stdout).")
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write here (default, or `-`: stdout)."
+)
 @click.option("--plots", "plots_dir", type=click.Path(file_okay=False), default=None, help="Write PNG plots here.")
 @click.option(
     "--bench",
@@ -1102,6 +1111,8 @@ def report(output, plots_dir, bench_files, kernel, db_url):
     from .report import render_report
     from .report import sections_of
 
+    if output == "-":  # the standard output, as for the space's `-`: never a file named "-"
+        output = None
     if output:  # a FIFO, a directory or a link where the report should go: one sentence before any work
         from .export import check_output
 
