@@ -16,10 +16,12 @@ from tests.conftest import ROOT
 from tests.conftest import tuner_in_process as tuner
 from tests.test_reliability5 import SMOKE
 from tests.test_reliability5 import _after_mapped
+from tests.test_reliability5 import _copy
 from tests.test_reliability5 import _ctrl_c
 from tests.test_reliability5 import _interrupted_cleanly
 from tests.test_reliability5 import _one_sentence
 from tests.test_reliability5 import _space_with_kernel
+from tests.test_reliability5 import fresh_db  # noqa: F401 - a fixture
 from tests.test_reliability5 import results_db  # noqa: F401 - a fixture
 
 PLANTED = ("json", "yaml", "sqlalchemy", "numpy")
@@ -191,3 +193,12 @@ def test_an_output_named_dash_is_the_standard_output(tmp_path, results_db, monke
     _one_sentence(tuner("export", "--out", "-", "--db", url), "--out -: the tables are files in a folder")
     _one_sentence(tuner("export", "--engine", "vllm", "--out", "-", "--db", url), "--out -")
     assert not (tmp_path / "-").exists()
+
+
+def test_a_dry_run_names_the_database_not_its_passing_copy(tmp_path, fresh_db):  # noqa: F811
+    """A dry run compacts a copy in a temporary folder; a damage found there is said of the user's file (it named
+    the copy, gone by the time the message is read)."""
+    db = _copy(fresh_db, tmp_path, "DROP TABLE tuner_trials;")
+    proc = tuner("db", "compact", "--dry-run", "--db", f"sqlite:///{db}")
+    _one_sentence(proc, f"sqlite:///{db}: no such table: tuner_trials")
+    assert "tuner-compact" not in proc.stderr

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..db import queries
 from ..db import record
+from ..db.errors import DatabaseError
 from ..db.store import Store
 from ..db.store import check_optuna_schema
 from ..db.store import redact_url
@@ -53,6 +54,8 @@ def compact(url: str, keep: tuple[str, ...] = (), dry_run: bool = False, unlaunc
         try:
             rows = _compact(copy, keep, unlaunched)
             return Compaction(store.shown_url, rows, before, copy.file_bytes())
+        except DatabaseError as e:  # said of the user's database, not of the passing copy it was found in
+            raise type(e)(str(e).replace(copy.shown_url, store.shown_url)) from None
         finally:
             copy.engine.dispose()
 
