@@ -202,3 +202,30 @@ def test_a_dry_run_names_the_database_not_its_passing_copy(tmp_path, fresh_db): 
     proc = tuner("db", "compact", "--dry-run", "--db", f"sqlite:///{db}")
     _one_sentence(proc, f"sqlite:///{db}: no such table: tuner_trials")
     assert "tuner-compact" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [["best", "--concurrency", "1"], ["best", "--concurrency", "1", "--wide"], ["studies"], ["studies", "--wide"]],
+    ids=" ".join,
+)
+def test_a_huge_stored_name_is_bounded(tmp_path, results_db, cmd, monkeypatch):  # noqa: F811
+    """A space gives names of at most 64 characters, so a megabyte name is a hand-made database's: a table shows it
+    cut, its length said, as it shows a stored reason (it printed each whole, megabytes for `best`)."""
+    import shutil
+    import sqlite3
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    db = tmp_path / "names.db"
+    shutil.copy(results_db, db)
+    con = sqlite3.connect(db)
+    huge = "n" * 1_000_000
+    con.execute("UPDATE tuner_workloads SET name = ?", (huge,))
+    con.execute("UPDATE tuner_studies SET name = ? || id", (huge,))
+    con.execute("UPDATE tuner_environments SET gpu_name = ?", (huge,))
+    con.commit()
+    con.close()
+    plain = tuner(*cmd, "--db", f"sqlite:///{results_db}")
+    proc = tuner(*cmd, "--db", f"sqlite:///{db}")
+    assert proc.returncode == 0 and plain.returncode == 0, proc.stderr
+    assert len(proc.stdout) - len(plain.stdout) < 100_000 and "characters;" in proc.stdout, len(proc.stdout)

@@ -4,8 +4,8 @@ A table shows by default a brief view (the columns a command names as its brief 
 terminal: ``$COLUMNS`` when set, else the terminal's width when stdout is one; piped output is not
 fitted. Where a table is wider than that, its free-text columns (a reason, a list of ties) wrap at
 spaces, then the least important columns are left out (said on stderr); no cell is ever cut, so a
-config key or an interval is always whole, except stored free text beyond :data:`TEXT_MAX` characters (a
-reason a compiler or a hostile database wrote), shown by :func:`bounded` with its length said, at a terminal
+config key or an interval is always whole, except stored free text or a stored name beyond :data:`TEXT_MAX`
+characters (a reason a compiler or a hostile database wrote), shown by :func:`bounded` with its length said, at a terminal
 or not, ``--wide`` too. ``--wide`` shows every field, and json and csv always carry every field, whole.
 
 The units of every quantity come from one place: :func:`us`, :func:`pct` and :func:`gbps`.
@@ -139,6 +139,7 @@ def render(rows: list[dict], fmt: str, brief: Callable[[list[dict]], list[dict]]
         shown = brief(rows)
     except Exception:  # noqa: BLE001 - rows of another shape than the brief view knows: every field, fitted
         shown = rows
+    shown = [{k: bounded(v) if k in NAMES and isinstance(v, str) else v for k, v in r.items()} for r in shown]
     width = terminal_width()
     text, left_out = fit(shown, width)
     if left_out:
@@ -148,12 +149,14 @@ def render(rows: list[dict], fmt: str, brief: Callable[[list[dict]], list[dict]]
 
 TEXT_MAX = 500  # characters of a stored free text (a reason) a table or the report shows
 STORED_TEXT = ("reason", "stopped")  # the free text a trial or a study stores: bounded in every table, --wide too
+# stored names: at most 64 characters as a space gives them, so only a hand-made database holds a longer one
+NAMES = ("space", "workload", "study", "device", "name")
 
 
 def _cell(key, value):
     if not isinstance(value, str):
         return value
-    return plain(bounded(value) if key in STORED_TEXT else value)
+    return plain(bounded(value) if key in STORED_TEXT or key in NAMES else value)
 
 
 def bounded(text, limit: int = TEXT_MAX, whole: str = "-f json") -> str | None:
