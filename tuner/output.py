@@ -1,12 +1,12 @@
 """One formatter for every listing: ``-f table|json|csv``; data on stdout only.
 
-A table shows by default a brief view (the columns a command names as its brief ones) sized to the
-terminal: ``$COLUMNS`` when set, else the terminal's width when stdout is one; piped output is not
-fitted. Where a table is wider than that, its free-text columns (a reason, a list of ties) wrap at
-spaces, then the least important columns are left out (said on stderr); no cell is ever cut, so a
-config key or an interval is always whole, except stored free text or a stored name beyond :data:`TEXT_MAX`
-characters (a reason a compiler or a hostile database wrote), shown by :func:`bounded` with its length said, at a terminal
-or not, ``--wide`` too. ``--wide`` shows every field, and json and csv always carry every field, whole.
+A table shows by default a brief view (the columns a command names as its brief ones) sized to the terminal:
+``$COLUMNS`` when set, else the terminal's width when stdout is one; piped output is not fitted. Where a table is
+wider than that, its free-text columns (a reason, a list of ties) wrap at spaces, then the least important columns
+are left out (said on stderr); no cell is ever cut, so a config key or an interval is always whole, except stored
+free text or a stored name beyond :data:`TEXT_MAX` characters (a reason a compiler or a hostile database wrote),
+shown by :func:`bounded` with its length said, at a terminal or not, ``--wide`` too. ``--wide`` shows every field,
+and json and csv always carry every field, whole.
 
 The units of every quantity come from one place: :func:`us`, :func:`pct` and :func:`gbps`.
 """
