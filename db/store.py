@@ -281,7 +281,8 @@ def _check_sqlite_path(path: Path, create: bool, write: bool) -> None:
     else:
         parent = path.parent if str(path.parent) else Path(".")
         if not parent.is_dir():
-            raise DatabaseError(f"cannot create {shown}: directory {_shown_path(parent)} does not exist")
+            why = "is not a directory" if os.path.lexists(parent) else "does not exist"
+            raise DatabaseError(f"cannot create {shown}: {_shown_path(parent)} {why}")
         if not os.access(parent, os.W_OK):
             raise DatabaseError(f"cannot create {shown}: directory {_shown_path(parent)} is not writable")
 

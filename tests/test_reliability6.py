@@ -229,3 +229,11 @@ def test_a_huge_stored_name_is_bounded(tmp_path, results_db, cmd, monkeypatch): 
     proc = tuner(*cmd, "--db", f"sqlite:///{db}")
     assert proc.returncode == 0 and plain.returncode == 0, proc.stderr
     assert len(proc.stdout) - len(plain.stdout) < 100_000 and "characters;" in proc.stdout, len(proc.stdout)
+
+
+def test_a_database_under_a_file_says_the_file_is_no_directory(tmp_path):
+    """`--db sqlite:///a-file/x.db`: the parent is there, a file (it was said not to exist)."""
+    (tmp_path / "a-file").write_text("")
+    proc = tuner("check", SMOKE, "--db", f"sqlite:///{tmp_path / 'a-file' / 'x.db'}")
+    _one_sentence(proc, "a-file is not a directory")
+    _one_sentence(tuner("check", SMOKE, "--db", f"sqlite:///{tmp_path / 'none' / 'x.db'}"), "none does not exist")
