@@ -92,6 +92,10 @@ def test_only_the_relative_pythonpath_entries_leave_sys_path(tmp_path, monkeypat
     monkeypatch.setattr(sys, "path", list(path))
     drop_relative_pythonpath()
     assert sys.path == path
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([".", str(tmp_path)]))  # also named by its absolute path
+    monkeypatch.setattr(sys, "path", ["/script", str(tmp_path), stdlib])
+    drop_relative_pythonpath()
+    assert sys.path == ["/script", str(tmp_path), stdlib] and os.environ["PYTHONPATH"] == str(tmp_path)
 
 
 NON_ASCII_DIGITS = [("TUNER_COMPILE_JOBS", "²"), ("TUNER_COMPILE_JOBS", "٣"), ("COLUMNS", "²"), ("COLUMNS", "١٢٠")]

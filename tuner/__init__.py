@@ -162,6 +162,7 @@ def drop_relative_pythonpath() -> None:
     if not named:
         return
     kept = [p for p in text.split(_os.pathsep) if _os.path.isabs(p)]
+    named -= {_os.path.abspath(p) for p in kept}  # a folder also named by its absolute path stays
     if kept:  # and off what every process it starts inherits (multiprocessing's own helpers included)
         _os.environ["PYTHONPATH"] = _os.pathsep.join(kept)
     else:
