@@ -208,6 +208,33 @@ def test_a_dry_run_names_the_database_not_its_passing_copy(tmp_path, fresh_db): 
     assert "tuner-compact" not in proc.stderr
 
 
+def _huge_names(source: Path, folder: Path) -> Path:
+    """A copy of ``source`` whose workloads, studies and device have names of a megabyte."""
+    import shutil
+    import sqlite3
+
+    db = folder / "names.db"
+    shutil.copy(source, db)
+    con = sqlite3.connect(db)
+    huge = "n" * 1_000_000
+    con.execute("UPDATE tuner_workloads SET name = ?", (huge,))
+    con.execute("UPDATE tuner_studies SET name = ? || id", (huge,))
+    con.execute("UPDATE tuner_environments SET gpu_name = ?", (huge,))
+    con.commit()
+    con.close()
+    return db
+
+
+def test_a_huge_stored_name_makes_plots_of_a_bounded_title(tmp_path, results_db):  # noqa: F811
+    """A plot's title names its workload and device: a megabyte of them made a figure too wide for matplotlib to draw
+    (a ValueError's traceback); the title is cut."""
+    db = _huge_names(results_db, tmp_path)
+    plots = tmp_path / "plots"
+    proc = tuner("report", "--plots", str(plots), "--output", str(tmp_path / "r.md"), "--db", f"sqlite:///{db}")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert list(plots.glob("*.png"))
+
+
 @pytest.mark.parametrize(
     "cmd",
     [["best", "--concurrency", "1"], ["best", "--concurrency", "1", "--wide"], ["studies"], ["studies", "--wide"]],
@@ -216,19 +243,8 @@ def test_a_dry_run_names_the_database_not_its_passing_copy(tmp_path, fresh_db): 
 def test_a_huge_stored_name_is_bounded(tmp_path, results_db, cmd, monkeypatch):  # noqa: F811
     """A space gives names of at most 64 characters, so a megabyte name is a hand-made database's: a table shows it
     cut, its length said, as it shows a stored reason (it printed each whole, megabytes for `best`)."""
-    import shutil
-    import sqlite3
-
     monkeypatch.delenv("COLUMNS", raising=False)
-    db = tmp_path / "names.db"
-    shutil.copy(results_db, db)
-    con = sqlite3.connect(db)
-    huge = "n" * 1_000_000
-    con.execute("UPDATE tuner_workloads SET name = ?", (huge,))
-    con.execute("UPDATE tuner_studies SET name = ? || id", (huge,))
-    con.execute("UPDATE tuner_environments SET gpu_name = ?", (huge,))
-    con.commit()
-    con.close()
+    db = _huge_names(results_db, tmp_path)
     plain = tuner(*cmd, "--db", f"sqlite:///{results_db}")
     proc = tuner(*cmd, "--db", f"sqlite:///{db}")
     assert proc.returncode == 0 and plain.returncode == 0, proc.stderr

@@ -73,9 +73,16 @@ def file_stem(*parts: object) -> str:
     return stem[:150]
 
 
+PLOT_TEXT_MAX = 200  # characters of a label or title (a megabyte of text made a figure too wide to draw)
+
+
 def plot_text(text: object) -> str:
-    """A stored string as a matplotlib label: one line, and ``$`` escaped so it is never read as math."""
-    return _CONTROL.sub(" ", str(text)).replace("$", r"\$")
+    """A stored string as a matplotlib label: one line of at most :data:`PLOT_TEXT_MAX` characters, and ``$``
+    escaped so it is never read as math."""
+    text = _CONTROL.sub(" ", str(text))
+    if len(text) > PLOT_TEXT_MAX:
+        text = text[: PLOT_TEXT_MAX - 1] + "…"
+    return text.replace("$", r"\$")
 
 
 def _outcome(t: TrialModel | None) -> str | None:
