@@ -46,6 +46,7 @@ VLLM_CAPTURE_SIZES = (1, 2, 4, *range(8, 257, 8))
 MAX_BATCH = 96  # the largest decode batch the presets tune by default
 MAX_Q_TOKENS = 8  # a speculative verify step's query tokens per request
 TP_SIZES = (1, 2, 4, 8, 16)
+SERVED_HEADS = (8, 16, 32, 64, 128)  # the local head counts the kernel serves (kernels/coverage.py's rule)
 
 
 def capture_sizes(engine: str | None = None, max_batch: int = MAX_BATCH) -> tuple[int, ...]:
@@ -76,10 +77,15 @@ class Preset:
     note: str = ""
 
     def heads_per_rank(self, tp: int) -> int:
-        """Local heads at tensor-parallel size ``tp``; ValueError for a size that does not divide the heads."""
-        if tp not in TP_SIZES or self.heads % tp:
-            allowed = [t for t in TP_SIZES if self.heads % t == 0 and self.heads // t >= 1]
-            raise ValueError(f"--tp {tp} does not split {self.name}'s {self.heads} heads (allowed: {allowed})")
+        """Local heads at tensor-parallel size ``tp``; ValueError for a size that does not divide the heads, or
+        whose local heads the kernel does not serve (a table no engine call would read)."""
+        allowed = [t for t in TP_SIZES if self.heads % t == 0 and self.heads // t in SERVED_HEADS]
+        if tp not in allowed:
+            if tp in TP_SIZES and self.heads % tp == 0:
+                why = f"gives {self.heads // tp} local heads of {self.name}'s {self.heads}, which the kernel does not serve"
+            else:
+                why = f"does not split {self.name}'s {self.heads} heads"
+            raise ValueError(f"--tp {tp} {why} (allowed: {allowed})")
         return self.heads // tp
 
     def shapes(self, tp: int) -> list[tuple[str, int, int]]:

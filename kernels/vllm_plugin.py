@@ -43,6 +43,7 @@ from ._engine import Route
 from ._engine import device_reason
 from ._engine import warm_counts
 from .config import KernelConfig
+from .coverage import SERVED_HEADS
 from .coverage import coverage as shared_coverage
 from .decode import device_name
 from .models import tune_command
@@ -58,7 +59,6 @@ V4_MODULES = (V4_MODULE, V41_MODULE)
 V4_SELECTOR = "_select_dsv4_attn_cls"
 # q's head dim -> (the cache format, its bytes per token): with RoPE (V3.2, GLM-5) and without (GLM-5.3)
 V32_FORMATS = {576: ("fp8_v32", 656), 512: ("fp8_v32_nope", 528)}
-SERVED_HEADS = (8, 16, 32, 64, 128)
 CAPTURE_SIZES = (1, 2, 4, 8, *range(16, 97, 8))  # warmed when no table bounds the batch (interpreter)
 _OFF = ("0", "false", "off", "no")
 _ON = ("", "1", "true", "on", "yes")

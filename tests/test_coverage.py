@@ -49,6 +49,12 @@ def test_presets_give_the_engines_calls():
     assert glm.shapes(1) == [("fp8_v32", 64, 2048)]
     with pytest.raises(ValueError, match="allowed"):
         v4.heads_per_rank(3)
+    # TP16 of a 64-head model is 4 local heads: no engine call of 4 heads is served, so no table of them is tuned
+    with pytest.raises(
+        ValueError,
+        match=r"gives 4 local heads of deepseek-v4-flash's 64, which the kernel does not serve \(allowed: \[1, 2, 4, 8\]\)",
+    ):
+        v4.heads_per_rank(16)
     with pytest.raises(ValueError, match="presets: deepseek-v4-flash"):
         get_preset("llama")
     # SGLang captures 12, vLLM does not; both capture 1, 2, 4, 8 and multiples of 8
@@ -142,6 +148,8 @@ def test_tuner_shapes_lists_the_new_formats_by_model_and_by_default():
     [
         (["search", "--model", "llama", "--tp", "4"], "not a model preset"),
         (["search", "--model", "glm-5", "--tp", "3"], "allowed"),
+        (["search", "--model", "deepseek-v4-flash", "--tp", "16"], "4 local heads"),
+        (["shapes", "--model", "glm-5", "--tp", "16"], "4 local heads"),
         (["search", "--model", "glm-5"], "needs --tp"),
         (["search"], "SPACE_FILE or --model"),
         (["search", "search_spaces/smoke.yaml", "--tp", "4"], "apply to --model"),
@@ -348,15 +356,18 @@ def test_a_kernel_failure_goes_back_to_the_engine_once_said(fresh_plugin, monkey
     assert len(failed) == 1 and failed[0].levelno == logging.WARNING
 
 
-def test_every_preset_shape_at_every_tp_is_served_or_says_why():
+def test_every_preset_shape_at_every_tp_is_served():
+    """Every TP size a preset takes gives calls the kernel serves; the others are refused with the allowed ones."""
     for preset in PRESETS.values():
         for tp in (1, 2, 4, 8, 16):
-            if preset.heads % tp:
+            if preset.heads % tp or preset.heads // tp < 8:
+                with pytest.raises(ValueError, match="allowed"):
+                    preset.shapes(tp)
                 continue
             for kv, heads, topk in preset.shapes(tp):
                 c = coverage(kv, heads, topk, q_tokens=2)
-                assert c.served == (heads >= 8), (preset.name, tp, c)
-                assert c.served or "heads" in c.reason
+                assert c.served and c.tune == tune_command(kv, heads, topk), (preset.name, tp, c)
+                assert c.tune.startswith("tuner search --model ")  # this preset, or one making the same call
 
 
 @pytest.mark.parametrize(
