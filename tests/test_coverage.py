@@ -283,6 +283,7 @@ def test_tuner_shapes_prints_what_the_plugin_decides(tmp_path, monkeypatch, fres
 # --- the shapes users run, served correctly (issue 54 item 5) --------------------------------------------------
 
 # every head count, top-k 64/256/1152/2048, q_tokens 1..8 and page sizes 32/64/256 for each format, in few calls
+# (DeepSeek-V4's compressed cache beside its window: tests/test_sglang_plugin.py, against SGLang's own reference)
 USER_SHAPES = [
     ("fp8_model1", 8, 2048, 1, 256),
     ("fp8_model1", 16, 1152, 2, 32),
@@ -299,6 +300,11 @@ USER_SHAPES = [
     ("fp8_v32", 8, 64, 4, 256),
     ("fp8_v32", 16, 64, 6, 64),
     ("fp8_v32", 8, 256, 7, 32),
+    ("fp8_v32_nope", 8, 2048, 1, 64),
+    ("fp8_v32_nope", 16, 1152, 3, 256),
+    ("fp8_v32_nope", 64, 256, 8, 32),
+    ("fp8_v32_nope", 128, 64, 1, 64),
+    ("fp8_v32_nope", 32, 128, 2, 256),
 ]
 
 
