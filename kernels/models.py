@@ -82,7 +82,8 @@ class Preset:
         allowed = [t for t in TP_SIZES if self.heads % t == 0 and self.heads // t in SERVED_HEADS]
         if tp not in allowed:
             if tp in TP_SIZES and self.heads % tp == 0:
-                why = f"gives {self.heads // tp} local heads of {self.name}'s {self.heads}, which the kernel does not serve"
+                local = self.heads // tp
+                why = f"gives {local} local heads of {self.name}'s {self.heads}, which the kernel does not serve"
             else:
                 why = f"does not split {self.name}'s {self.heads} heads"
             raise ValueError(f"--tp {tp} {why} (allowed: {allowed})")
@@ -154,9 +155,17 @@ def rows(batch_sizes, q_tokens) -> list[int]:
     return sorted({b * s for b in batch_sizes for s in q_tokens})
 
 
-def tune_command(kv_format: str, heads: int, topk: int, engine: str = "sglang") -> str:
+def tune_command(
+    kv_format: str, heads: int, topk: int, engine: str = "sglang", *, batch: int = 1, q_tokens: int = 1
+) -> str:
     """The commands that tune and export the table of ``(kv_format, heads, topk)`` for ``engine``: the preset and
-    TP size whose calls read it, else a search space to write."""
+    TP size whose calls read it, else a search space to write. ``batch`` and ``q_tokens``: a call of that many
+    requests of that many query tokens must be in the table (the search's ``--max-batch`` and ``--q-tokens`` when
+    the defaults do not reach it)."""
+    flags = f" --q-tokens 1,{q_tokens}" if q_tokens > 1 else ""
+    if batch > MAX_BATCH:  # the engines pad a batch up to a capture size: tune up to the one that holds it
+        held = [b for b in capture_sizes(max_batch=batch + 256) if b >= batch]
+        flags += f" --max-batch {held[0] if held else batch}"
     for preset in PRESETS.values():
         for tp in TP_SIZES:
             if preset.heads % tp == 0 and (preset.kv_format, preset.heads // tp, preset.topk) == (
@@ -164,8 +173,9 @@ def tune_command(kv_format: str, heads: int, topk: int, engine: str = "sglang") 
                 heads,
                 topk,
             ):
-                return f"tuner search --model {preset.name} --tp {tp} && tuner export --engine {engine}"
+                return f"tuner search --model {preset.name} --tp {tp}{flags} && tuner export --engine {engine}"
     return (
-        f"tuner search SPACE.yaml (a space with kv_format {kv_format}, heads {heads}, topk {topk}) "
+        f"tuner search SPACE.yaml (a space with kv_format {kv_format}, heads {heads}, topk {topk}"
+        f"{f', concurrency up to {batch * q_tokens} rows' if batch * q_tokens > MAX_BATCH else ''}) "
         f"&& tuner export --engine {engine}"
     )

@@ -394,7 +394,7 @@ def _v32_route(q, kv_cache, indices) -> _Route | str:
                 h, k = route.shape
                 route = (
                     f"T = {T} tokens above the largest batch ({route.max_rows}) of the table of heads={h}, topk={k} "
-                    f"(to tune larger batches: {tune_command(kv_format, H, topk, engine='vllm')}, with --max-batch)"
+                    f"(to tune larger batches: {tune_command(kv_format, H, topk, engine='vllm', batch=T)})"
                 )
         if isinstance(route, _Route):
             _log_once(

@@ -52,7 +52,8 @@ def test_presets_give_the_engines_calls():
     # TP16 of a 64-head model is 4 local heads: no engine call of 4 heads is served, so no table of them is tuned
     with pytest.raises(
         ValueError,
-        match=r"gives 4 local heads of deepseek-v4-flash's 64, which the kernel does not serve \(allowed: \[1, 2, 4, 8\]\)",
+        match=r"gives 4 local heads of deepseek-v4-flash's 64, which the kernel does not serve "
+        r"\(allowed: \[1, 2, 4, 8\]\)",
     ):
         v4.heads_per_rank(16)
     with pytest.raises(ValueError, match="presets: deepseek-v4-flash"):
@@ -74,6 +75,11 @@ def test_presets_give_the_engines_calls():
         tune_command("fp8_v32", 8, 2048) == "tuner search --model deepseek-v3.2 --tp 16 && tuner export --engine sglang"
     )
     assert "kv_format fp8_v32, heads 12" in tune_command("fp8_v32", 12, 2048, engine="vllm")
+    # a call past the default batches: the search flags that reach it (a batch up to the capture size holding it)
+    assert tune_command("fp8_v32", 16, 2048, batch=97, q_tokens=2) == (
+        "tuner search --model deepseek-v3.2 --tp 8 --q-tokens 1,2 --max-batch 104 && tuner export --engine sglang"
+    )
+    assert tune_command("fp8_v32", 16, 2048, batch=96) == tune_command("fp8_v32", 16, 2048)
 
 
 def test_preset_space_takes_the_shipped_spaces_sections():
@@ -405,4 +411,26 @@ def test_a_batch_past_the_table_names_the_command_for_larger_batches(tmp_path, m
         out = plugin.sglang_v32_hook(lambda **k: "engine", **plugin.v32_engine_call(bt.q, bt.kv_cache, bt.indices))
     (msg,) = [r.getMessage() for r in caplog.records if "leaves" in r.getMessage()]
     assert out == "engine" and "T above the largest batch (1)" in msg
-    assert "tuner search --model deepseek-v3.2 --tp 8 && tuner export --engine sglang, with --max-batch" in msg
+    assert "(to tune larger batches: tuner search --model deepseek-v3.2 --tp 8 && tuner export --engine sglang)" in msg
+
+
+def test_a_verify_step_past_the_table_names_the_query_tokens_to_tune(tmp_path, monkeypatch, fresh_plugin, caplog):
+    """A DeepSeek-V4 verify step of 8 query tokens at 16 requests is 128 rows, past a table of 96: the command the
+    log names tunes those query tokens (and pasted, it parses)."""
+    monkeypatch.setenv("SPARSE_MLA_CONFIG_DIR", str(tmp_path))
+    name = "kv_format=fp8_model1,heads=16,topk=128,device_name=cpu-interpreter.json"
+    (tmp_path / name).write_text(json.dumps({"96": ENTRY}))
+    kw = {
+        "q": torch.zeros(16, 8, 16, 512, dtype=torch.bfloat16),
+        "k_cache": plugin.engine_cache(torch.zeros(2, 64, 584, dtype=torch.uint8)),
+        "head_dim_v": 512,
+        "softmax_scale": 0.04,
+        "indices": torch.full((16, 8, 128), -1, dtype=torch.int32),
+    }
+    with caplog.at_level(logging.INFO, logger=plugin.logger.name):
+        assert plugin.sglang_hook(lambda **k: "engine", **kw) == "engine"
+    (msg,) = [r.getMessage() for r in caplog.records if "leaves" in r.getMessage()]
+    command = "tuner search --model deepseek-v4-flash --tp 4 --q-tokens 1,8 && tuner export --engine sglang"
+    assert "B * s_q above the largest batch (96)" in msg and f"(to tune larger batches: {command})" in msg
+    search = command.split(" && ")[0].split()[1:]
+    assert tuner(*search, "--help").returncode == 0
