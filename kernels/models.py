@@ -42,6 +42,9 @@ from dataclasses import dataclass
 #   speculative decoding: [1, 2, 4, 8, 12] + range(16, 257, 8) + ...
 # - vLLM: [1, 2, 4] + multiples of 8 (`_BATCH_SIZES_TO_CAPTURE`, vllm#7894; v1's `cudagraph_capture_sizes`).
 SGLANG_CAPTURE_SIZES = (1, 2, 4, 8, 12, *range(16, 257, 8))
+# - SGLang 0.5.23 with speculative decoding (MTP: the verify step's q_tokens > 1), the same function's other branch:
+#   range(1, 9) + range(10, 33, 2) + range(40, 65, 4) + range(72, 257, 8) + ...
+SGLANG_SPEC_CAPTURE_SIZES = (*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 257, 8))
 VLLM_CAPTURE_SIZES = (1, 2, 4, *range(8, 257, 8))
 MAX_BATCH = 96  # the largest decode batch the presets tune by default
 MAX_Q_TOKENS = 8  # a speculative verify step's query tokens per request
@@ -49,12 +52,14 @@ TP_SIZES = (1, 2, 4, 8, 16)
 SERVED_HEADS = (8, 16, 32, 64, 128)  # the local head counts the kernel serves (kernels/coverage.py's rule)
 
 
-def capture_sizes(engine: str | None = None, max_batch: int = MAX_BATCH) -> tuple[int, ...]:
-    """The CUDA-graph batch sizes up to ``max_batch`` of ``engine`` (``sglang`` or ``vllm``; None: both)."""
-    sizes = {"sglang": SGLANG_CAPTURE_SIZES, "vllm": VLLM_CAPTURE_SIZES}
+def capture_sizes(engine: str | None = None, max_batch: int = MAX_BATCH, speculative: bool = False) -> tuple[int, ...]:
+    """The CUDA-graph batch sizes up to ``max_batch`` of ``engine`` (``sglang`` or ``vllm``; None: both);
+    ``speculative``: also SGLang's sizes with speculative decoding on (a search of verify steps, ``--q-tokens``)."""
+    sglang = SGLANG_CAPTURE_SIZES + (SGLANG_SPEC_CAPTURE_SIZES if speculative else ())
+    sizes = {"sglang": sglang, "vllm": VLLM_CAPTURE_SIZES}
     if engine is not None and engine not in sizes:
         raise ValueError(f"engine must be one of {sorted(sizes)}, got {engine!r}")
-    chosen = sizes[engine] if engine else SGLANG_CAPTURE_SIZES + VLLM_CAPTURE_SIZES
+    chosen = sizes[engine] if engine else sglang + VLLM_CAPTURE_SIZES
     return tuple(sorted({b for b in chosen if b <= max_batch}))
 
 

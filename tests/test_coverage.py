@@ -98,7 +98,10 @@ def test_preset_space_takes_the_shipped_spaces_sections():
     )
     assert space.parameters == base.parameters and space.baseline == base.baseline
     assert space.measurement == base.measurement and space.constraints == base.constraints
-    assert space.concurrency == rows(capture_sizes(), (1, 2))  # rows B * s_q of both engines' sizes up to 96
+    # rows B * s_q of both engines' sizes up to 96, with SGLang's sizes of speculative decoding for a verify step
+    assert space.concurrency == rows(capture_sizes(speculative=True), (1, 2))
+    assert {3, 10, 14, 44} <= set(space.concurrency) and 3 not in preset_space("glm-5", 4).concurrency
+    assert max(space.concurrency) == 192 and 3 not in capture_sizes("vllm", speculative=True)
     assert preset_space("glm-5", 4).workloads[0].fields() == load_space("v32_tp8").workloads[0].fields() | {
         "name": "glm-5_tp4",
         "tp": 4,
