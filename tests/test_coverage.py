@@ -309,6 +309,8 @@ USER_SHAPES = [
     ("fp8_v32", 8, 64, 4, 256),
     ("fp8_v32", 16, 64, 6, 64),
     ("fp8_v32", 8, 256, 7, 32),
+    ("fp8_model1", 128, 2048, 8, 256),  # the widest: TP1 heads, top-k 2048, a verify step of 8, 256-token pages
+    ("fp8_v32", 128, 2048, 8, 256),
     ("fp8_v32_nope", 8, 2048, 1, 64),
     ("fp8_v32_nope", 16, 1152, 3, 256),
     ("fp8_v32_nope", 64, 256, 8, 32),
