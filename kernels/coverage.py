@@ -28,6 +28,7 @@ from pathlib import Path
 from .kv_format import EXTRA_PAIRS
 from .kv_format import FORMATS
 from .models import MAX_Q_TOKENS
+from .models import SERVED_HEADS
 from .models import tune_command
 from .table import _read_json
 from .table import candidates
@@ -40,7 +41,6 @@ from .table import search_dirs
 from .table import sidecar_path
 from .table import tuned_shapes
 
-SERVED_HEADS = (8, 16, 32, 64, 128)  # local heads from TP16 to TP1
 # a call's main cache format (its table's key); fp4_v41 is only the extra cache next to an fp8_v41 main cache
 SERVED_FORMATS = ("fp8_model1", "fp8_v32", "fp8_v32_nope", "fp8_v41")
 INTERPRETER = "cpu-interpreter"

@@ -42,18 +42,24 @@ from dataclasses import dataclass
 #   speculative decoding: [1, 2, 4, 8, 12] + range(16, 257, 8) + ...
 # - vLLM: [1, 2, 4] + multiples of 8 (`_BATCH_SIZES_TO_CAPTURE`, vllm#7894; v1's `cudagraph_capture_sizes`).
 SGLANG_CAPTURE_SIZES = (1, 2, 4, 8, 12, *range(16, 257, 8))
+# - SGLang 0.5.23 with speculative decoding (MTP: the verify step's q_tokens > 1), the same function's other branch:
+#   range(1, 9) + range(10, 33, 2) + range(40, 65, 4) + range(72, 257, 8) + ...
+SGLANG_SPEC_CAPTURE_SIZES = (*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 257, 8))
 VLLM_CAPTURE_SIZES = (1, 2, 4, *range(8, 257, 8))
 MAX_BATCH = 96  # the largest decode batch the presets tune by default
 MAX_Q_TOKENS = 8  # a speculative verify step's query tokens per request
 TP_SIZES = (1, 2, 4, 8, 16)
+SERVED_HEADS = (8, 16, 32, 64, 128)  # the local head counts the kernel serves (kernels/coverage.py's rule)
 
 
-def capture_sizes(engine: str | None = None, max_batch: int = MAX_BATCH) -> tuple[int, ...]:
-    """The CUDA-graph batch sizes up to ``max_batch`` of ``engine`` (``sglang`` or ``vllm``; None: both)."""
-    sizes = {"sglang": SGLANG_CAPTURE_SIZES, "vllm": VLLM_CAPTURE_SIZES}
+def capture_sizes(engine: str | None = None, max_batch: int = MAX_BATCH, speculative: bool = False) -> tuple[int, ...]:
+    """The CUDA-graph batch sizes up to ``max_batch`` of ``engine`` (``sglang`` or ``vllm``; None: both);
+    ``speculative``: also SGLang's sizes with speculative decoding on (a search of verify steps, ``--q-tokens``)."""
+    sglang = SGLANG_CAPTURE_SIZES + (SGLANG_SPEC_CAPTURE_SIZES if speculative else ())
+    sizes = {"sglang": sglang, "vllm": VLLM_CAPTURE_SIZES}
     if engine is not None and engine not in sizes:
         raise ValueError(f"engine must be one of {sorted(sizes)}, got {engine!r}")
-    chosen = sizes[engine] if engine else SGLANG_CAPTURE_SIZES + VLLM_CAPTURE_SIZES
+    chosen = sizes[engine] if engine else sglang + VLLM_CAPTURE_SIZES
     return tuple(sorted({b for b in chosen if b <= max_batch}))
 
 
@@ -76,10 +82,16 @@ class Preset:
     note: str = ""
 
     def heads_per_rank(self, tp: int) -> int:
-        """Local heads at tensor-parallel size ``tp``; ValueError for a size that does not divide the heads."""
-        if tp not in TP_SIZES or self.heads % tp:
-            allowed = [t for t in TP_SIZES if self.heads % t == 0 and self.heads // t >= 1]
-            raise ValueError(f"--tp {tp} does not split {self.name}'s {self.heads} heads (allowed: {allowed})")
+        """Local heads at tensor-parallel size ``tp``; ValueError for a size that does not divide the heads, or
+        whose local heads the kernel does not serve (a table no engine call would read)."""
+        allowed = [t for t in TP_SIZES if self.heads % t == 0 and self.heads // t in SERVED_HEADS]
+        if tp not in allowed:
+            if tp in TP_SIZES and self.heads % tp == 0:
+                local = self.heads // tp
+                why = f"gives {local} local heads of {self.name}'s {self.heads}, which the kernel does not serve"
+            else:
+                why = f"does not split {self.name}'s {self.heads} heads"
+            raise ValueError(f"--tp {tp} {why} (allowed: {allowed})")
         return self.heads // tp
 
     def shapes(self, tp: int) -> list[tuple[str, int, int]]:
@@ -148,9 +160,17 @@ def rows(batch_sizes, q_tokens) -> list[int]:
     return sorted({b * s for b in batch_sizes for s in q_tokens})
 
 
-def tune_command(kv_format: str, heads: int, topk: int, engine: str = "sglang") -> str:
+def tune_command(
+    kv_format: str, heads: int, topk: int, engine: str = "sglang", *, batch: int = 1, q_tokens: int = 1
+) -> str:
     """The commands that tune and export the table of ``(kv_format, heads, topk)`` for ``engine``: the preset and
-    TP size whose calls read it, else a search space to write."""
+    TP size whose calls read it, else a search space to write. ``batch`` and ``q_tokens``: a call of that many
+    requests of that many query tokens must be in the table (the search's ``--max-batch`` and ``--q-tokens`` when
+    the defaults do not reach it)."""
+    flags = f" --q-tokens 1,{q_tokens}" if q_tokens > 1 else ""
+    if batch > MAX_BATCH:  # the engines pad a batch up to a capture size: tune up to the one that holds it
+        held = [b for b in capture_sizes(max_batch=batch + 256) if b >= batch]
+        flags += f" --max-batch {held[0] if held else batch}"
     for preset in PRESETS.values():
         for tp in TP_SIZES:
             if preset.heads % tp == 0 and (preset.kv_format, preset.heads // tp, preset.topk) == (
@@ -158,8 +178,9 @@ def tune_command(kv_format: str, heads: int, topk: int, engine: str = "sglang") 
                 heads,
                 topk,
             ):
-                return f"tuner search --model {preset.name} --tp {tp} && tuner export --engine {engine}"
+                return f"tuner search --model {preset.name} --tp {tp}{flags} && tuner export --engine {engine}"
     return (
-        f"tuner search SPACE.yaml (a space with kv_format {kv_format}, heads {heads}, topk {topk}) "
+        f"tuner search SPACE.yaml (a space with kv_format {kv_format}, heads {heads}, topk {topk}"
+        f"{f', concurrency up to {batch * q_tokens} rows' if batch * q_tokens > MAX_BATCH else ''}) "
         f"&& tuner export --engine {engine}"
     )

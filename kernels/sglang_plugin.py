@@ -413,9 +413,12 @@ def _cached_route(key: tuple, kw: dict, leave, shape_class, rows_name: str, rows
         route = leave(kw) or shape_class(kw)
         if isinstance(route, _Route) and not route.serves(rows(kw["q"])):
             h, k = route.shape
+            q = kw["q"]  # V4: [B, s_q, H, D] (a verify step's rows are B * s_q); V3.2/GLM: [T, H, D]
+            s_q = q.shape[1] if q.dim() == 4 else 1
+            command = tune_command(route.kv_format, route.heads, route.topk, batch=q.shape[0], q_tokens=s_q)
             route = (
                 f"{rows_name} above the largest batch ({route.max_rows}) of the table of heads={h}, topk={k} (to "
-                f"tune larger batches: {tune_command(route.kv_format, route.heads, route.topk)}, with --max-batch)"
+                f"tune larger batches: {command})"
             )
         log(route, kw)
         _ROUTES[key] = route

@@ -43,6 +43,7 @@ from ._engine import Route
 from ._engine import device_reason
 from ._engine import warm_counts
 from .config import KernelConfig
+from .coverage import SERVED_HEADS
 from .coverage import coverage as shared_coverage
 from .decode import device_name
 from .models import tune_command
@@ -58,7 +59,6 @@ V4_MODULES = (V4_MODULE, V41_MODULE)
 V4_SELECTOR = "_select_dsv4_attn_cls"
 # q's head dim -> (the cache format, its bytes per token): with RoPE (V3.2, GLM-5) and without (GLM-5.3)
 V32_FORMATS = {576: ("fp8_v32", 656), 512: ("fp8_v32_nope", 528)}
-SERVED_HEADS = (8, 16, 32, 64, 128)
 CAPTURE_SIZES = (1, 2, 4, 8, *range(16, 97, 8))  # warmed when no table bounds the batch (interpreter)
 _OFF = ("0", "false", "off", "no")
 _ON = ("", "1", "true", "on", "yes")
@@ -276,27 +276,35 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 # --- coverage: which tables serve a shape ------------------------------------------------------------
 
 
-def coverage(device: torch.device, kv_format: str, heads: int, topk: int) -> tuple[tuple[int, int], int] | str | None:
-    """The tuned ``(heads, topk)`` whose table serves this shape on ``device`` and that table's largest batch; a
-    reason (str, with the command that would tune the shape) when it is left to vLLM; None on the interpreter
-    without a table (the default config serves). The one place this plugin asks the tables: through
-    :func:`kernels.coverage.coverage`, the rule the SGLang plugin and ``tuner shapes`` use, so the three agree."""
+def coverage(device: torch.device, kv_format: str, heads: int, topk: int) -> tuple | str | None:
+    """``(tuned, max_rows, origin, tune)``: the tuned ``(heads, topk)`` whose table serves this shape on ``device``,
+    that table's largest batch, where it comes from (``measured``, ``replayed``, ``unverified``, ``nearest``) and the
+    command that tunes the shape's own table (None when measured); a reason (str, with that command) when it is left
+    to vLLM; None on the interpreter without a table (the default config serves). The one place this plugin asks the
+    tables: through :func:`kernels.coverage.coverage`, the rule the SGLang plugin and ``tuner shapes`` use, so the
+    three agree."""
     c = shared_coverage(kv_format, heads, topk, device_name=device_name(device))
+    tune = tune_command(kv_format, heads, topk, engine="vllm") if c.tune else None
     if not c.served:
-        tune = tune_command(kv_format, heads, topk, engine="vllm") if c.tune else None
         return c.reason + (f" (to tune it: {tune})" if tune else "")
     if c.origin == "default":
         return None
-    return c.tuned, c.max_rows
+    return c.tuned, c.max_rows, c.origin, tune
 
 
 class _Route(Route):
-    """A served shape class (every row count, T): :class:`kernels._engine.Route`, and how the log names it."""
+    """A served shape class (every row count, T): :class:`kernels._engine.Route`, where its table comes from, and
+    how the log names it."""
+
+    origin, tune = "default", None
 
     def how(self) -> str:
         if self.shape is None:
             return "the default config (interpreter)"
-        return f"the table of heads={self.shape[0]}, topk={self.shape[1]}, T up to {self.max_rows}"
+        how = f"the table of heads={self.shape[0]}, topk={self.shape[1]}, T up to {self.max_rows}"
+        if self.origin != "measured":
+            how += f" ({self.origin}: to tune this shape's own table, {self.tune})"
+        return how
 
 
 _ROUTES: dict[tuple, _Route | str] = {}  # by the call's signature
@@ -379,11 +387,15 @@ def _v32_route(q, kv_cache, indices) -> _Route | str:
                 elif found is None:
                     route = _Route(q.device, kv_format, H, topk, None, None)
                 else:
-                    route = _Route(q.device, kv_format, H, topk, *found)
+                    route = _Route(q.device, kv_format, H, topk, *found[:2])
+                    route.origin, route.tune = found[2:]
                 _CLASSES[class_key] = route
             if isinstance(route, _Route) and not route.serves(T):
                 h, k = route.shape
-                route = f"T = {T} tokens above the largest batch ({route.max_rows}) of the table of heads={h}, topk={k}"
+                route = (
+                    f"T = {T} tokens above the largest batch ({route.max_rows}) of the table of heads={h}, topk={k} "
+                    f"(to tune larger batches: {tune_command(kv_format, H, topk, engine='vllm', batch=T)})"
+                )
         if isinstance(route, _Route):
             _log_once(
                 ("serve", str(shape), tuple(kv_cache.shape[1:]), indices.shape[1]),

@@ -49,6 +49,13 @@ def test_presets_give_the_engines_calls():
     assert glm.shapes(1) == [("fp8_v32", 64, 2048)]
     with pytest.raises(ValueError, match="allowed"):
         v4.heads_per_rank(3)
+    # TP16 of a 64-head model is 4 local heads: no engine call of 4 heads is served, so no table of them is tuned
+    with pytest.raises(
+        ValueError,
+        match=r"gives 4 local heads of deepseek-v4-flash's 64, which the kernel does not serve "
+        r"\(allowed: \[1, 2, 4, 8\]\)",
+    ):
+        v4.heads_per_rank(16)
     with pytest.raises(ValueError, match="presets: deepseek-v4-flash"):
         get_preset("llama")
     # SGLang captures 12, vLLM does not; both capture 1, 2, 4, 8 and multiples of 8
@@ -68,6 +75,11 @@ def test_presets_give_the_engines_calls():
         tune_command("fp8_v32", 8, 2048) == "tuner search --model deepseek-v3.2 --tp 16 && tuner export --engine sglang"
     )
     assert "kv_format fp8_v32, heads 12" in tune_command("fp8_v32", 12, 2048, engine="vllm")
+    # a call past the default batches: the search flags that reach it (a batch up to the capture size holding it)
+    assert tune_command("fp8_v32", 16, 2048, batch=97, q_tokens=2) == (
+        "tuner search --model deepseek-v3.2 --tp 8 --q-tokens 1,2 --max-batch 104 && tuner export --engine sglang"
+    )
+    assert tune_command("fp8_v32", 16, 2048, batch=96) == tune_command("fp8_v32", 16, 2048)
 
 
 def test_preset_space_takes_the_shipped_spaces_sections():
@@ -86,7 +98,10 @@ def test_preset_space_takes_the_shipped_spaces_sections():
     )
     assert space.parameters == base.parameters and space.baseline == base.baseline
     assert space.measurement == base.measurement and space.constraints == base.constraints
-    assert space.concurrency == rows(capture_sizes(), (1, 2))  # rows B * s_q of both engines' sizes up to 96
+    # rows B * s_q of both engines' sizes up to 96, with SGLang's sizes of speculative decoding for a verify step
+    assert space.concurrency == rows(capture_sizes(speculative=True), (1, 2))
+    assert {3, 10, 14, 44} <= set(space.concurrency) and 3 not in preset_space("glm-5", 4).concurrency
+    assert max(space.concurrency) == 192 and 3 not in capture_sizes("vllm", speculative=True)
     assert preset_space("glm-5", 4).workloads[0].fields() == load_space("v32_tp8").workloads[0].fields() | {
         "name": "glm-5_tp4",
         "tp": 4,
@@ -142,6 +157,8 @@ def test_tuner_shapes_lists_the_new_formats_by_model_and_by_default():
     [
         (["search", "--model", "llama", "--tp", "4"], "not a model preset"),
         (["search", "--model", "glm-5", "--tp", "3"], "allowed"),
+        (["search", "--model", "deepseek-v4-flash", "--tp", "16"], "4 local heads"),
+        (["shapes", "--model", "glm-5", "--tp", "16"], "4 local heads"),
         (["search", "--model", "glm-5"], "needs --tp"),
         (["search"], "SPACE_FILE or --model"),
         (["search", "search_spaces/smoke.yaml", "--tp", "4"], "apply to --model"),
@@ -275,6 +292,7 @@ def test_tuner_shapes_prints_what_the_plugin_decides(tmp_path, monkeypatch, fres
 # --- the shapes users run, served correctly (issue 54 item 5) --------------------------------------------------
 
 # every head count, top-k 64/256/1152/2048, q_tokens 1..8 and page sizes 32/64/256 for each format, in few calls
+# (DeepSeek-V4's compressed cache beside its window: tests/test_sglang_plugin.py, against SGLang's own reference)
 USER_SHAPES = [
     ("fp8_model1", 8, 2048, 1, 256),
     ("fp8_model1", 16, 1152, 2, 32),
@@ -291,6 +309,13 @@ USER_SHAPES = [
     ("fp8_v32", 8, 64, 4, 256),
     ("fp8_v32", 16, 64, 6, 64),
     ("fp8_v32", 8, 256, 7, 32),
+    ("fp8_model1", 128, 2048, 8, 256),  # the widest: TP1 heads, top-k 2048, a verify step of 8, 256-token pages
+    ("fp8_v32", 128, 2048, 8, 256),
+    ("fp8_v32_nope", 8, 2048, 1, 64),
+    ("fp8_v32_nope", 16, 1152, 3, 256),
+    ("fp8_v32_nope", 64, 256, 8, 32),
+    ("fp8_v32_nope", 128, 64, 1, 64),
+    ("fp8_v32_nope", 32, 128, 2, 256),
 ]
 
 
@@ -348,15 +373,18 @@ def test_a_kernel_failure_goes_back_to_the_engine_once_said(fresh_plugin, monkey
     assert len(failed) == 1 and failed[0].levelno == logging.WARNING
 
 
-def test_every_preset_shape_at_every_tp_is_served_or_says_why():
+def test_every_preset_shape_at_every_tp_is_served():
+    """Every TP size a preset takes gives calls the kernel serves; the others are refused with the allowed ones."""
     for preset in PRESETS.values():
         for tp in (1, 2, 4, 8, 16):
-            if preset.heads % tp:
+            if preset.heads % tp or preset.heads // tp < 8:
+                with pytest.raises(ValueError, match="allowed"):
+                    preset.shapes(tp)
                 continue
             for kv, heads, topk in preset.shapes(tp):
                 c = coverage(kv, heads, topk, q_tokens=2)
-                assert c.served == (heads >= 8), (preset.name, tp, c)
-                assert c.served or "heads" in c.reason
+                assert c.served and c.tune == tune_command(kv, heads, topk), (preset.name, tp, c)
+                assert c.tune.startswith("tuner search --model ")  # this preset, or one making the same call
 
 
 @pytest.mark.parametrize(
@@ -388,4 +416,26 @@ def test_a_batch_past_the_table_names_the_command_for_larger_batches(tmp_path, m
         out = plugin.sglang_v32_hook(lambda **k: "engine", **plugin.v32_engine_call(bt.q, bt.kv_cache, bt.indices))
     (msg,) = [r.getMessage() for r in caplog.records if "leaves" in r.getMessage()]
     assert out == "engine" and "T above the largest batch (1)" in msg
-    assert "tuner search --model deepseek-v3.2 --tp 8 && tuner export --engine sglang, with --max-batch" in msg
+    assert "(to tune larger batches: tuner search --model deepseek-v3.2 --tp 8 && tuner export --engine sglang)" in msg
+
+
+def test_a_verify_step_past_the_table_names_the_query_tokens_to_tune(tmp_path, monkeypatch, fresh_plugin, caplog):
+    """A DeepSeek-V4 verify step of 8 query tokens at 16 requests is 128 rows, past a table of 96: the command the
+    log names tunes those query tokens (and pasted, it parses)."""
+    monkeypatch.setenv("SPARSE_MLA_CONFIG_DIR", str(tmp_path))
+    name = "kv_format=fp8_model1,heads=16,topk=128,device_name=cpu-interpreter.json"
+    (tmp_path / name).write_text(json.dumps({"96": ENTRY}))
+    kw = {
+        "q": torch.zeros(16, 8, 16, 512, dtype=torch.bfloat16),
+        "k_cache": plugin.engine_cache(torch.zeros(2, 64, 584, dtype=torch.uint8)),
+        "head_dim_v": 512,
+        "softmax_scale": 0.04,
+        "indices": torch.full((16, 8, 128), -1, dtype=torch.int32),
+    }
+    with caplog.at_level(logging.INFO, logger=plugin.logger.name):
+        assert plugin.sglang_hook(lambda **k: "engine", **kw) == "engine"
+    (msg,) = [r.getMessage() for r in caplog.records if "leaves" in r.getMessage()]
+    command = "tuner search --model deepseek-v4-flash --tp 4 --q-tokens 1,8 && tuner export --engine sglang"
+    assert "B * s_q above the largest batch (96)" in msg and f"(to tune larger batches: {command})" in msg
+    search = command.split(" && ")[0].split()[1:]
+    assert tuner(*search, "--help").returncode == 0

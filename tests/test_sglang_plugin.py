@@ -62,13 +62,21 @@ def launches(monkeypatch):
 
 
 def engine_call(
-    heads=16, q_tokens=2, batch=2, topk=64, extra_topk=64, seed=1, dtype=torch.float8_e4m3fn, pages=(256, 64)
+    heads=16,
+    q_tokens=2,
+    batch=2,
+    topk=64,
+    extra_topk=64,
+    seed=1,
+    dtype=torch.float8_e4m3fn,
+    pages=(256, 64),
+    extra_context=256,
 ):
     """SGLang's keyword arguments of one DeepSeek-V4 decode call: a window cache of 256-token pages and a
     compressed cache of 64-token pages (``pages``), both padded as SGLang allocates them, -1 indices, ragged
     lengths, a sink."""
     window = Workload("fp8_model1", heads, topk, page_size=pages[0], context=256)
-    compressed = Workload("fp8_model1", heads, extra_topk, page_size=pages[1], context=256)
+    compressed = Workload("fp8_model1", heads, extra_topk, page_size=pages[1], context=extra_context)
     bt = make_batch(
         window, batch, seed=seed, q_tokens=q_tokens, extra=compressed, with_sink=True, with_topk_length=True,
         invalid_fraction=0.2,
@@ -154,6 +162,40 @@ def test_deepseek_v41_on_sm120_is_the_v4_call_and_is_served(sglang_env, launches
     out, _ = mod.flash_mla_with_kvcache_sm120(**kw)
     assert launches["launches"], "the kernel did not serve a covered call"
     ref_out, _ = sglang_reference(mod, kw)
+    torch.testing.assert_close(out.float(), ref_out.float(), atol=2e-2, rtol=2e-2)
+
+
+# the shapes users run, on SGLang's call: every head count, the compressed cache's top-k from 64 to 2048 (256 and 1152
+# included; the window's is 128 as DeepSeek-V4's), 1 to 8 query tokens, pages of 32, 64 and 256 tokens; small batches,
+# ragged lengths and -1 indices, so that the interpreter stays quick
+V4_USER_CALLS = [
+    # heads, q_tokens, extra_topk, (window page, compressed page)
+    (8, 1, 64, (256, 64)),
+    (16, 8, 256, (64, 32)),
+    (32, 3, 1152, (256, 64)),
+    (64, 1, 2048, (32, 256)),
+    (128, 2, 512, (256, 64)),
+    (16, 5, 1024, (256, 32)),
+]
+
+
+@needs_sglang
+@pytest.mark.parametrize(
+    ("heads", "q_tokens", "extra_topk", "pages"),
+    V4_USER_CALLS,
+    ids=[f"H{h}-s{s}-extra{k}-pages{p[0]}+{p[1]}" for h, s, k, p in V4_USER_CALLS],
+)
+def test_users_shapes_match_sglangs_reference(sglang_env, launches, heads, q_tokens, extra_topk, pages):
+    mod, plugins, _, _ = sglang_env
+    plugins.load_plugins()
+    kw, _ = engine_call(
+        heads=heads, q_tokens=q_tokens, batch=1, topk=128, extra_topk=extra_topk, pages=pages,
+        extra_context=extra_topk + 100, seed=heads + extra_topk,
+    )  # fmt: skip
+    out, _ = mod.flash_mla_with_kvcache_sm120(**kw)
+    assert launches["launches"], "the kernel did not serve a covered call"
+    ref_out, _ = sglang_reference(mod, kw)
+    assert out.shape == ref_out.shape == (1, q_tokens, heads, 512)
     torch.testing.assert_close(out.float(), ref_out.float(), atol=2e-2, rtol=2e-2)
 
 

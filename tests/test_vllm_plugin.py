@@ -25,6 +25,7 @@ import sparse_mla_tuner.kernels.decode as decode
 from sparse_mla_tuner.kernels import vllm_plugin as plugin
 from sparse_mla_tuner.kernels.config import KernelConfig
 from sparse_mla_tuner.kernels.kv_format import quantize
+from sparse_mla_tuner.kernels.models import tune_command
 from sparse_mla_tuner.kernels.reference import sparse_mla_decode_ref
 from sparse_mla_tuner.kernels.table import fit_config
 
@@ -349,12 +350,16 @@ def test_a_covered_shape_uses_the_nearest_tables_config_and_more_tokens_go_back(
         assert plugin.serve_v32(q, cache, idx, 576**-0.5) is not None
     want = fit_config(KernelConfig.from_dict(tuned["1"]), 64)  # nearest batch key to 2; tile fitted to 64 tokens
     assert want.BLOCK_T == 64 and set(used) == {want}
-    assert any("heads=16, topk=2048, T up to 4" in r.getMessage() for r in caplog.records)
+    # served from another shape's table: the log says so and names the command for the shape's own (vLLM's layout)
+    (served,) = [r.getMessage() for r in caplog.records if "heads=16, topk=2048, T up to 4" in r.getMessage()]
+    assert served.endswith(f"(nearest: to tune this shape's own table, {tune_command('fp8_v32', 8, 64, 'vllm')})")
     used.clear()
     q5, cache, idx5 = _contiguous_call(heads=8, topk=64, tokens=5)  # past the table's 4 tokens
     with caplog.at_level(logging.INFO, logger=plugin.logger.name):
         assert plugin.serve_v32(q5, cache, idx5, 576**-0.5) is None and not used
-    assert any("above the largest batch (4)" in r.getMessage() for r in caplog.records)
+    (left,) = [r.getMessage() for r in caplog.records if "above the largest batch (4)" in r.getMessage()]
+    assert f"(to tune larger batches: {tune_command('fp8_v32', 8, 64, 'vllm')})" in left
+    assert tune_command("fp8_v32", 8, 2048, "vllm").endswith("--tp 16 && tuner export --engine vllm")
 
 
 def test_warm_up_compiles_every_config_the_table_can_pick(tmp_path, monkeypatch, fresh_plugin):

@@ -4,7 +4,8 @@
 The preset (``kernels/models.py``) gives the call: local heads, each cache's top-k, the
 compressed cache and the sink. The engine gives the levels: its CUDA-graph batch sizes up to ``--max-batch``, times
 each verify step's query tokens (``--q-tokens``), as rows ``B * s_q`` (the kernel folds query tokens into rows and a
-table is keyed by rows). Everything else, the parameters, constraints, baseline, measurement and sampler, comes from
+table is keyed by rows; with a verify step in ``--q-tokens``, SGLang's batch sizes of speculative decoding too).
+Everything else, the parameters, constraints, baseline, measurement and sampler, comes from
 the shipped default space of the cache format (:data:`BASE_SPACES`), so no space file is written by hand.
 
 Both caches are measured on the pages of the format's shipped space (64 tokens; V4.1's 32, the page its records are
@@ -74,7 +75,7 @@ def preset_text(
     try:
         preset = get_preset(model)
         heads = preset.heads_per_rank(tp)
-        batch_sizes = capture_sizes(engine, max_batch)
+        batch_sizes = capture_sizes(engine, max_batch, speculative=max(q_tokens) > 1)
     except ValueError as e:
         raise TunerError(str(e)) from None
     base_path = resolve_space(BASE_SPACES[preset.kv_format])
