@@ -99,6 +99,9 @@ class SurrogateOptions(Options):
     carry_lines: int = option(2, "... and its best tile shapes' best launches at every split target", 0)
     lines: int = option(3, "the best tile shapes whose best launch is tried at every split target before a stop", 0)
     line_within: float = option(0.10, "... among those within this share of the level's best", 0)
+    line_modes: int = option(
+        1, "1: ... and their best launch in every pipelining mode (num_stages, PREFETCH) at its split", 0, 1
+    )
     floor_within: float = option(
         0.10,
         "no stop while a tile shape within this share (per doubling of C) of the best at the level before is "
@@ -130,6 +133,7 @@ class Surrogate(Strategy):
         self.model_seconds = 0.0  # time spent in propose and stop_reason (the proposal path), waits included
         self._ranked = None  # (history, its length and the level, carried()'s ranked launches there)
         self._bests = None  # (history, its length and the level, earlier_bests()'s configs)
+        self._modes = None  # (the level, its candidates grouped by all but their pipelining mode)
 
     @property
     def refitter(self):
@@ -265,7 +269,20 @@ class Surrogate(Strategy):
         at the one it happened to be measured with."""
         shapes = best_shapes(level.measured.items(), self.options.lines, level.adapter.family, self.options.line_within)
         out = [c for b in shapes for c in _split_line(level, b)]
+        if self.options.line_modes:
+            out += [c for b in shapes for c in self._mode_variants(level, b)]
         return [c for c in dict.fromkeys(out) if c not in level.measured and c not in level.pending]
+
+    def _mode_variants(self, level: Level, cfg: KernelConfig) -> list[KernelConfig]:
+        """``cfg``'s launches in every other pipelining mode: the candidates that differ from it only in compiled
+        parameters that are neither its tile shape (``family``) nor its deal (``geometry``), such as
+        ``num_stages`` and ``PREFETCH``, whichever jointly the space allows."""
+        key = (id(level), len(level.candidates))
+        if self._modes is None or self._modes[0] != key:
+            self._modes = (key, _by_mode_class(level))
+        fixed = _mode_fixed(level.adapter)
+        mine = self._modes[1].get(tuple(getattr(cfg, p) for p in fixed), [])
+        return [c for c in mine if c != cfg]
 
     # --- the strategy --------------------------------------------------------------------------
 
@@ -485,6 +502,21 @@ def _split_line(level: Level, cfg: KernelConfig) -> list[KernelConfig]:
         if _launch_only_variant(level.adapter, g, cfg, free=geometry) and g not in line:
             line += [g, *(c for c in level.neighbours.get(g, []) if _launch_only_variant(level.adapter, c, g))]
     return [c for c in dict.fromkeys(line) if c != cfg]
+
+
+def _mode_fixed(adapter: KernelAdapter) -> tuple[str, ...]:
+    """The parameters a pipelining mode leaves alone: the tile shape, the deal and the launch-only ones."""
+    keep = set(adapter.family) | set(getattr(adapter, "geometry", ()))
+    return tuple(p.name for p in adapter.params if not p.compiled or p.name in keep)
+
+
+def _by_mode_class(level: Level) -> dict:
+    """The level's candidates grouped by their :func:`_mode_fixed` values."""
+    fixed = _mode_fixed(level.adapter)
+    out: dict = {}
+    for c in level.candidates:
+        out.setdefault(tuple(getattr(c, p) for p in fixed), []).append(c)
+    return out
 
 
 def _launch_only_variant(adapter: KernelAdapter, a: KernelConfig, b: KernelConfig, free: set = frozenset()) -> bool:
