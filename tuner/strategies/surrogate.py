@@ -100,11 +100,7 @@ class SurrogateOptions(Options):
     lines: int = option(3, "the best tile shapes whose best launch is tried at every split target before a stop", 0)
     line_within: float = option(0.10, "... among those within this share of the level's best", 0)
     line_modes: int = option(
-        1,
-        "1: ... and their best launch in the level's best launch's pipelining mode (num_stages, PREFETCH); 2: in "
-        "every mode",
-        0,
-        2,
+        1, "1: ... and their best launch in every pipelining mode (num_stages, PREFETCH) at its split and deal", 0, 1
     )
     floor_within: float = option(
         0.10,
@@ -116,15 +112,8 @@ class SurrogateOptions(Options):
     probe: int = option(
         1, "1: before a stop, every tile shape measured as the best launch is, with its shape swapped", 0, 1
     )
-    probe_modes: int = option(
-        1,
-        "1: a shape's probe is in the pipelining mode the model predicts best for it (not the best launch's); 2: "
-        "in both",
-        0,
-        2,
-    )
     probe_deals: int = option(
-        1, "1: ... and of the best launch of each other deal (geometry) within line_within of the best", 0, 1
+        1, "1: ... and so is the best launch of each other deal (geometry) within line_within of the best", 0, 1
     )
     probe_within: float = option(
         100.0, "... but of no shape beyond this share (per doubling of C) of the best at the level before", 0
@@ -270,34 +259,14 @@ class Surrogate(Strategy):
         return best
 
     def _probes(self, level: Level, history: History) -> list[KernelConfig]:
-        """:func:`probes`, but of no shape whose best at the level before was beyond ``probe_within`` of its best."""
+        """:func:`probes`, but of no shape whose best at the level before was beyond ``probe_within`` of its best;
+        with ``probe_deals``, of :func:`deal_bests` too."""
         if not self.options.probe:
             return []
         close = self._shapes_within(level, history, self.options.probe_within) or {}
         skip = set(self._shapes_within(level, history, math.inf) or {}) - set(close)  # far behind
-        sources = None
-        geometry = getattr(level.adapter, "geometry", ())
-        if self.options.probe_deals and geometry and (best := level.best()) is not None:
-            edge = best[1] + math.log(1.0 + self.options.line_within)
-            per: dict = {}
-            for c, y in level.measured.items():
-                g = tuple(getattr(c, p) for p in geometry)
-                if y is not None and y <= edge and (g not in per or y < per[g][1]):
-                    per[g] = (c, y)
-            sources = [best[0], *(c for c, _ in per.values() if c != best[0])]
-        if not self.options.probe_modes:
-            return probes(level, skip, sources=sources)
-        self._mode_variants(level, level.candidates[0])  # the level's mode classes, cached
-        fitted = self.model.fitted(level)
-
-        def choose(alts):
-            if fitted is None or len(alts) == 1:
-                return alts[0] if len(alts) == 1 else None
-            mu, _ = self.model.posterior(fitted[0], self.model.X(alts, level))
-            return alts[int(np.argmin(mu))]
-
-        choose.both = self.options.probe_modes == 2
-        return probes(level, skip, (_mode_fixed(level.adapter), self._modes[1]), choose, sources)
+        sources = deal_bests(level, self.options.line_within) if self.options.probe_deals else None
+        return probes(level, skip, sources)
 
     def lines(self, level: Level) -> list[KernelConfig]:
         """The split-target line of the best launch of each of the ``lines`` best tile shapes measured here
@@ -306,18 +275,8 @@ class Surrogate(Strategy):
         at the one it happened to be measured with."""
         shapes = best_shapes(level.measured.items(), self.options.lines, level.adapter.family, self.options.line_within)
         out = [c for b in shapes for c in _split_line(level, b)]
-        if self.options.line_modes == 2:
+        if self.options.line_modes:
             out += [c for b in shapes for c in self._mode_variants(level, b)]
-        elif self.options.line_modes and (best := level.best()) is not None:
-            mode = [p for p in level.adapter.param_names if p not in _mode_fixed(level.adapter)]
-            rep = level.lookup()
-            for b in shapes:
-                try:
-                    c = rep(b.replace(**{p: getattr(best[0], p) for p in mode}))
-                except (ValueError, TypeError):
-                    c = None
-                if c is not None:
-                    out.append(c)
         return [c for c in dict.fromkeys(out) if c not in level.measured and c not in level.pending]
 
     def _mode_variants(self, level: Level, cfg: KernelConfig) -> list[KernelConfig]:
@@ -493,7 +452,7 @@ def level_bests(level: Level, history: History) -> list[KernelConfig]:
     return [cfg for _, (_, cfg) in sorted(per.items())]
 
 
-def probes(level: Level, skip: set | None = None, modes=None, choose=None, sources=None) -> list[KernelConfig]:
+def probes(level: Level, skip: set | None = None, sources: list | None = None) -> list[KernelConfig]:
     """The level's best launch with its tile shape (the adapter's ``family``) swapped for each
     other shape the level's candidates hold, where that launch is a candidate not yet measured. A shape is
     judged at the split count and options that win here, not at whichever it happened to be tried with: on
@@ -502,18 +461,37 @@ def probes(level: Level, skip: set | None = None, modes=None, choose=None, sourc
     launch is no candidate (it does not fit), the shape's candidate nearest to it stands in (fewest other
     parameters changed; the first in queue order among equals): on V4 at C=8 (kernel be009e1b9a4c) the best
     launch was ``T32-w4-s1-c128-p2``, ``BLOCK_T=64 x num_warps=8`` does not fit with ``PREFETCH=2``, and its
-    ``-p3`` launch is 11 % ahead."""
+    ``-p3`` launch is 11 % ahead. ``sources``: the launches probed so (default: the level's best)."""
     best = level.best()
     if best is None:
         return []
     out = []
-    for src in sources or [best[0]]:
-        out += _probes_of(level, src, skip, modes, choose)
+    for source in sources or [best[0]]:
+        out += _probes_of(level, source, skip)
     return list(dict.fromkeys(out))
 
 
-def _probes_of(level, source, skip, modes, choose) -> list[KernelConfig]:
-    best = (source,)
+def deal_bests(level: Level, within: float) -> list[KernelConfig]:
+    """The level's best launch, then the best launch of each other deal (the adapter's ``geometry`` values) within
+    ``within`` of it. A shape swapped into the best launch is judged in that launch's deal, at that deal's best
+    split count; in the other deal its best split count is another (V3.2 at C=48, kernel 32ae50587d54: the best
+    launch measured was ``T32-w4-s1-c256-p3-b1``, ``T16-w2`` as launched so is 105 % behind, while
+    ``T32-w4-s1-c512-p3``, 1 % behind it, puts that shape at 14 % behind, one pipelining mode from the needle)."""
+    best = level.best()
+    if best is None:
+        return []
+    geometry = getattr(level.adapter, "geometry", ())
+    edge = best[1] + math.log(1.0 + within)
+    per: dict = {}
+    for c, y in level.measured.items():
+        g = tuple(getattr(c, p) for p in geometry)
+        if y is not None and y <= edge and (g not in per or y < per[g][1]):
+            per[g] = (c, y)
+    return [best[0], *(c for c, _ in per.values() if c != best[0])]
+
+
+def _probes_of(level: Level, source: KernelConfig, skip: set | None) -> list[KernelConfig]:
+    """:func:`probes` of one launch."""
     family = level.adapter.family
     by_shape: dict = {}
     for c in level.candidates:
@@ -525,24 +503,11 @@ def _probes_of(level, source, skip, modes, choose) -> list[KernelConfig]:
         if skip and f in skip:  # ``skip``: shapes left out
             continue
         try:
-            cand = rep(best[0].replace(**dict(zip(family, f, strict=True))))
+            cand = rep(source.replace(**dict(zip(family, f, strict=True))))
         except (ValueError, TypeError):
             cand = None
         if cand is None:  # the nearest of the shape's candidates
-            cand = min(mine, key=lambda c: sum(getattr(c, p) != getattr(best[0], p) for p in others))
-        if modes is not None:  # (the fixed parameters, their classes): the probe in whichever mode ``choose`` picks
-            alts = modes[1].get(tuple(getattr(cand, p) for p in modes[0]), [cand])
-            if choose.both:  # the swapped launch in its own mode, and in the one the model picks
-                done = lambda c: c in level.measured or c in level.pending  # noqa: E731
-                if not done(cand):
-                    out.append(cand)
-                rest = [a for a in alts if a != cand]
-                if rest and not any(map(done, rest)):
-                    out.append(choose(rest) or rest[0])
-                continue
-            if any(a in level.measured or a in level.pending for a in alts):
-                continue
-            cand = choose(alts) or cand
+            cand = min(mine, key=lambda c: sum(getattr(c, p) != getattr(source, p) for p in others))
         if cand not in level.measured and cand not in level.pending:
             out.append(cand)
     return list(dict.fromkeys(out))
