@@ -40,7 +40,8 @@ proposals spread out instead of repeating. A level with no data from any level s
 **The floor and the probes.** Whatever the model says, a level does not stop while a tile shape that was within
 ``floor_within`` (per doubling of C) of the best at the level before has no launch measured here
 (:meth:`Surrogate.floor`), nor, with ``probe``, while a tile shape has not been measured as the level's best launch
-is, with its shape swapped (:func:`probes`): a model that saw none of a shape's good launches at a level
+is, with its shape swapped (:func:`probes`; with ``probe_deals``, as the best launch of each other deal within
+``line_within`` is, too: :func:`deal_bests`): a model that saw none of a shape's good launches at a level
 is sure of what it has not seen (docs/search.md, "The floor under the stop rule").
 
 **The stop rule.** After at least ``min_here`` measurements at the level, once the previous level's
@@ -272,7 +273,9 @@ class Surrogate(Strategy):
         """The split-target line of the best launch of each of the ``lines`` best tile shapes measured here
         (the adapter's `family`) whose best is within ``line_within`` of the level's: the best ``TARGET_CTAS``
         moves with C and is sharp (one wave more or less), so a shape is judged at its best split count, not
-        at the one it happened to be measured with."""
+        at the one it happened to be measured with. With ``line_modes``, that launch in every other pipelining mode
+        too (:meth:`_mode_variants`): a stage count is no scale to climb (older V3.2 grid, C=16: ``T32-w4-s1-c256``
+        leads, ``-s4`` is 10 % behind, ``-s2`` 15 %)."""
         shapes = best_shapes(level.measured.items(), self.options.lines, level.adapter.family, self.options.line_within)
         out = [c for b in shapes for c in _split_line(level, b)]
         if self.options.line_modes:
