@@ -114,7 +114,11 @@ class SurrogateOptions(Options):
         1, "1: before a stop, every tile shape measured as the best launch is, with its shape swapped", 0, 1
     )
     probe_deals: int = option(
-        1, "1: ... and so is the best launch of each other deal (geometry) within line_within of the best", 0, 1
+        1,
+        "1: ... and so is the best launch of each other deal (geometry) within line_within of the best; 2: only "
+        "where the best launch's deal is not the default one",
+        0,
+        2,
     )
     probe_within: float = option(
         100.0, "... but of no shape beyond this share (per doubling of C) of the best at the level before", 0
@@ -267,6 +271,10 @@ class Surrogate(Strategy):
         close = self._shapes_within(level, history, self.options.probe_within) or {}
         skip = set(self._shapes_within(level, history, math.inf) or {}) - set(close)  # far behind
         sources = deal_bests(level, self.options.line_within) if self.options.probe_deals else None
+        if self.options.probe_deals == 2 and (best := level.best()) is not None:
+            default = {p.name: p.default for p in level.adapter.params}
+            if all(getattr(best[0], g) == default[g] for g in getattr(level.adapter, "geometry", ())):
+                sources = None
         return probes(level, skip, sources)
 
     def lines(self, level: Level) -> list[KernelConfig]:
