@@ -906,6 +906,16 @@ def test_a_shape_whose_swapped_launch_does_not_fit_is_probed_at_its_nearest_cand
     assert len(lvl.measured) < len(cands) / 2, len(lvl.measured)
 
 
+def _level_after_c4(s, cands, near, landscape) -> Level:
+    """C=8 searched by ``s`` until it stops, after every candidate measured at C=4, on ``landscape(config, C)``."""
+    history = [Measured(4, c, landscape(c, 4)) for c in cands]
+    lvl = Level(8, WL, cands, band=0.01, baseline=cands[0], neighbours=near, order=(4, 8))
+    while s.stop_reason(lvl, history) is None:
+        (pick,) = s.propose(lvl, 1, history)
+        lvl.measured[pick] = landscape(pick, 8)
+    return lvl
+
+
 def _stage_valley(cfg: KernelConfig, c: int) -> float:
     """``BLOCK_T=64 x num_warps=8`` at one stage and ``TARGET_CTAS=128`` the best at C=4; at C=8 ``T32-w4-s1-c256``
     leads by 5 %, while its shape at three stages is 6 % behind, at two 15 % and at one stage elsewhere 40 % (on the
@@ -927,13 +937,10 @@ def test_a_close_shapes_best_launch_is_tried_in_every_pipelining_mode_before_a_s
     """With ``line_modes`` the lines hold each close shape's best launch in every pipelining mode (stages, prefetch:
     the compiled parameters that are neither its shape nor its deal) at its split: its one-stage launch is two stage
     steps from its three-stage one, past a worse two-stage one, and no neighbour, line or probe reaches it."""
-    s = strategies.make("surrogate", seed=0, line_modes=modes)
     cands = _candidates()
-    history = [Measured(4, c, _stage_valley(c, 4)) for c in cands]
-    lvl = Level(8, WL, cands, band=0.01, baseline=cands[0], neighbours=_neighbours(cands), order=(4, 8))
-    while s.stop_reason(lvl, history) is None:
-        (pick,) = s.propose(lvl, 1, history)
-        lvl.measured[pick] = _stage_valley(pick, 8)
+    lvl = _level_after_c4(
+        strategies.make("surrogate", seed=0, line_modes=modes), cands, _neighbours(cands), _stage_valley
+    )
     winner = KernelConfig(BLOCK_T=32, num_warps=4, num_stages=1, TARGET_CTAS=256)
     if modes:
         assert lvl.best()[0] == winner and len(lvl.measured) < len(cands) / 2, len(lvl.measured)
@@ -965,12 +972,7 @@ def test_the_best_launch_of_each_deal_is_probed_before_a_stop(deals):
     for c, ns in _neighbours(_candidates()).items():
         for b in (0, 1):
             near[c.replace(BALANCED=b)] = [n.replace(BALANCED=b) for n in ns] + [c.replace(BALANCED=1 - b)]
-    s = strategies.make("surrogate", seed=0, probe_deals=deals)
-    history = [Measured(4, c, _two_deals(c, 4)) for c in cands]
-    lvl = Level(8, WL, cands, band=0.01, baseline=cands[0], neighbours=near, order=(4, 8))
-    while s.stop_reason(lvl, history) is None:
-        (pick,) = s.propose(lvl, 1, history)
-        lvl.measured[pick] = _two_deals(pick, 8)
+    lvl = _level_after_c4(strategies.make("surrogate", seed=0, probe_deals=deals), cands, near, _two_deals)
     needle = KernelConfig(BLOCK_T=16, num_warps=2, num_stages=1, TARGET_CTAS=512)
     if deals:
         assert lvl.best()[0] == needle and len(lvl.measured) < len(cands) / 2, len(lvl.measured)
