@@ -114,7 +114,7 @@ class SurrogateOptions(Options):
         1, "1: before a stop, every tile shape measured as the best launch is, with its shape swapped", 0, 1
     )
     probe_deals: int = option(
-        1,
+        2,
         "1: ... and so is the best launch of each other deal (geometry) within line_within of the best; 2: only "
         "where the best launch's deal is not the default one",
         0,
