@@ -962,7 +962,7 @@ def _two_deals(cfg: KernelConfig, c: int) -> float:
     return math.log1p(v) - 0.2
 
 
-@pytest.mark.parametrize("deals", [0, 1])
+@pytest.mark.parametrize("deals", [0, 1, 2])
 def test_the_best_launch_of_each_deal_is_probed_before_a_stop(deals):
     """With ``probe_deals`` every tile shape is also measured as the best launch of the other deal is (within
     ``line_within`` of the best): a shape swapped into the balanced winner is judged at the balanced deal's split

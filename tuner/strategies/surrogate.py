@@ -40,9 +40,10 @@ proposals spread out instead of repeating. A level with no data from any level s
 **The floor and the probes.** Whatever the model says, a level does not stop while a tile shape that was within
 ``floor_within`` (per doubling of C) of the best at the level before has no launch measured here
 (:meth:`Surrogate.floor`), nor, with ``probe``, while a tile shape has not been measured as the level's best launch
-is, with its shape swapped (:func:`probes`; with ``probe_deals``, as the best launch of each other deal within
-``line_within`` is, too: :func:`deal_bests`): a model that saw none of a shape's good launches at a level
-is sure of what it has not seen (docs/search.md, "The floor under the stop rule").
+is, with its shape swapped (:func:`probes`; with ``probe_deals``, where the best launch is balanced, as the best
+launch of each other deal within ``line_within`` is, too: :func:`deal_bests`): a model that saw none of a shape's
+good launches at a level is sure of what it has not seen (docs/search.md, "The floor under the stop rule"). The lines
+(:meth:`Surrogate.lines`) take each close shape's best launch in every pipelining mode (``line_modes``) as well.
 
 **The stop rule.** After at least ``min_here`` measurements at the level, once the previous level's
 best, every earlier level's best (``earlier_bests``), the incumbent's neighbours, the floor, the probes and the
@@ -265,7 +266,7 @@ class Surrogate(Strategy):
 
     def _probes(self, level: Level, history: History) -> list[KernelConfig]:
         """:func:`probes`, but of no shape whose best at the level before was beyond ``probe_within`` of its best;
-        with ``probe_deals``, of :func:`deal_bests` too."""
+        with ``probe_deals``, of :func:`deal_bests` too (2: only where the best launch is not in the default deal)."""
         if not self.options.probe:
             return []
         close = self._shapes_within(level, history, self.options.probe_within) or {}
