@@ -904,3 +904,77 @@ def test_a_shape_whose_swapped_launch_does_not_fit_is_probed_at_its_nearest_cand
         lvl.measured[pick] = needle(pick, 8)
     assert lvl.best()[0] == KernelConfig(BLOCK_T=16, num_warps=2, num_stages=2, TARGET_CTAS=256)
     assert len(lvl.measured) < len(cands) / 2, len(lvl.measured)
+
+
+def _level_after_c4(s, cands, near, landscape) -> Level:
+    """C=8 searched by ``s`` until it stops, after every candidate measured at C=4, on ``landscape(config, C)``."""
+    history = [Measured(4, c, landscape(c, 4)) for c in cands]
+    lvl = Level(8, WL, cands, band=0.01, baseline=cands[0], neighbours=near, order=(4, 8))
+    while s.stop_reason(lvl, history) is None:
+        (pick,) = s.propose(lvl, 1, history)
+        lvl.measured[pick] = landscape(pick, 8)
+    return lvl
+
+
+def _stage_valley(cfg: KernelConfig, c: int) -> float:
+    """``BLOCK_T=64 x num_warps=8`` at one stage and ``TARGET_CTAS=128`` the best at C=4; at C=8 ``T32-w4-s1-c256``
+    leads by 5 %, while its shape at three stages is 6 % behind, at two 15 % and at one stage elsewhere 40 % (on the
+    H200, V3.2 C=16, kernel efab766bd8d8: ``T32-w4-s1-c256`` 5.1 % ahead of ``T64-w8-s1-c128``, ``-s4`` 10 % behind
+    it, ``-s2`` 15 %, ``T32-w4-s1-c128`` 44 %); the other shapes 40 % behind or more."""
+    shape = (cfg.BLOCK_T, cfg.num_warps)
+    if shape == (64, 8):
+        v = 0.0 if (cfg.num_stages, cfg.TARGET_CTAS) == (1, 128) else 0.15
+    elif shape == (32, 4):
+        at = {(3, 256): 0.06, (2, 256): 0.15, (1, 256): -0.05 if c == 8 else 0.2}
+        v = at.get((cfg.num_stages, cfg.TARGET_CTAS), 0.4 if cfg.num_stages == 1 else 0.2)
+    else:
+        v = 0.4 + 0.05 * cfg.num_warps / cfg.BLOCK_T
+    return math.log1p(v) - 0.2
+
+
+@pytest.mark.parametrize("modes", [0, 1])
+def test_a_close_shapes_best_launch_is_tried_in_every_pipelining_mode_before_a_stop(modes):
+    """With ``line_modes`` the lines hold each close shape's best launch in every pipelining mode (stages, prefetch:
+    the compiled parameters that are neither its shape nor its deal) at its split: its one-stage launch is two stage
+    steps from its three-stage one, past a worse two-stage one, and no neighbour, line or probe reaches it."""
+    cands = _candidates()
+    lvl = _level_after_c4(
+        strategies.make("surrogate", seed=0, line_modes=modes), cands, _neighbours(cands), _stage_valley
+    )
+    winner = KernelConfig(BLOCK_T=32, num_warps=4, num_stages=1, TARGET_CTAS=256)
+    if modes:
+        assert lvl.best()[0] == winner and len(lvl.measured) < len(cands) / 2, len(lvl.measured)
+    else:
+        assert winner not in lvl.measured, len(lvl.measured)
+
+
+def _two_deals(cfg: KernelConfig, c: int) -> float:
+    """``T32-w4-s1-c256-b1`` (the balanced deal) the best launch of three close shapes, ``T32-w4-s1-c512`` 1 % behind
+    it; at C=8 ``T16-w2-s1-c512`` leads by 7 %, its shape 40 % behind at every other launch (on the H200, V3.2 C=48,
+    kernel 32ae50587d54: ``T16-w2-s1-c512-p1`` 7 % ahead, 105 % behind as ``T32-w4-s1-c256-p3-b1`` launches)."""
+    key = (cfg.BLOCK_T, cfg.num_warps, cfg.num_stages, cfg.TARGET_CTAS, cfg.BALANCED)
+    if c == 8 and key == (16, 2, 1, 512, 0):
+        v = -0.07
+    else:
+        v = {(32, 4): 0.0, (32, 8): 0.03, (16, 4): 0.05}.get(key[:2], 0.4)
+        v += 0.03 * (cfg.num_stages - 1) + 0.02 * abs(math.log2(cfg.TARGET_CTAS / 256))
+        v += {(32, 4, 1, 256, 1): -0.09, (32, 4, 1, 512, 0): -0.06}.get(key, 0.0) + 0.04 * cfg.BALANCED
+    return math.log1p(v) - 0.2
+
+
+@pytest.mark.parametrize("deals", [0, 1, 2])
+def test_the_best_launch_of_each_deal_is_probed_before_a_stop(deals):
+    """With ``probe_deals`` every tile shape is also measured as the best launch of the other deal is (within
+    ``line_within`` of the best): a shape swapped into the balanced winner is judged at the balanced deal's split
+    count, and the per-row deal's, one step away for the winner, is the one where the other shape leads."""
+    cands = [c.replace(BALANCED=b) for c in _candidates() for b in (0, 1)]
+    near = {}
+    for c, ns in _neighbours(_candidates()).items():
+        for b in (0, 1):
+            near[c.replace(BALANCED=b)] = [n.replace(BALANCED=b) for n in ns] + [c.replace(BALANCED=1 - b)]
+    lvl = _level_after_c4(strategies.make("surrogate", seed=0, probe_deals=deals), cands, near, _two_deals)
+    needle = KernelConfig(BLOCK_T=16, num_warps=2, num_stages=1, TARGET_CTAS=512)
+    if deals:
+        assert lvl.best()[0] == needle and len(lvl.measured) < len(cands) / 2, len(lvl.measured)
+    else:
+        assert needle not in lvl.measured, len(lvl.measured)

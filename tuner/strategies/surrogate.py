@@ -40,8 +40,10 @@ proposals spread out instead of repeating. A level with no data from any level s
 **The floor and the probes.** Whatever the model says, a level does not stop while a tile shape that was within
 ``floor_within`` (per doubling of C) of the best at the level before has no launch measured here
 (:meth:`Surrogate.floor`), nor, with ``probe``, while a tile shape has not been measured as the level's best launch
-is, with its shape swapped (:func:`probes`): a model that saw none of a shape's good launches at a level
-is sure of what it has not seen (docs/search.md, "The floor under the stop rule").
+is, with its shape swapped (:func:`probes`; with ``probe_deals``, where the best launch is balanced, as the best
+launch of each other deal within ``line_within`` is, too: :func:`deal_bests`): a model that saw none of a shape's
+good launches at a level is sure of what it has not seen (docs/search.md, "The floor under the stop rule"). The lines
+(:meth:`Surrogate.lines`) take each close shape's best launch in every pipelining mode (``line_modes``) as well.
 
 **The stop rule.** After at least ``min_here`` measurements at the level, once the previous level's
 best, every earlier level's best (``earlier_bests``), the incumbent's neighbours, the floor, the probes and the
@@ -99,6 +101,9 @@ class SurrogateOptions(Options):
     carry_lines: int = option(2, "... and its best tile shapes' best launches at every split target", 0)
     lines: int = option(3, "the best tile shapes whose best launch is tried at every split target before a stop", 0)
     line_within: float = option(0.10, "... among those within this share of the level's best", 0)
+    line_modes: int = option(
+        1, "1: ... and their best launch in every pipelining mode (num_stages, PREFETCH) at its split and deal", 0, 1
+    )
     floor_within: float = option(
         0.10,
         "no stop while a tile shape within this share (per doubling of C) of the best at the level before is "
@@ -108,6 +113,13 @@ class SurrogateOptions(Options):
     floor_growth: float = option(1.0, "... the margin grows as (doublings of C between the levels) ** this", 0)
     probe: int = option(
         1, "1: before a stop, every tile shape measured as the best launch is, with its shape swapped", 0, 1
+    )
+    probe_deals: int = option(
+        2,
+        "1: ... and so is the best launch of each other deal (geometry) within line_within of the best; 2: only "
+        "where the best launch's deal is not the default one",
+        0,
+        2,
     )
     probe_within: float = option(
         100.0, "... but of no shape beyond this share (per doubling of C) of the best at the level before", 0
@@ -130,6 +142,7 @@ class Surrogate(Strategy):
         self.model_seconds = 0.0  # time spent in propose and stop_reason (the proposal path), waits included
         self._ranked = None  # (history, its length and the level, carried()'s ranked launches there)
         self._bests = None  # (history, its length and the level, earlier_bests()'s configs)
+        self._modes = None  # (the level, its candidates grouped by all but their pipelining mode)
 
     @property
     def refitter(self):
@@ -252,20 +265,42 @@ class Surrogate(Strategy):
         return best
 
     def _probes(self, level: Level, history: History) -> list[KernelConfig]:
-        """:func:`probes`, but of no shape whose best at the level before was beyond ``probe_within`` of its best."""
+        """:func:`probes`, but of no shape whose best at the level before was beyond ``probe_within`` of its best;
+        with ``probe_deals``, of :func:`deal_bests` too (2: only where the best launch is not in the default deal)."""
         if not self.options.probe:
             return []
         close = self._shapes_within(level, history, self.options.probe_within) or {}
-        return probes(level, set(self._shapes_within(level, history, math.inf) or {}) - set(close))  # far behind
+        skip = set(self._shapes_within(level, history, math.inf) or {}) - set(close)  # far behind
+        sources = deal_bests(level, self.options.line_within) if self.options.probe_deals else None
+        if self.options.probe_deals == 2 and (best := level.best()) is not None:
+            default = {p.name: p.default for p in level.adapter.params}
+            if all(getattr(best[0], g) == default[g] for g in getattr(level.adapter, "geometry", ())):
+                sources = None
+        return probes(level, skip, sources)
 
     def lines(self, level: Level) -> list[KernelConfig]:
         """The split-target line of the best launch of each of the ``lines`` best tile shapes measured here
         (the adapter's `family`) whose best is within ``line_within`` of the level's: the best ``TARGET_CTAS``
         moves with C and is sharp (one wave more or less), so a shape is judged at its best split count, not
-        at the one it happened to be measured with."""
+        at the one it happened to be measured with. With ``line_modes``, that launch in every other pipelining mode
+        too (:meth:`_mode_variants`): a stage count is no scale to climb (older V3.2 grid, C=16: ``T32-w4-s1-c256``
+        leads, ``-s4`` is 10 % behind, ``-s2`` 15 %)."""
         shapes = best_shapes(level.measured.items(), self.options.lines, level.adapter.family, self.options.line_within)
         out = [c for b in shapes for c in _split_line(level, b)]
+        if self.options.line_modes:
+            out += [c for b in shapes for c in self._mode_variants(level, b)]
         return [c for c in dict.fromkeys(out) if c not in level.measured and c not in level.pending]
+
+    def _mode_variants(self, level: Level, cfg: KernelConfig) -> list[KernelConfig]:
+        """``cfg``'s launches in every other pipelining mode: the candidates that differ from it only in compiled
+        parameters that are neither its tile shape (``family``) nor its deal (``geometry``), such as
+        ``num_stages`` and ``PREFETCH``, whichever jointly the space allows."""
+        key = (id(level), len(level.candidates))
+        if self._modes is None or self._modes[0] != key:
+            self._modes = (key, _by_mode_class(level))
+        fixed = _mode_fixed(level.adapter)
+        mine = self._modes[1].get(tuple(getattr(cfg, p) for p in fixed), [])
+        return [c for c in mine if c != cfg]
 
     # --- the strategy --------------------------------------------------------------------------
 
@@ -429,7 +464,7 @@ def level_bests(level: Level, history: History) -> list[KernelConfig]:
     return [cfg for _, (_, cfg) in sorted(per.items())]
 
 
-def probes(level: Level, skip: set | None = None) -> list[KernelConfig]:
+def probes(level: Level, skip: set | None = None, sources: list | None = None) -> list[KernelConfig]:
     """The level's best launch with its tile shape (the adapter's ``family``) swapped for each
     other shape the level's candidates hold, where that launch is a candidate not yet measured. A shape is
     judged at the split count and options that win here, not at whichever it happened to be tried with: on
@@ -438,10 +473,37 @@ def probes(level: Level, skip: set | None = None) -> list[KernelConfig]:
     launch is no candidate (it does not fit), the shape's candidate nearest to it stands in (fewest other
     parameters changed; the first in queue order among equals): on V4 at C=8 (kernel be009e1b9a4c) the best
     launch was ``T32-w4-s1-c128-p2``, ``BLOCK_T=64 x num_warps=8`` does not fit with ``PREFETCH=2``, and its
-    ``-p3`` launch is 11 % ahead."""
+    ``-p3`` launch is 11 % ahead. ``sources``: the launches probed so (default: the level's best)."""
     best = level.best()
     if best is None:
         return []
+    out = []
+    for source in sources or [best[0]]:
+        out += _probes_of(level, source, skip)
+    return list(dict.fromkeys(out))
+
+
+def deal_bests(level: Level, within: float) -> list[KernelConfig]:
+    """The level's best launch, then the best launch of each other deal (the adapter's ``geometry`` values) within
+    ``within`` of it. A shape swapped into the best launch is judged in that launch's deal, at that deal's best
+    split count; in the other deal its best split count is another (V3.2 at C=48, kernel 32ae50587d54: the best
+    launch measured was ``T32-w4-s1-c256-p3-b1``, ``T16-w2`` as launched so is 105 % behind, while
+    ``T32-w4-s1-c512-p3``, 1 % behind it, puts that shape at 14 % behind, one pipelining mode from the needle)."""
+    best = level.best()
+    if best is None:
+        return []
+    geometry = getattr(level.adapter, "geometry", ())
+    edge = best[1] + math.log(1.0 + within)
+    per: dict = {}
+    for c, y in level.measured.items():
+        g = tuple(getattr(c, p) for p in geometry)
+        if y is not None and y <= edge and (g not in per or y < per[g][1]):
+            per[g] = (c, y)
+    return [best[0], *(c for c, _ in per.values() if c != best[0])]
+
+
+def _probes_of(level: Level, source: KernelConfig, skip: set | None) -> list[KernelConfig]:
+    """:func:`probes` of one launch."""
     family = level.adapter.family
     by_shape: dict = {}
     for c in level.candidates:
@@ -453,11 +515,11 @@ def probes(level: Level, skip: set | None = None) -> list[KernelConfig]:
         if skip and f in skip:  # ``skip``: shapes left out
             continue
         try:
-            cand = rep(best[0].replace(**dict(zip(family, f, strict=True))))
+            cand = rep(source.replace(**dict(zip(family, f, strict=True))))
         except (ValueError, TypeError):
             cand = None
         if cand is None:  # the nearest of the shape's candidates
-            cand = min(mine, key=lambda c: sum(getattr(c, p) != getattr(best[0], p) for p in others))
+            cand = min(mine, key=lambda c: sum(getattr(c, p) != getattr(source, p) for p in others))
         if cand not in level.measured and cand not in level.pending:
             out.append(cand)
     return list(dict.fromkeys(out))
@@ -485,6 +547,21 @@ def _split_line(level: Level, cfg: KernelConfig) -> list[KernelConfig]:
         if _launch_only_variant(level.adapter, g, cfg, free=geometry) and g not in line:
             line += [g, *(c for c in level.neighbours.get(g, []) if _launch_only_variant(level.adapter, c, g))]
     return [c for c in dict.fromkeys(line) if c != cfg]
+
+
+def _mode_fixed(adapter: KernelAdapter) -> tuple[str, ...]:
+    """The parameters a pipelining mode leaves alone: the tile shape, the deal and the launch-only ones."""
+    keep = set(adapter.family) | set(getattr(adapter, "geometry", ()))
+    return tuple(p.name for p in adapter.params if not p.compiled or p.name in keep)
+
+
+def _by_mode_class(level: Level) -> dict:
+    """The level's candidates grouped by their :func:`_mode_fixed` values."""
+    fixed = _mode_fixed(level.adapter)
+    out: dict = {}
+    for c in level.candidates:
+        out.setdefault(tuple(getattr(c, p) for p in fixed), []).append(c)
+    return out
 
 
 def _launch_only_variant(adapter: KernelAdapter, a: KernelConfig, b: KernelConfig, free: set = frozenset()) -> bool:
