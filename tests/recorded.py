@@ -71,6 +71,7 @@ def make_recorded(path: Path) -> Path:
 
 
 RESULT_LEVELS = (1, 96)
+RESULT_WORKLOADS = ("v4_flash", "v32", "v4_flash_layer")  # the three shipped spaces' workloads (not the newer formats')
 
 _RESULT_ROWS = {  # table -> the rows kept (``keep``: the studies of RESULT_LEVELS of each workload's newest kernel)
     "tuner_studies": "id IN (SELECT id FROM keep)",
@@ -106,7 +107,8 @@ def make_results(path: Path) -> Path:
         con.execute(
             "CREATE TEMP TABLE keep AS SELECT s.id, s.name FROM h.tuner_studies s WHERE s.concurrency IN "
             f"({levels}) AND s.kernel_id = (SELECT MAX(s2.kernel_id) FROM h.tuner_studies s2 "
-            "WHERE s2.workload_id = s.workload_id)"
+            "WHERE s2.workload_id = s.workload_id) AND s.workload_id IN "
+            f"(SELECT id FROM h.tuner_workloads WHERE name IN ({','.join(repr(w) for w in RESULT_WORKLOADS)}))"
         )
         con.execute(
             "CREATE TEMP TABLE optuna_keep AS SELECT study_id FROM h.studies WHERE study_name IN "

@@ -126,7 +126,9 @@ def test_engine_export_is_what_an_engine_loader_and_the_kernel_read(h200, engine
     before = _digest(h200["path"])
     name = "kv_format=fp8_model1,heads=16,topk=512,device_name=NVIDIA_H200"
     assert (out / f"{name}.json").is_file() and (out / f"{name}.provenance.json").is_file()
-    assert len(list(out.glob("*.json"))) == 6  # three workloads, each a table and its sidecar
+    assert (
+        len(list(out.glob("*.json"))) == 10
+    )  # five workloads (V4, V3.2, V4's layer call, V4.1's, GLM-5.3's), each a table and its sidecar
     table = json.loads((out / f"{name}.json").read_text())
     graph_sizes = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96]  # the engines' CUDA-graph batch sizes
     assert sorted(map(int, table)) == graph_sizes
@@ -622,14 +624,20 @@ def test_report_on_the_h200_results(h200, tmp_path):
         for key in best:
             for p, v in KernelConfig.parse(key).as_dict().items():
                 assert f"**{p} = {v}**" not in dead, (key, dead)
-    assert sorted(p.name for p in (tmp_path / "plots").glob("*.png")) == [
-        "v32_tp8_v32_NVIDIA_H200_cuda_levers.png",
-        "v32_tp8_v32_NVIDIA_H200_cuda_median.png",
-        "v4_flash_layer_tp4_v4_flash_layer_NVIDIA_H200_cuda_levers.png",
-        "v4_flash_layer_tp4_v4_flash_layer_NVIDIA_H200_cuda_median.png",
-        "v4_flash_tp4_v4_flash_NVIDIA_H200_cuda_levers.png",
-        "v4_flash_tp4_v4_flash_NVIDIA_H200_cuda_median.png",
-    ]
+    assert sorted(p.name for p in (tmp_path / "plots").glob("*.png")) == sorted(
+        [
+            "glm53_nope_tp4_glm53_nope_NVIDIA_H200_cuda_levers.png",
+            "glm53_nope_tp4_glm53_nope_NVIDIA_H200_cuda_median.png",
+            "v32_tp8_v32_NVIDIA_H200_cuda_levers.png",
+            "v32_tp8_v32_NVIDIA_H200_cuda_median.png",
+            "v4_flash_layer_tp4_v4_flash_layer_NVIDIA_H200_cuda_levers.png",
+            "v4_flash_layer_tp4_v4_flash_layer_NVIDIA_H200_cuda_median.png",
+            "v4_flash_tp4_v4_flash_NVIDIA_H200_cuda_levers.png",
+            "v4_flash_tp4_v4_flash_NVIDIA_H200_cuda_median.png",
+            "v41_flash_layer_tp4_v41_flash_layer_NVIDIA_H200_cuda_levers.png",
+            "v41_flash_layer_tp4_v41_flash_layer_NVIDIA_H200_cuda_median.png",
+        ]
+    )
 
 
 def test_the_export_history_names_paths_inside_the_working_directory_relatively(results, tmp_path, monkeypatch):

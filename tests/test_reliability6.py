@@ -257,3 +257,27 @@ def test_a_database_under_a_file_says_the_file_is_no_directory(tmp_path):
     proc = tuner("check", SMOKE, "--db", f"sqlite:///{tmp_path / 'a-file' / 'x.db'}")
     _one_sentence(proc, "a-file is not a directory")
     _one_sentence(tuner("check", SMOKE, "--db", f"sqlite:///{tmp_path / 'none' / 'x.db'}"), "none does not exist")
+
+
+def test_a_ctrl_c_python_cannot_raise_is_delivered_again_outside_the_hook(tmp_path):
+    """A KeyboardInterrupt raised in a ``__del__`` (unraisable) reaches the executable's code as a Ctrl-C, and nothing
+    is printed as "Exception ignored": delivered again from the hook itself, it landed in the hook and was lost."""
+    script = tmp_path / "tuner"  # the executable's name: the package installs its hooks
+    script.write_text(
+        "import time\n"
+        "import sparse_mla_tuner.tuner as t\n"
+        "t.release_import_guard()\n"
+        "class Bomb:\n"
+        "    def __del__(self):\n"
+        "        raise KeyboardInterrupt\n"
+        "try:\n"
+        "    Bomb()\n"
+        "    time.sleep(5)\n"
+        "    print('not delivered')\n"
+        "except KeyboardInterrupt:\n"
+        "    print('delivered')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.stdout.strip() == "delivered", proc.stdout + proc.stderr
+    assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -59,7 +59,7 @@ def test_every_title_names_the_workload_and_the_device(drawn):
     sections = [ln[3:] for ln in drawn["text"].splitlines() if ln.startswith("## ")]
     assert drawn["titles"] and len(drawn["titles"]) == 2 * len(sections)  # a median and a levers plot each
     for title in drawn["titles"]:
-        assert "NVIDIA H200" in title and any(w in title for w in ("v4_flash", "v32")), title
+        assert "NVIDIA H200" in title and any(w in title for w in ("v4_flash", "v32", "v41_flash", "glm53_nope")), title
 
 
 def test_the_levers_plots_show_data_in_most_cells(drawn):

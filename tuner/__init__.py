@@ -136,9 +136,14 @@ def _end_of_shutdown() -> None:
 
 def _unraisable(u) -> None:
     """A KeyboardInterrupt that landed where Python cannot raise it (a weakref callback, a ``__del__``) is not printed
-    as "Exception ignored in ...": the Ctrl-C is delivered again, to land where the command handles it."""
+    as "Exception ignored in ...": the Ctrl-C is delivered again, to land where the command handles it. It is delivered
+    from another thread, a moment later: raised here, it would land in this hook and be printed as ignored in it."""
     if isinstance(u.exc_value, KeyboardInterrupt):
-        _signal.raise_signal(_signal.SIGINT)
+        import threading
+
+        again = threading.Timer(0.01, _signal.raise_signal, (_signal.SIGINT,))
+        again.daemon = True
+        again.start()
         return
     _sys.__unraisablehook__(u)
 

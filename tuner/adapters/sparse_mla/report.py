@@ -31,15 +31,15 @@ class Bench:
 
     def points(self, w: Workload) -> dict[int, tuple[float, float]]:
         """{C: (ours µs, FlashMLA µs)} for workload ``w``: kernels.bench's rows of its format (one cache),
-        kernels.bench_call's rows (no format: the V4 layer call, two caches and a sink); both correct."""
+        kernels.bench_call's rows (no format: DeepSeek-V4's layer call, two caches and a sink); both correct."""
         out: dict[int, tuple[float, float]] = {}
         for r in self.rows:
             ours, theirs = r.get("us", r.get("ours_us")), r.get("flashmla_us")
             ok = r.get("correct", r.get("ours_ok")) and r.get("flashmla_correct", r.get("flashmla_ok"))
             if "format" in r:
                 fits = w.extra is None and not w.attn_sink and r["format"] == w.kv_format
-            else:
-                fits = w.extra is not None and w.attn_sink
+            else:  # kernels.bench_call times DeepSeek-V4's layer call alone (not V4.1's, whose caches differ)
+                fits = w.extra is not None and w.attn_sink and w.kv_format == w.extra.kv_format == "fp8_model1"
             if fits and ok and isinstance(ours, float) and isinstance(theirs, float) and math.isfinite(theirs):
                 out.setdefault(int(r["C"]), (ours, theirs))
         return out
