@@ -104,6 +104,10 @@ class SurrogateOptions(Options):
     line_modes: int = option(
         1, "1: ... and their best launch in every pipelining mode (num_stages, PREFETCH) at its split and deal", 0, 1
     )
+    mode_within: float = option(0.10, "... of the shapes within this share of the level's best", 0)
+    mode_p: float = option(
+        0.0, "... but of no mode the model gives a chance below this of beating the best by > band", 0, 1
+    )
     floor_within: float = option(
         0.10,
         "no stop while a tile shape within this share (per doubling of C) of the best at the level before is "
@@ -288,7 +292,16 @@ class Surrogate(Strategy):
         shapes = best_shapes(level.measured.items(), self.options.lines, level.adapter.family, self.options.line_within)
         out = [c for b in shapes for c in _split_line(level, b)]
         if self.options.line_modes:
-            out += [c for b in shapes for c in self._mode_variants(level, b)]
+            best = level.best()
+            edge = best[1] + math.log(1.0 + self.options.mode_within) if best is not None else math.inf
+            modes = [c for b in shapes if level.measured[b] <= edge for c in self._mode_variants(level, b)]
+            modes = [c for c in modes if c not in level.measured and c not in level.pending]
+            if modes and self.options.mode_p > 0 and (fitted := self.model.fitted(level)) is not None:
+                f, scale = fitted
+                mu, sd = self.model.posterior(f, self.model.X(modes, level))
+                p = ndtr((best[1] + win_edge(level.band) - mu) / (sd * scale))
+                modes = [c for c, q in zip(modes, p, strict=True) if q >= self.options.mode_p]
+            out += modes
         return [c for c in dict.fromkeys(out) if c not in level.measured and c not in level.pending]
 
     def _mode_variants(self, level: Level, cfg: KernelConfig) -> list[KernelConfig]:
