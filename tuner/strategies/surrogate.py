@@ -105,6 +105,9 @@ class SurrogateOptions(Options):
         1, "1: ... and their best launch in every pipelining mode (num_stages, PREFETCH) at its split and deal", 0, 1
     )
     mode_within: float = option(0.10, "... of the shapes within this share of the level's best", 0)
+    mode_dominated: float = option(
+        0.0, "0 < x: ... but of no mode whose best launch of the shape was over x behind the shape's best before", 0
+    )
     mode_p: float = option(
         0.0, "... but of no mode the model gives a chance below this of beating the best by > band", 0, 1
     )
@@ -147,6 +150,7 @@ class Surrogate(Strategy):
         self._ranked = None  # (history, its length and the level, carried()'s ranked launches there)
         self._bests = None  # (history, its length and the level, earlier_bests()'s configs)
         self._modes = None  # (the level, its candidates grouped by all but their pipelining mode)
+        self._history = None  # the history of the last proposal or stop rule (lines() judges modes by it)
 
     @property
     def refitter(self):
@@ -296,6 +300,9 @@ class Surrogate(Strategy):
             edge = best[1] + math.log(1.0 + self.options.mode_within) if best is not None else math.inf
             modes = [c for b in shapes if level.measured[b] <= edge for c in self._mode_variants(level, b)]
             modes = [c for c in modes if c not in level.measured and c not in level.pending]
+            if modes and self.options.mode_dominated > 0 and self._history is not None:
+                dominated = self._dominated_modes(level, self._history)
+                modes = [c for c in modes if _shape_mode(level.adapter, c) not in dominated]
             if modes and self.options.mode_p > 0 and (fitted := self.model.fitted(level)) is not None:
                 f, scale = fitted
                 mu, sd = self.model.posterior(f, self.model.X(modes, level))
@@ -303,6 +310,19 @@ class Surrogate(Strategy):
                 modes = [c for c, q in zip(modes, p, strict=True) if q >= self.options.mode_p]
             out += modes
         return [c for c in dict.fromkeys(out) if c not in level.measured and c not in level.pending]
+
+    def _dominated_modes(self, level: Level, history: History) -> set:
+        """(shape, mode) pairs whose best launch at the nearest level searched before was over ``mode_dominated``
+        behind that shape's best launch there."""
+        ranked = self._ranked_before(level, history)
+        shape_best: dict = {}
+        pair_best: dict = {}
+        for y, cfg in ranked:  # best first
+            sm = _shape_mode(level.adapter, cfg)
+            shape_best.setdefault(sm[0], y)
+            pair_best.setdefault(sm, y)
+        edge = math.log(1.0 + self.options.mode_dominated)
+        return {sm for sm, y in pair_best.items() if y > shape_best[sm[0]] + edge}
 
     def _mode_variants(self, level: Level, cfg: KernelConfig) -> list[KernelConfig]:
         """``cfg``'s launches in every other pipelining mode: the candidates that differ from it only in compiled
@@ -322,6 +342,7 @@ class Surrogate(Strategy):
         try:
             with _one_blas_thread():
                 self.model.sync(level, history)
+                self._history = history
                 return self._propose(level, n, history)
         finally:
             self.model_seconds += time.perf_counter() - t0
@@ -372,6 +393,7 @@ class Surrogate(Strategy):
         try:
             with _one_blas_thread():
                 self.model.sync(level, history)
+                self._history = history
                 return self._stop_reason(level, history)
         finally:
             self.model_seconds += time.perf_counter() - t0
@@ -566,6 +588,13 @@ def _mode_fixed(adapter: KernelAdapter) -> tuple[str, ...]:
     """The parameters a pipelining mode leaves alone: the tile shape, the deal and the launch-only ones."""
     keep = set(adapter.family) | set(getattr(adapter, "geometry", ()))
     return tuple(p.name for p in adapter.params if not p.compiled or p.name in keep)
+
+
+def _shape_mode(adapter: KernelAdapter, cfg: KernelConfig) -> tuple:
+    """``cfg``'s tile shape (``family``) and pipelining mode (the compiled parameters :func:`_mode_fixed` leaves)."""
+    fixed = set(_mode_fixed(adapter))
+    shape = tuple(getattr(cfg, p) for p in adapter.family)
+    return shape, tuple(getattr(cfg, p.name) for p in adapter.params if p.compiled and p.name not in fixed)
 
 
 def _by_mode_class(level: Level) -> dict:
