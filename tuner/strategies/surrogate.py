@@ -104,10 +104,6 @@ class SurrogateOptions(Options):
     line_modes: int = option(
         1, "1: ... and their best launch in every pipelining mode (num_stages, PREFETCH) at its split and deal", 0, 1
     )
-    mode_within: float = option(0.10, "... of the shapes within this share of the level's best", 0)
-    mode_dominated: float = option(
-        0.0, "0 < x: ... but of no mode whose best launch of the shape was over x behind the shape's best before", 0
-    )
     mode_p: float = option(
         0.0, "... but of no mode the model gives a chance below this of beating the best by > band", 0, 1
     )
@@ -150,7 +146,6 @@ class Surrogate(Strategy):
         self._ranked = None  # (history, its length and the level, carried()'s ranked launches there)
         self._bests = None  # (history, its length and the level, earlier_bests()'s configs)
         self._modes = None  # (the level, its candidates grouped by all but their pipelining mode)
-        self._history = None  # the history of the last proposal or stop rule (lines() judges modes by it)
 
     @property
     def refitter(self):
@@ -292,37 +287,21 @@ class Surrogate(Strategy):
         moves with C and is sharp (one wave more or less), so a shape is judged at its best split count, not
         at the one it happened to be measured with. With ``line_modes``, that launch in every other pipelining mode
         too (:meth:`_mode_variants`): a stage count is no scale to climb (older V3.2 grid, C=16: ``T32-w4-s1-c256``
-        leads, ``-s4`` is 10 % behind, ``-s2`` 15 %)."""
+        leads, ``-s4`` is 10 % behind, ``-s2`` 15 %). With ``mode_p``, only the modes the model gives a chance of at
+        least that of beating the best by more than the band (off by default: docs/search.md, "The cost of the
+        mode lines")."""
         shapes = best_shapes(level.measured.items(), self.options.lines, level.adapter.family, self.options.line_within)
         out = [c for b in shapes for c in _split_line(level, b)]
         if self.options.line_modes:
-            best = level.best()
-            edge = best[1] + math.log(1.0 + self.options.mode_within) if best is not None else math.inf
-            modes = [c for b in shapes if level.measured[b] <= edge for c in self._mode_variants(level, b)]
+            modes = [c for b in shapes for c in self._mode_variants(level, b)]
             modes = [c for c in modes if c not in level.measured and c not in level.pending]
-            if modes and self.options.mode_dominated > 0 and self._history is not None:
-                dominated = self._dominated_modes(level, self._history)
-                modes = [c for c in modes if _shape_mode(level.adapter, c) not in dominated]
             if modes and self.options.mode_p > 0 and (fitted := self.model.fitted(level)) is not None:
                 f, scale = fitted
                 mu, sd = self.model.posterior(f, self.model.X(modes, level))
-                p = ndtr((best[1] + win_edge(level.band) - mu) / (sd * scale))
+                p = ndtr((level.best()[1] + win_edge(level.band) - mu) / (sd * scale))
                 modes = [c for c, q in zip(modes, p, strict=True) if q >= self.options.mode_p]
             out += modes
         return [c for c in dict.fromkeys(out) if c not in level.measured and c not in level.pending]
-
-    def _dominated_modes(self, level: Level, history: History) -> set:
-        """(shape, mode) pairs whose best launch at the nearest level searched before was over ``mode_dominated``
-        behind that shape's best launch there."""
-        ranked = self._ranked_before(level, history)
-        shape_best: dict = {}
-        pair_best: dict = {}
-        for y, cfg in ranked:  # best first
-            sm = _shape_mode(level.adapter, cfg)
-            shape_best.setdefault(sm[0], y)
-            pair_best.setdefault(sm, y)
-        edge = math.log(1.0 + self.options.mode_dominated)
-        return {sm for sm, y in pair_best.items() if y > shape_best[sm[0]] + edge}
 
     def _mode_variants(self, level: Level, cfg: KernelConfig) -> list[KernelConfig]:
         """``cfg``'s launches in every other pipelining mode: the candidates that differ from it only in compiled
@@ -342,7 +321,6 @@ class Surrogate(Strategy):
         try:
             with _one_blas_thread():
                 self.model.sync(level, history)
-                self._history = history
                 return self._propose(level, n, history)
         finally:
             self.model_seconds += time.perf_counter() - t0
@@ -393,7 +371,6 @@ class Surrogate(Strategy):
         try:
             with _one_blas_thread():
                 self.model.sync(level, history)
-                self._history = history
                 return self._stop_reason(level, history)
         finally:
             self.model_seconds += time.perf_counter() - t0
@@ -588,13 +565,6 @@ def _mode_fixed(adapter: KernelAdapter) -> tuple[str, ...]:
     """The parameters a pipelining mode leaves alone: the tile shape, the deal and the launch-only ones."""
     keep = set(adapter.family) | set(getattr(adapter, "geometry", ()))
     return tuple(p.name for p in adapter.params if not p.compiled or p.name in keep)
-
-
-def _shape_mode(adapter: KernelAdapter, cfg: KernelConfig) -> tuple:
-    """``cfg``'s tile shape (``family``) and pipelining mode (the compiled parameters :func:`_mode_fixed` leaves)."""
-    fixed = set(_mode_fixed(adapter))
-    shape = tuple(getattr(cfg, p) for p in adapter.family)
-    return shape, tuple(getattr(cfg, p.name) for p in adapter.params if p.compiled and p.name not in fixed)
 
 
 def _by_mode_class(level: Level) -> dict:
