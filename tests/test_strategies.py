@@ -978,3 +978,31 @@ def test_the_best_launch_of_each_deal_is_probed_before_a_stop(deals):
         assert lvl.best()[0] == needle and len(lvl.measured) < len(cands) / 2, len(lvl.measured)
     else:
         assert needle not in lvl.measured, len(lvl.measured)
+
+
+def _stages_cost(cfg: KernelConfig, c: int) -> float:
+    """Every extra stage 30 % slower at every shape and level, ``T32-w4-s1-c256`` the best launch: a landscape where
+    the model learns the stage count's cost at C=4 and a close shape's other modes cannot win at C=8."""
+    v = {(32, 4): 0.0, (64, 8): 0.02, (16, 2): 0.04}.get((cfg.BLOCK_T, cfg.num_warps), 0.3)
+    v += 0.3 * (cfg.num_stages - 1) + 0.02 * abs(math.log2(cfg.TARGET_CTAS / 256))
+    return math.log1p(v) - 0.2
+
+
+def test_the_model_leaves_out_the_pipelining_modes_it_is_sure_cannot_win():
+    """With ``mode_p`` a close shape's launch in another pipelining mode is measured only where the model gives it a
+    chance of at least ``mode_p`` of beating the best by more than the band: where every extra stage cost 30 % at
+    the level before, the mode lines measure one such launch instead of six; in the stage valley (a one-stage
+    launch two stage steps past worse ones, unlike the level before) the model is not sure and the winner is
+    found as without the rule."""
+    cands = _candidates()
+    near = _neighbours(cands)
+    every = _level_after_c4(strategies.make("surrogate", seed=0, mode_p=0.0), cands, near, _stages_cost)
+    pruned = _level_after_c4(strategies.make("surrogate", seed=0, mode_p=0.001), cands, near, _stages_cost)
+    staged = lambda lvl: sum(c.num_stages > 1 for c in lvl.measured)  # noqa: E731
+    assert pruned.best()[0] == every.best()[0] == KernelConfig(BLOCK_T=32, num_warps=4, num_stages=1, TARGET_CTAS=256)
+    assert staged(pruned) < staged(every) and len(pruned.measured) < len(every.measured), (
+        len(pruned.measured),
+        len(every.measured),
+    )
+    valley = _level_after_c4(strategies.make("surrogate", seed=0, mode_p=0.001), cands, near, _stage_valley)
+    assert valley.best()[0] == KernelConfig(BLOCK_T=32, num_warps=4, num_stages=1, TARGET_CTAS=256)

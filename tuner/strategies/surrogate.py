@@ -104,6 +104,9 @@ class SurrogateOptions(Options):
     line_modes: int = option(
         1, "1: ... and their best launch in every pipelining mode (num_stages, PREFETCH) at its split and deal", 0, 1
     )
+    mode_p: float = option(
+        0.0, "... but of no mode the model gives a chance below this of beating the best by > band", 0, 1
+    )
     floor_within: float = option(
         0.10,
         "no stop while a tile shape within this share (per doubling of C) of the best at the level before is "
@@ -284,11 +287,20 @@ class Surrogate(Strategy):
         moves with C and is sharp (one wave more or less), so a shape is judged at its best split count, not
         at the one it happened to be measured with. With ``line_modes``, that launch in every other pipelining mode
         too (:meth:`_mode_variants`): a stage count is no scale to climb (older V3.2 grid, C=16: ``T32-w4-s1-c256``
-        leads, ``-s4`` is 10 % behind, ``-s2`` 15 %)."""
+        leads, ``-s4`` is 10 % behind, ``-s2`` 15 %). With ``mode_p``, only the modes the model gives a chance of at
+        least that of beating the best by more than the band (off by default: docs/search.md, "The cost of the
+        mode lines")."""
         shapes = best_shapes(level.measured.items(), self.options.lines, level.adapter.family, self.options.line_within)
         out = [c for b in shapes for c in _split_line(level, b)]
         if self.options.line_modes:
-            out += [c for b in shapes for c in self._mode_variants(level, b)]
+            modes = [c for b in shapes for c in self._mode_variants(level, b)]
+            modes = [c for c in modes if c not in level.measured and c not in level.pending]
+            if modes and self.options.mode_p > 0 and (fitted := self.model.fitted(level)) is not None:
+                f, scale = fitted
+                mu, sd = self.model.posterior(f, self.model.X(modes, level))
+                p = ndtr((level.best()[1] + win_edge(level.band) - mu) / (sd * scale))
+                modes = [c for c, q in zip(modes, p, strict=True) if q >= self.options.mode_p]
+            out += modes
         return [c for c in dict.fromkeys(out) if c not in level.measured and c not in level.pending]
 
     def _mode_variants(self, level: Level, cfg: KernelConfig) -> list[KernelConfig]:
