@@ -192,19 +192,8 @@ class Surrogate(Strategy):
         key = (len(history), level.concurrency, tuple(getattr(level, "order", ()) or ()))
         if self._ranked is not None and self._ranked[0] is history and self._ranked[1] == key:
             return self._ranked[2]
-        before = _before(level)
-        own = [
-            (m.concurrency, m.config, m.y)
-            for m in history
-            if m.source is None and m.y is not None and before(m.concurrency)
-        ]
-        ranked = []
-        if own:
-            logc = math.log2(level.concurrency)
-            nearest = min({c for c, _, _ in own}, key=lambda c: abs(math.log2(c) - logc))
-            ranked = [(y, cfg) for y, _, cfg in sorted((y, str(cfg), cfg) for c, cfg, y in own if c == nearest)]
-        self._ranked = (history, key, ranked)
-        return ranked
+        self._ranked = (history, key, ranked_before(level, history))
+        return self._ranked[2]
 
     def earlier_bests(self, level: Level, history: History) -> list[KernelConfig]:
         """With ``earlier_bests``, :func:`level_bests` as launched here, where open (the walk kept as carried's)."""
@@ -227,53 +216,32 @@ class Surrogate(Strategy):
         model that saw none of a shape's launches at a level cannot say so."""
         if self.options.floor_within <= 0:
             return []
-        best = self._shapes_within(level, history, self.options.floor_within) or {}
+        best = (
+            shapes_within(
+                level,
+                history,
+                self._ranked_before(level, history),
+                self.options.floor_within,
+                self.options.floor_growth,
+            )
+            or {}
+        )
         family = level.adapter.family
         shape = lambda c: tuple(getattr(c, p) for p in family)  # noqa: E731
         here = {shape(c) for c in level.measured} | {shape(c) for c in level.pending}
         todo = {f: cfg for f, cfg in best.items() if f not in here}
         if not todo:
             return []
-        open_ = level.open()
-        fitted = self.model.fitted(level)
-        rep = level.lookup()
-        out = []
-        for f, cfg in todo.items():
-            mine = [c for c in open_ if shape(c) == f]
-            if not mine:
-                continue
-            if fitted is not None:
-                mu, _ = self.model.posterior(fitted[0], self.model.X(mine, level))
-                out.append(mine[int(np.argmin(mu))])
-            else:
-                cand = rep(cfg)
-                out.append(cand if cand in mine else mine[0])
-        return out
-
-    def _shapes_within(self, level: Level, history: History, within: float) -> dict | None:
-        """Tile shape -> its best launch at the nearest level searched before ``level``, for the shapes within
-        ``within`` per doubling of C between the levels (``** floor_growth``, at least one doubling's) of that
-        level's best; None without such a level."""
-        ranked = self._ranked_before(level, history)
-        if not ranked:
-            return None
-        before = _nearest_before(level, history)
-        doublings = abs(math.log2(level.concurrency / before)) if before else 1.0
-        edge = ranked[0][0] + math.log(1.0 + within * max(1.0, doublings) ** self.options.floor_growth)
-        family = level.adapter.family
-        best: dict = {}
-        for y, cfg in ranked:  # best first: the first of each shape is its best
-            if y <= edge:
-                best.setdefault(tuple(getattr(cfg, p) for p in family), cfg)
-        return best
+        return _floor_picks(self.model, level, todo, shape)
 
     def _probes(self, level: Level, history: History) -> list[KernelConfig]:
         """:func:`probes`, but of no shape whose best at the level before was beyond ``probe_within`` of its best;
         with ``probe_deals``, of :func:`deal_bests` too (2: only where the best launch is not in the default deal)."""
         if not self.options.probe:
             return []
-        close = self._shapes_within(level, history, self.options.probe_within) or {}
-        skip = set(self._shapes_within(level, history, math.inf) or {}) - set(close)  # far behind
+        ranked, growth = self._ranked_before(level, history), self.options.floor_growth
+        close = shapes_within(level, history, ranked, self.options.probe_within, growth) or {}
+        skip = set(shapes_within(level, history, ranked, math.inf, growth) or {}) - set(close)  # far behind
         sources = deal_bests(level, self.options.line_within) if self.options.probe_deals else None
         if self.options.probe_deals == 2 and (best := level.best()) is not None:
             default = {p.name: p.default for p in level.adapter.params}
@@ -295,12 +263,7 @@ class Surrogate(Strategy):
         if self.options.line_modes:
             modes = [c for b in shapes for c in self._mode_variants(level, b)]
             modes = [c for c in modes if c not in level.measured and c not in level.pending]
-            if modes and self.options.mode_p > 0 and (fitted := self.model.fitted(level)) is not None:
-                f, scale = fitted
-                mu, sd = self.model.posterior(f, self.model.X(modes, level))
-                p = ndtr((level.best()[1] + win_edge(level.band) - mu) / (sd * scale))
-                modes = [c for c, q in zip(modes, p, strict=True) if q >= self.options.mode_p]
-            out += modes
+            out += _likely(self.model, level, modes, self.options.mode_p) if self.options.mode_p > 0 else modes
         return [c for c in dict.fromkeys(out) if c not in level.measured and c not in level.pending]
 
     def _mode_variants(self, level: Level, cfg: KernelConfig) -> list[KernelConfig]:
@@ -438,6 +401,68 @@ def _before(level: Level):
         earlier = set(order[: order.index(level.concurrency)])
         return lambda c: c in earlier
     return lambda c: c < level.concurrency
+
+
+def ranked_before(level: Level, history: History) -> list[tuple[float, KernelConfig]]:
+    """``(y, config)`` of this kernel's launches at the nearest level searched before ``level``, best first (ties by
+    the config's key)."""
+    before = _before(level)
+    own = [
+        (m.concurrency, m.config, m.y)
+        for m in history
+        if m.source is None and m.y is not None and before(m.concurrency)
+    ]
+    if not own:
+        return []
+    logc = math.log2(level.concurrency)
+    nearest = min({c for c, _, _ in own}, key=lambda c: abs(math.log2(c) - logc))
+    return [(y, cfg) for y, _, cfg in sorted((y, str(cfg), cfg) for c, cfg, y in own if c == nearest)]
+
+
+def shapes_within(level: Level, history: History, ranked: list, within: float, growth: float) -> dict | None:
+    """Tile shape -> its best launch in ``ranked`` (:func:`ranked_before`), for the shapes within ``within`` per
+    doubling of C between the levels (``** growth``, at least one doubling's) of that level's best; None without
+    such a level."""
+    if not ranked:
+        return None
+    before = _nearest_before(level, history)
+    doublings = abs(math.log2(level.concurrency / before)) if before else 1.0
+    edge = ranked[0][0] + math.log(1.0 + within * max(1.0, doublings) ** growth)
+    family = level.adapter.family
+    best: dict = {}
+    for y, cfg in ranked:  # best first: the first of each shape is its best
+        if y <= edge:
+            best.setdefault(tuple(getattr(cfg, p) for p in family), cfg)
+    return best
+
+
+def _floor_picks(model, level: Level, todo: dict, shape) -> list[KernelConfig]:
+    """The floor's launch of each tile shape of ``todo`` (shape -> its best launch at the level before): the shape's
+    open candidate the model predicts best here, or, before the model has data, that launch as launched here."""
+    open_, fitted, rep = level.open(), model.fitted(level), level.lookup()
+    out = []
+    for f, cfg in todo.items():
+        mine = [c for c in open_ if shape(c) == f]
+        if not mine:
+            continue
+        if fitted is not None:
+            mu, _ = model.posterior(fitted[0], model.X(mine, level))
+            out.append(mine[int(np.argmin(mu))])
+        else:
+            cand = rep(cfg)
+            out.append(cand if cand in mine else mine[0])
+    return out
+
+
+def _likely(model, level: Level, modes: list[KernelConfig], p_min: float) -> list[KernelConfig]:
+    """The launches of ``modes`` the model gives a chance of at least ``p_min`` of beating the level's best by more
+    than the band (all of them before the model has data)."""
+    if not modes or (fitted := model.fitted(level)) is None:
+        return modes
+    f, scale = fitted
+    mu, sd = model.posterior(f, model.X(modes, level))
+    p = ndtr((level.best()[1] + win_edge(level.band) - mu) / (sd * scale))
+    return [c for c, q in zip(modes, p, strict=True) if q >= p_min]
 
 
 def best_shapes(pairs, n: int, family: tuple[str, ...], within: float) -> list[KernelConfig]:
